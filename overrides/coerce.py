@@ -1,0 +1,205 @@
+"""Typed conversion: a parsed override value becomes the field's declared type, or is refused.
+
+``optimizer.optimizer_offload_fraction=abc`` is an error here, not a string in a float field.
+Types come from the dataclass annotations (resolved per defining class, so one unresolvable
+forward reference elsewhere does not lose the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import functools
+import math
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+_NONE = type(None)
+
+
+class CoerceError(ValueError):
+    def __init__(self, message: str, fix: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotation of every dataclass field of ``cls`` (``Any`` where it cannot resolve)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a forward reference somewhere in the MRO: resolve field by field
+        hints = {}
+        for klass in reversed(cls.__mro__):
+            namespace = vars(sys.modules.get(klass.__module__, types.ModuleType("x")))
+            for name, annotation in getattr(klass, "__annotations__", {}).items():
+                if isinstance(annotation, str):
+                    try:
+                        annotation = eval(annotation, {**vars(typing), **namespace})  # noqa: S307
+                    except Exception:
+                        annotation = Any
+                hints[name] = annotation
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+
+
+def describe(annotation: Any) -> str:
+    """A type as a user reads it: 'float', 'one of none, local', 'list of str', 'int or null'."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return "any value"
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin in (Union, types.UnionType):
+        parts = [describe(a) for a in args if a is not _NONE]
+        return " or ".join(parts) + (" or null" if _NONE in args else "")
+    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple):
+        inner = [a for a in args if a is not Ellipsis]
+        return f"list of {describe(inner[0])}" if inner else "list"
+    if origin is dict or annotation is dict:
+        return "dict"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(m.name for m in annotation)
+    if _is_dtype(annotation):
+        return "dtype (float32, bfloat16, float16)"
+    if isinstance(annotation, type):
+        return {"bool": "bool (True/False)", "int": "int (a whole number)", "float": "float (a number)",
+                "str": "str"}.get(annotation.__name__, annotation.__name__)
+    return str(annotation)
+
+
+def _is_dtype(annotation: Any) -> bool:
+    return getattr(annotation, "__module__", "") == "torch" and getattr(annotation, "__name__", "") == "dtype"
+
+
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "float32": "float32", "bf16": "bfloat16",
+                  "bfloat16": "bfloat16", "fp16": "float16", "half": "float16", "float16": "float16",
+                  "fp8": "float8_e4m3fn", "uint8": "uint8", "int8": "int8"}
+
+
+def _show(value: Any, raw: str | None) -> str:
+    return repr(raw) if raw is not None else repr(value)
+
+
+def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = None) -> Any:
+    """``value`` (as Hydra parsed it; ``raw`` is its text) converted to ``annotation`` or CoerceError."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+
+    if annotation is Any or annotation is object:
+        # Unresolvable annotation: keep the type of the value already there, when there is one.
+        if current is not None and type(current) in (bool, int, float, str):
+            return coerce(value, type(current), raw)
+        return value
+
+    if origin in (Union, types.UnionType):
+        if value is None:
+            if _NONE in args:
+                return None
+            raise CoerceError(f"expects {describe(annotation)}, got null")
+        failures = []
+        # Literals first, then the type Hydra parsed (1 stays an int in ``str | int``), then the rest.
+        options = [a for a in args if a is not _NONE]
+        options.sort(key=lambda a: (typing.get_origin(a) is not Literal, a is not type(value)))
+        for option in options:
+            try:
+                return coerce(value, option, raw, current)
+            except CoerceError as error:
+                failures.append(error)
+        raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}",
+                          next((f.fix for f in failures if f.fix), ""))
+
+    if value is None:
+        raise CoerceError(f"expects {describe(annotation)}, got null (this field cannot be null)")
+
+    if origin is Literal:
+        text = raw if raw is not None else value
+        for choice in args:
+            if choice == value or (isinstance(choice, str) and str(text) == choice):
+                return choice
+        close = difflib.get_close_matches(str(text), [str(a) for a in args], n=1)
+        raise CoerceError(f"expects one of {', '.join(map(str, args))}, got {_show(value, raw)}",
+                          f"did you mean {close[0]!r}?" if close else "")
+
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise CoerceError(f"expects True or False, got {_show(value, raw)}")
+
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise CoerceError(f"expects an int (a whole number), got {_show(value, raw)}")
+
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and math.isnan(value):
+                raise CoerceError("expects a number, got nan")
+            return float(value)
+        raise CoerceError(f"expects a float (a number), got {_show(value, raw)}")
+
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float, bool)) and raw is not None:
+            return raw  # e.g. tokenizer_model=123: the text as typed
+        raise CoerceError(f"expects a str, got {_show(value, raw)}")
+
+    if annotation is Path or annotation is typing.Optional[Path]:
+        if isinstance(value, str):
+            return Path(value)
+        raise CoerceError(f"expects a path, got {_show(value, raw)}")
+
+    if _is_dtype(annotation):
+        import torch
+
+        name = _DTYPE_ALIASES.get(str(raw if raw is not None else value).removeprefix("torch."))
+        if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CoerceError(f"expects a dtype (float32, bfloat16, float16), got {_show(value, raw)}")
+
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        text = str(raw if raw is not None else value)
+        for member in annotation:
+            if text in (member.name, str(member.value)) or value == member.value:
+                return member
+        close = difflib.get_close_matches(text, [m.name for m in annotation], n=1)
+        raise CoerceError(f"expects {describe(annotation)}, got {text!r}",
+                          f"did you mean {close[0]!r}?" if close else "")
+
+    if origin in (list, tuple, set, frozenset, typing.Sequence) or annotation in (list, tuple):
+        if not isinstance(value, list):
+            raise CoerceError(f"expects {describe(annotation)} written as [a,b], got {_show(value, raw)}",
+                              "write a list as key=[a,b] (quote the whole override in a shell)")
+        inner = [a for a in args if a is not Ellipsis]
+        items = [coerce(v, inner[0], None) for v in value] if inner else list(value)
+        if origin in (tuple,) or annotation is tuple:
+            return tuple(items)
+        if origin in (set, frozenset):
+            return origin(items)
+        return items
+
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise CoerceError(f"expects a dict written as {{a:1}}, got {_show(value, raw)}")
+        if len(args) == 2:
+            return {coerce(k, args[0], None): coerce(v, args[1], None) for k, v in value.items()}
+        return dict(value)
+
+    if origin is typing.Callable or annotation is typing.Callable or origin is type(print):
+        raise CoerceError("is a function and cannot be set from the command line")
+    if dataclasses.is_dataclass(annotation):
+        raise CoerceError(f"is a {annotation.__name__} section: set its fields one by one "
+                          f"(e.g. key.field=value), or null to remove it")
+    if origin is not None and "Callable" in str(origin):
+        raise CoerceError("is a function and cannot be set from the command line")
+    if isinstance(annotation, type):
+        if isinstance(value, annotation):
+            return value
+        raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}")
+    return value

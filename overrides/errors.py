@@ -1,0 +1,34 @@
+"""Override errors: each names the override as typed, the key, what is wrong and what would work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OverrideError:
+    text: str  # the override as the user typed it
+    key: str
+    message: str
+    fix: str = ""
+
+    def format(self) -> str:
+        lines = [f"{self.text}", f"    {self.key}: {self.message}"]
+        if self.fix:
+            lines.append(f"    fix: {self.fix}")
+        return "\n".join(lines)
+
+
+class OverrideErrors(ValueError):
+    """All the override errors of one command, reported together."""
+
+    def __init__(self, errors: list[OverrideError]):
+        super().__init__(f"{len(errors)} invalid override{'s' if len(errors) != 1 else ''}")
+        self.errors = list(errors)
+
+    def format(self) -> str:
+        head = f"Invalid override{'s' if len(self.errors) != 1 else ''} ({len(self.errors)}):"
+        return "\n".join([head] + ["  " + e.format().replace("\n", "\n  ") for e in self.errors])
+
+    def __str__(self) -> str:
+        return self.format()

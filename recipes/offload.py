@@ -1,0 +1,99 @@
+"""Composable offload transforms: each takes a config and returns a new one with only its deltas.
+
+Each transform sets the switches of its own mechanism and turns off what that mechanism cannot run
+with (logged, never silent). It never touches another mechanism's keys, so transforms commute:
+``with_optimizer_offload(with_activation_offload(cfg, ...), ...)`` equals the other order. Conflicts
+between mechanisms are not resolved here: the validator reports them with the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from recipes.derive import derive
+from recipes.rules import range_violations
+
+
+def _number(name: str, value, whole: bool = False):
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be a {'whole number' if whole else 'number'}, got {value!r}")
+    return value
+
+
+def _derive_in_range(cfg, deltas, why):
+    """derive(), refusing values that break a range rule of the rule table (named in the error)."""
+
+    def check(new_cfg):
+        broken = range_violations(new_cfg, deltas.keys())
+        if broken:
+            raise ValueError("; ".join(f"{rule.key}={value}: {rule.text}" for rule, value, _ in broken))
+
+    return derive(cfg, deltas, why, check=check)
+
+
+def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = True):
+    """Keep ``fraction`` of the optimizer states (and their Adam step) on the CPU.
+
+    Runs Megatron Core's HybridDeviceOptimizer inside the distributed optimizer, which it needs.
+    ``overlap`` overlaps the D2H gradient / H2D parameter copies with the CPU optimizer step.
+    """
+    fraction = float(_number("fraction", fraction))
+    return _derive_in_range(cfg, {
+        "optimizer.optimizer_cpu_offload": True,
+        "optimizer.optimizer_offload_fraction": fraction,
+        "optimizer.overlap_cpu_optimizer_d2h_h2d": bool(overlap),
+        "optimizer.use_distributed_optimizer": True,
+        "ddp.use_distributed_optimizer": True,
+    }, why=f"optimizer offload: {fraction:.0%} of optimizer states on the CPU")
+
+
+def without_optimizer_offload(cfg):
+    """All optimizer states on the GPU (the baseline of an offload sweep)."""
+    return derive(cfg, {
+        "optimizer.optimizer_cpu_offload": False,
+        "optimizer.optimizer_offload_fraction": 0.0,
+        "optimizer.overlap_cpu_optimizer_d2h_h2d": False,
+    }, why="optimizer offload off")
+
+
+def with_activation_offload(cfg, num_layers: int, weights: bool = False, activations: bool = True,
+                            double_buffering: bool = False):
+    """Layer-level activation offload of ``num_layers`` transformer layers (TE offload context).
+
+    Needs PP=1 (validated, not changed here: changing the topology is the user's call). Turns off
+    activation recomputation and CUDA graphs, which this mechanism cannot run with.
+    """
+    _number("num_layers", num_layers, whole=True)
+    return _derive_in_range(cfg, {
+        "model.cpu_offloading": True,
+        "model.cpu_offloading_num_layers": num_layers,
+        "model.cpu_offloading_activations": bool(activations),
+        "model.cpu_offloading_weights": bool(weights),
+        "model.cpu_offloading_double_buffering": bool(double_buffering),
+        "model.recompute_granularity": None,
+        "model.recompute_method": None,
+        "model.recompute_num_layers": None,
+        "model.cuda_graph_impl": "none",
+    }, why=f"activation offload of {num_layers} layers (no recompute, no CUDA graphs)")
+
+
+def with_fine_grained_offload(cfg, modules: Iterable[str] = ("expert_fc1", "moe_act"),
+                              fraction: float = 1.0):
+    """Offload the inputs of chosen submodules (e.g. ``expert_fc1``, ``moe_act``); works with PP>1.
+
+    Sets ``NVTE_CPU_OFFLOAD_V1=1`` in the recipe's environment, which Transformer Engine >= 2.10
+    needs so that only activations are offloaded (a value set in the shell still wins).
+    """
+    if isinstance(modules, str):
+        raise TypeError(f"modules must be a list of module names, got the string {modules!r}")
+    modules = list(dict.fromkeys(modules))
+    if not modules:
+        raise ValueError("modules must name at least one module, e.g. ['expert_fc1', 'moe_act']")
+    fraction = float(_number("fraction", fraction))
+    return _derive_in_range(cfg, {
+        "model.fine_grained_activation_offloading": True,
+        "model.offload_modules": modules,
+        "model.activation_offload_fraction": fraction,
+        "env_vars.NVTE_CPU_OFFLOAD_V1": "1",
+    }, why=f"fine-grained activation offload of {', '.join(modules)}")

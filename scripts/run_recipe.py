@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Load a recipe, apply overrides, validate every offload constraint, and only then launch training.
+
+    uv run scripts/run_recipe.py --list
+    uv run scripts/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config --dry-run \\
+        optimizer.optimizer_offload_fraction=0.75 train.train_iters=20
+    torchrun --nproc-per-node 8 scripts/run_recipe.py --recipe qwen3_8b_optimizer_offload_config -gb 64
+
+Exit codes: 0 success (or a valid dry run), 2 invalid arguments, overrides or config (with a report),
+1 a valid config that could not be launched here (no CUDA device, training failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+# Runs as a file (``uv run scripts/run_recipe.py``): make the project's packages importable even
+# without an installed project. Only light modules are imported before arguments are checked.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
+from recipes import registry  # noqa: E402
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number of GPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expects at least 1 GPU, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_recipe.py",
+        description="Build an offload recipe, apply key=value overrides, validate, then train.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="overrides use Hydra grammar: key=value, +key=value (set what is unset), ++key=value,\n"
+               "~key (reset to default), lists key=[a,b], null. Examples:\n"
+               "  optimizer.optimizer_offload_fraction=0.5  model.cpu_offloading=True\n"
+               "  'model.offload_modules=[expert_fc1,moe_act]'  ++env_vars.NVTE_CPU_OFFLOAD_V1=1\n"
+               "A dotted override wins over a short flag of the same key.",
+    )
+    parser.add_argument("--recipe", metavar="NAME", help="recipe to run (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the recipes, one line each, and exit")
+    parser.add_argument("--rules", action="store_true",
+                        help="print the validation rule table (markdown) and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved offload settings, the changes and the validation report; "
+                             "launch nothing")
+    parser.add_argument("--num-gpus", type=_positive_int, metavar="N",
+                        help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
+                             "else the recipe's own GPU count)")
+    short = parser.add_argument_group("short flags for common keys")
+    for flag in SHORT_FLAGS:
+        short.add_argument(*flag.flags, dest=dest(flag), type=flag.type, metavar="N" if flag.type is int else "X",
+                           help=f"{flag.help} ({', '.join(flag.keys)})")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra-style overrides")
+    return parser
+
+
+def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, str]:
+    if args.num_gpus is not None:
+        return args.num_gpus, "--num-gpus"
+    if os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"]), "WORLD_SIZE"
+    return recipe.num_gpus, "the recipe's GPU count; set --num-gpus N for another"
+
+
+def _quiet_import_notices() -> None:
+    """Megatron's import-time notices say nothing about this run (Apex is optional here)."""
+    import warnings
+
+    for message in ("Apex is not installed", "Triton is not supported", ".*is experimental",
+                    ".*torch_dtype.*deprecated", ".*torch.jit.script.*deprecated"):
+        warnings.filterwarnings("ignore", message=message)
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    if args.list:
+        print(registry.listing())
+        return EXIT_OK
+    if args.rules:
+        from recipes.rules import rules_markdown
+
+        print(rules_markdown())
+        return EXIT_OK
+    if not args.recipe:
+        parser.error("--recipe NAME is required (see --list)")
+    try:
+        recipe = registry.get(args.recipe)
+    except registry.UnknownRecipe as error:
+        parser.error(str(error))
+    num_gpus, gpus_from = _num_gpus(args, recipe)
+    overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
+
+    print(f"Building {recipe.name} (loading Megatron Bridge) ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    _quiet_import_notices()
+    from overrides import OverrideErrors, apply_overrides
+    from recipes.describe import config_diff, format_diff, offload_summary, topology
+    from recipes.validate import validate
+
+    base = recipe.build()
+    try:
+        cfg = apply_overrides(base, overrides)
+    except OverrideErrors as errors:
+        print(errors.format(), file=sys.stderr)
+        return EXIT_INVALID
+    report = validate(cfg, num_gpus)
+    print(f"Recipe {recipe.name} ({topology(cfg, num_gpus)}; GPU count from {gpus_from})")
+    print("Offload settings:")
+    for line in offload_summary(cfg):
+        print(f"  {line}")
+    diffs = format_diff(config_diff(base, cfg))
+    print(f"Changed from the recipe ({len(diffs)}):" if diffs else "Changed from the recipe: nothing")
+    for line in diffs:
+        print(f"  {line}")
+    print(report.format())
+    print(f"(built and validated in {time.monotonic() - started:.1f} s)", file=sys.stderr)
+    if not report.ok:
+        return EXIT_INVALID
+    if args.dry_run:
+        return EXIT_OK
+    from recipes.launch import launch
+
+    return launch(cfg, recipe, num_gpus)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
