@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=_positive_int, metavar="N",
                         help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
                              "else the recipe's own GPU count)")
+    parser.add_argument("--out", metavar="DIR", type=Path,
+                        help="run folder for metrics and summary (default: runs/<recipe>)")
     short = parser.add_argument_group("short flags for common keys")
     for flag in SHORT_FLAGS:
         short.add_argument(*flag.flags, dest=dest(flag), type=flag.type, metavar="N" if flag.type is int else "X",
@@ -87,6 +89,7 @@ def _quiet_import_notices() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_intermixed_args(argv)
     if args.list:
         print(registry.listing())
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     from recipes.launch import launch
 
-    return launch(cfg, recipe, num_gpus)
+    out_dir = args.out or Path("runs") / recipe.name
+    return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv)
 
 
 if __name__ == "__main__":

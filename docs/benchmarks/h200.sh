@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The exact commands behind the numbers in docs/benchmarks/, run on the project's H200 host
+# (1 GPU, 16 cores, 125 GiB host RAM) from the repository root, after the offline install bundle
+# (../shared/gpu/README.md). Usage: bash docs/benchmarks/h200.sh PHASE [PHASE ...]
+# Each phase writes under $RUNS (default /tmp/runs) and, when $OUT is set, a PHASE.tgz there.
+set -uo pipefail
+runs=${RUNS:-/tmp/runs}
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+mkdir -p "$runs"
+for phase in "$@"; do
+  start=$(date +%s)
+  echo "=== $phase"
+  case $phase in
+    smoke)
+      $py scripts/run_recipe.py --recipe qwen3_1b_proxy_optimizer_offload_config --out "$runs/smoke" \
+        model.num_layers=4 train.train_iters=6 ;;
+    dense-sweep)
+      $py scripts/sweep_offload.py --recipe qwen3_1b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
+        --out "$runs/dense-sweep" train.train_iters=12 optimizer.overlap_cpu_optimizer_d2h_h2d=True ;;
+    moe-sweep)
+      $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
+        --out "$runs/moe-sweep" train.train_iters=8 ;;
+    activation)
+      for n in 4 8 15; do
+        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --out "$runs/activation-$n" \
+          model.cpu_offloading_num_layers=$n train.train_iters=12
+      done ;;
+    fine-grained)
+      $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_fine_grained_offload_config --out "$runs/fine-grained" \
+        train.train_iters=8 ;;
+    oom)
+      $py scripts/sweep_offload.py --recipe qwen3_8b_pretrain_config --num-gpus 1 --fractions 0,0.5 --baseline-runs 1 \
+        --out "$runs/oom-8b" model.tensor_model_parallel_size=1 model.seq_length=2048 dataset.seq_length=2048 \
+        train.global_batch_size=2 train.train_iters=4 optimizer.overlap_cpu_optimizer_d2h_h2d=True ;;
+    gpu-tests)
+      $py -m pytest tests/test_gpu_training.py -v -p no:cacheprovider 2>&1 | tee "$runs/gpu-tests.log" ;;
+    *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+  echo "=== $phase done in $(( $(date +%s) - start )) s"
+  if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/$phase.tgz" -C "$runs" --exclude='tb' $(cd "$runs" && ls -d "$phase"* 2>/dev/null) 2>/dev/null || true
+  fi
+done

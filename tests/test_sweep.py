@@ -1,0 +1,106 @@
+"""The sweep's bookkeeping (CPU): fraction parsing, the Hydra multirun alias, rows, parity, outputs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import sweep_offload  # noqa: E402
+
+
+def _result(fraction, step, peak, losses):
+    return {"fraction": fraction, "summary": {"step_time_s": step, "peak_allocated_gib": peak,
+                                              "final_loss": losses[-1], "losses": losses,
+                                              "peak_host_rss_gib": 10.0, "peak_pinned_host_gib": 2.0}}
+
+
+def test_fractions_parse_sorted_unique_and_in_range():
+    assert sweep_offload.parse_fractions("1,0,0.5,0.5") == [0.0, 0.5, 1.0]
+    for bad in ("abc", "1.5", "-0.1", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sweep_offload.parse_fractions(bad)
+
+
+def test_hydra_multirun_alias_and_owned_keys():
+    fractions, rest = sweep_offload.split_overrides(
+        ["optimizer.optimizer_offload_fraction=0,0.5,1", "train.train_iters=5"])
+    assert fractions == [0.0, 0.5, 1.0] and rest == ["train.train_iters=5"]
+    with pytest.raises(SystemExit, match="set by the sweep"):
+        sweep_offload.split_overrides(["optimizer.optimizer_cpu_offload=True"])
+
+
+def test_fraction_zero_turns_offload_off():
+    assert sweep_offload.fraction_overrides(0.0) == [
+        "optimizer.optimizer_cpu_offload=False", "optimizer.optimizer_offload_fraction=0.0"]
+    assert sweep_offload.fraction_overrides(0.25) == [
+        "optimizer.optimizer_cpu_offload=True", "optimizer.optimizer_offload_fraction=0.25"]
+
+
+def test_rows_parity_and_failed_runs():
+    base = _result(0.0, 0.5, 40.0, [10.0, 9.0, 8.0])
+    repeat = _result(0.0, 0.5, 40.0, [10.0, 9.002, 8.003])
+    half = _result(0.5, 1.0, 30.0, [10.0, 9.001, 8.0025])
+    far = _result(1.0, 2.0, 20.0, [10.0, 9.5, 8.0])
+    oom = {"fraction": 0.75, "reason": "CUDA out of memory: Tried to allocate 2 GiB"}
+    rows, parity = sweep_offload.build_rows([base, half, oom, far], [base, repeat])
+    by = {r["fraction"]: r for r in rows}
+    assert parity["noise_floor_max_abs_delta"] == pytest.approx(0.003)
+    assert by[0.5]["slowdown_vs_baseline"] == 2.0 and by[0.5]["memory_saved_gib"] == 10.0
+    assert by[0.5]["loss_parity_noise_floor"] and not by[0.5]["loss_parity_seed"]
+    assert not by[1.0]["loss_parity_noise_floor"]
+    assert by[0.75]["ok"] is False and "out of memory" in by[0.75]["reason"]
+    table = sweep_offload.markdown(rows, parity, "t")
+    assert "no: CUDA out of memory" in table and "| 0.5 | 1.000 | 2.00x |" in table
+
+
+def test_plot_is_written(tmp_path):
+    rows, _ = sweep_offload.build_rows([_result(0.0, 0.5, 40.0, [1.0]), _result(1.0, 1.0, 30.0, [1.0])],
+                                       [_result(0.0, 0.5, 40.0, [1.0])])
+    assert sweep_offload.plot(rows, tmp_path / "p.png", "t")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_metrics_summary_from_rank_files(tmp_path):
+    import json
+
+    from recipes.metrics import format_summary, summarize
+
+    ranks = (([1.0, 0.5, 0.4, 0.5, 0.6, 0.5], [None] * 6, 30.0),
+             ([1.2, 0.6, 0.5, 0.5, 0.7, 0.4], [9, 8, 7, 6, 5, 4.5], 32.0))
+    for rank, (times, losses, peak) in enumerate(ranks):
+        with (tmp_path / f"metrics.rank{rank}.jsonl").open("w") as f:
+            for i, (t, loss) in enumerate(zip(times, losses)):
+                f.write(json.dumps({"step": i + 1, "step_time_s": t, "loss": loss, "peak_allocated_gib": peak,
+                                    "peak_reserved_gib": peak + 1, "host_rss_gib": 5.0,
+                                    "pinned_host_gib": 1.0}) + "\n")
+    summary = summarize(tmp_path)
+    assert summary["warmup_steps_excluded"] == 2
+    assert summary["step_time_s"] == 0.5  # median of the per-step max over ranks: 0.5, 0.5, 0.7, 0.5
+    assert summary["peak_allocated_gib"] == 32.0 and summary["final_loss"] == 4.5
+    assert "median step time    0.500 s" in format_summary(summary)
+
+
+def test_prebuilt_dataset_helper_skips_make():
+    import megatron.bridge.training.initialize as initialize
+    import megatron.core.datasets.utils as dataset_utils
+
+    from recipes.launch import use_prebuilt_dataset_helper
+
+    original = dataset_utils.compile_helpers
+    assert use_prebuilt_dataset_helper() is True
+    initialize.compile_helpers()  # would run `make` and sys.exit(1) on a pip-installed stack
+    assert initialize.compile_helpers is not original and dataset_utils.compile_helpers is original
+
+
+def test_launch_mode():
+    from recipes.launch import launch_mode
+
+    assert launch_mode(1, 1, {}) == "single"
+    assert launch_mode(4, 8, {}) == "torchrun"
+    assert launch_mode(4, 4, {"WORLD_SIZE": "4"}) == "launcher"
+    assert "needs 16 GPUs and this machine shows 1" in launch_mode(16, 1, {})
+    assert "launcher started 8 processes" in launch_mode(16, 8, {"WORLD_SIZE": "8"})
