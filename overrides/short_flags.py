@@ -25,7 +25,8 @@ SHORT_FLAGS: tuple[ShortFlag, ...] = (
     ShortFlag(("-sl", "--seq-length"), ("model.seq_length", "dataset.seq_length"),
               "sequence length (model and dataset)"),
     ShortFlag(("-of", "--offload-fraction"), ("optimizer.optimizer_offload_fraction",),
-              "optimizer offload fraction (0..1); turns optimizer offload on (> 0) or off (0)", float),
+              "optimizer offload fraction (0..1, or auto: the smallest that fits); turns optimizer offload "
+              "on (> 0) or off (0)", str),
 )
 
 
@@ -44,7 +45,11 @@ def to_overrides(values: dict[str, object], dotted: list[str]) -> list[str]:
         for key in flag.keys:
             if key not in given:
                 out.append(f"{key}={value}")
-        # The fraction means nothing without the switch: -of turns offload on (> 0) or off (0).
+        # The fraction means nothing without the switch: -of turns offload on (> 0) or off (0);
+        # for "auto" the planner sets both.
         if flag.keys == ("optimizer.optimizer_offload_fraction",) and "optimizer.optimizer_cpu_offload" not in given:
-            out.append(f"optimizer.optimizer_cpu_offload={value > 0}")
+            try:
+                out.append(f"optimizer.optimizer_cpu_offload={float(value) > 0}")
+            except ValueError:
+                pass  # "auto", or a typo the override layer reports with the key
     return out

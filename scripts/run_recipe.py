@@ -24,6 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
 from recipes import registry  # noqa: E402
+from recipes.memory import add_plan_arguments  # noqa: E402
+from recipes.notices import quiet_import_notices  # noqa: E402
+
+AUTO = "optimizer.optimizer_offload_fraction=auto"
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -61,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "else the recipe's own GPU count)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
+    add_plan_arguments(parser)
     short = parser.add_argument_group("short flags for common keys")
     for flag in SHORT_FLAGS:
         short.add_argument(*flag.flags, dest=dest(flag), type=flag.type, metavar="N" if flag.type is int else "X",
@@ -77,14 +82,22 @@ def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, s
     return recipe.num_gpus, "the recipe's GPU count; set --num-gpus N for another"
 
 
-def _quiet_import_notices() -> None:
-    """Megatron's import-time notices say nothing about this run (Apex is optional here)."""
-    import warnings
+def _auto_fraction(cfg, num_gpus: int, plan_options: dict) -> float | None:
+    """Resolve optimizer.optimizer_offload_fraction=auto, or say why nothing fits."""
+    from recipes.memory import GIB, smallest_fitting_fraction, what_would_fit
 
-    for message in ("Apex is not installed", "Triton is not supported", ".*is experimental",
-                    ".*torch_dtype.*deprecated", ".*torch.jit.script.*deprecated"):
-        warnings.filterwarnings("ignore", message=message)
-    warnings.filterwarnings("ignore", category=SyntaxWarning)
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **plan_options)
+    if fraction is None:
+        options = what_would_fit(cfg, num_gpus, **plan_options)
+        print(f"optimizer.optimizer_offload_fraction=auto: nothing fits: even with every optimizer state on the CPU "
+              f"the plan needs {fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
+              f"{fitting.gpu_memory_gib:g} GiB per GPU."
+              + ("\n  What would fit: " + "\n  or ".join(options) if options else ""), file=sys.stderr)
+        return None
+    print(f"optimizer.optimizer_offload_fraction=auto -> {fraction:g} (smallest fraction in steps of 0.05 "
+          f"that fits: {fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
+          f"{fitting.gpu_memory_gib:g} GiB)")
+    return fraction
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,14 +123,29 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"Building {recipe.name} (loading Megatron Bridge) ...", file=sys.stderr, flush=True)
     started = time.monotonic()
-    _quiet_import_notices()
+    quiet_import_notices()
     from overrides import OverrideErrors, apply_overrides
     from recipes.describe import config_diff, format_diff, offload_summary, topology
     from recipes.validate import validate
 
+    from recipes.memory import format_plan, plan, plan_kwargs, plan_problems, recommend
+    from recipes.validate import Problem, Report
+
+    plan_options = plan_kwargs(args, launching=not args.dry_run)
+    auto = AUTO in overrides
+    overrides = [o for o in overrides if o != AUTO]
     base = recipe.build()
     try:
         cfg = apply_overrides(base, overrides)
+        if auto:
+            fraction = _auto_fraction(cfg, num_gpus, plan_options)
+            if fraction is None:
+                return EXIT_INVALID
+            given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+            chosen = [f"optimizer.optimizer_offload_fraction={fraction:g}"]
+            if "optimizer.optimizer_cpu_offload" not in given:
+                chosen.append(f"optimizer.optimizer_cpu_offload={fraction > 0}")
+            cfg = apply_overrides(base, overrides + chosen)
     except OverrideErrors as errors:
         print(errors.format(), file=sys.stderr)
         return EXIT_INVALID
@@ -130,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Changed from the recipe ({len(diffs)}):" if diffs else "Changed from the recipe: nothing")
     for line in diffs:
         print(f"  {line}")
+    memory = plan(cfg, num_gpus, **plan_options)
+    memory.recommendation = recommend(cfg, num_gpus, memory, **plan_options)
+    print("Memory plan (per GPU, worst rank):")
+    print(format_plan(memory))
+    report = Report(report.num_gpus, report.problems + tuple(
+        Problem(key, value, rule, fix, "warning" if rule_id == "memory/gpu-fit" else "error", rule_id, "planner")
+        for rule_id, key, value, rule, fix in plan_problems(memory, args.step_time_budget_s)))
     print(report.format())
     print(f"(built and validated in {time.monotonic() - started:.1f} s)", file=sys.stderr)
     if not report.ok:

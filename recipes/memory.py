@@ -1,0 +1,414 @@
+"""Memory planner: per-GPU and host memory of a config, before anything is queued.
+
+The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (docs/benchmarks/):
+
+- Parameters are enumerated tensor by tensor for the worst rank (pipeline stage with the most bytes;
+  first stage holds the embedding, last the output layer and final norm), split by TP, EP and ETP.
+- GPU state = bf16 weights (2 B) + gradient buffer (4 B with ``grad_reduce_in_fp32``, else 2 B)
+  + optimizer state. The distributed optimizer shards the optimizer state of dense parameters over
+  DP x CP and of expert parameters over the expert-data-parallel group. Its fp32 main parameters
+  stay on the GPU under offload; Adam's m and v (8 B) move to the host for offloaded parameters.
+- Which parameters are offloaded follows Megatron Core's ``HybridDeviceOptimizer``: it walks the
+  optimizer's parameters in order (2-D weights by layer, expert weights, 1-D parameters, then the
+  embedding and output layer) and offloads whole tensors until the offloaded share reaches the
+  fraction, so a large last tensor can overshoot (measured: 0.75 offloads everything on the dense
+  proxy because the embedding comes last).
+- Host per offloaded parameter: m and v (8 B, pageable) plus pinned fp32 copies of the parameter
+  and its gradient (8 B), each pinned tensor rounded up to a power of two by PyTorch's caching host
+  allocator; plus a fixed base per process.
+- Activations per micro batch and layer from the tensors kept for backward (bf16), plus the logits
+  (bf16 output and fp32 loss work), times the micro batches in flight on the first pipeline stage
+  (1F1B keeps up to PP of them). Layer-level activation offload removes the offloaded layers but one;
+  fine-grained offload removes the chosen modules' inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GIB = 1024**3
+BASE_GPU_BYTES = int(0.5 * GIB)  # CUDA context, NCCL and library workspaces outside the model
+BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process before offload
+DEFAULT_MARGIN_GIB = 4.0  # allocator fragmentation and workspace the model does not count
+DEFAULT_HOST_LINK_GBPS = 50.0  # PCIe Gen5 x16, practical pinned copy rate per direction
+AUTO_STEP = 0.05
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    numel: int
+    kind: str  # "dense" (2-D, not embedding), "expert", "small" (1-D), "embedding"
+
+
+@dataclass
+class Plan:
+    num_gpus: int
+    fraction: float
+    gpu_memory_gib: float
+    host_memory_gib: float | None
+    margin_gib: float
+    params_per_rank: int
+    optimizer_params_per_rank: int
+    offloaded_params_per_rank: int
+    weights_bytes_gpu: int
+    grads_bytes_gpu: int
+    optimizer_bytes_gpu: int
+    state_bytes_gpu: int
+    activation_bytes_gpu: int
+    total_bytes_gpu: int
+    offloaded_bytes_host_per_rank: int
+    pinned_bytes_host_per_rank: int
+    host_bytes_per_node: int
+    ranks_per_node: int
+    transfer_bytes_per_step: int
+    transfer_time_lower_bound_s: float
+    host_link_gbps: float
+    fits_gpu: bool
+    fits_host: bool | None
+    recommendation: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _layers_per_stage(m, pp: int) -> list[int]:
+    first = getattr(m, "num_layers_in_first_pipeline_stage", None)
+    last = getattr(m, "num_layers_in_last_pipeline_stage", None)
+    if pp == 1:
+        return [m.num_layers]
+    if first or last:
+        middle_layers = m.num_layers - (first or 0) - (last or 0)
+        middle_stages = pp - bool(first) - bool(last)
+        each = middle_layers // max(middle_stages, 1)
+        stages = [each] * pp
+        if first:
+            stages[0] = first
+        if last:
+            stages[-1] = last
+        return stages
+    return [m.num_layers // pp] * pp
+
+
+def stage_tensors(cfg, stage: int) -> list[Tensor]:
+    """The parameter tensors one rank of pipeline stage ``stage`` holds, in optimizer order."""
+    m = cfg.model
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size or 1
+    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    gated = 2 if m.gated_linear_unit else 1
+    layers = _layers_per_stage(m, pp)[stage]
+    vocab = m.vocab_size
+    experts = m.num_moe_experts or 0
+    dense, expert, small = [], [], []
+    for layer in range(layers):
+        dense.append(Tensor(f"l{layer}.qkv", (heads + 2 * groups) * kv * h // tp, "dense"))
+        dense.append(Tensor(f"l{layer}.proj", heads * kv * h // tp, "dense"))
+        small += [Tensor(f"l{layer}.ln1", h, "small"), Tensor(f"l{layer}.ln2", h, "small")]
+        if m.qk_layernorm:
+            small += [Tensor(f"l{layer}.q_ln", kv, "small"), Tensor(f"l{layer}.k_ln", kv, "small")]
+        if experts:
+            ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+            dense.append(Tensor(f"l{layer}.router", experts * h, "dense"))
+            for e in range(experts // ep):
+                expert.append(Tensor(f"l{layer}.e{e}.fc1", gated * ffn * h // etp, "expert"))
+                expert.append(Tensor(f"l{layer}.e{e}.fc2", ffn * h // etp, "expert"))
+            shared = getattr(m, "moe_shared_expert_intermediate_size", None)
+            if shared:
+                dense.append(Tensor(f"l{layer}.shared.fc1", gated * shared * h // tp, "dense"))
+                dense.append(Tensor(f"l{layer}.shared.fc2", shared * h // tp, "dense"))
+        else:
+            dense.append(Tensor(f"l{layer}.fc1", gated * m.ffn_hidden_size * h // tp, "dense"))
+            dense.append(Tensor(f"l{layer}.fc2", m.ffn_hidden_size * h // tp, "dense"))
+    embeddings = []
+    if stage == 0:
+        embeddings.append(Tensor("embedding", vocab * h // tp, "embedding"))
+    if stage == pp - 1:
+        small.append(Tensor("final_ln", h, "small"))
+        if not m.share_embeddings_and_output_weights or pp > 1:
+            embeddings.append(Tensor("output", vocab * h // tp, "embedding"))
+    return dense + expert + small + embeddings
+
+
+def _dtype_bytes(dtype: Any) -> int:
+    return getattr(dtype, "itemsize", None) or 4
+
+
+def _pow2(nbytes: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(nbytes, 1))))
+
+
+def _activation_bytes_per_layer(cfg) -> tuple[int, int, int]:
+    """(bytes a layer keeps for backward per micro batch, of which fine-grained-offloadable, tokens)."""
+    m = cfg.model
+    tokens = m.seq_length * cfg.train.micro_batch_size // (m.context_parallel_size * 1)
+    tp = m.tensor_model_parallel_size
+    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    sp = m.sequence_parallel and tp > 1
+    # Kept for backward, elements per token: norm inputs/outputs and residuals (sharded by SP),
+    # q/k/v and attention output (sharded by TP), MLP or routed-expert inputs and outputs.
+    replicated = 5 * h  # ln1 in, qkv in, residual, ln2 in, fc1 in
+    replicated = replicated / tp if sp else replicated
+    attention = ((heads + 2 * groups) * kv + heads * kv) / tp
+    offloadable = {}
+    if m.num_moe_experts:
+        ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+        topk = m.moe_router_topk
+        offloadable["expert_fc1"] = topk * h
+        offloadable["moe_act"] = topk * 2 * ffn
+        mlp = offloadable["expert_fc1"] + offloadable["moe_act"] + topk * ffn + 2 * m.num_moe_experts
+    else:
+        gated = 2 if m.gated_linear_unit else 1
+        mlp = (gated * m.ffn_hidden_size + m.ffn_hidden_size) / tp
+    offloadable["core_attn"] = (heads + 2 * groups) * kv / tp
+    offloadable["attn_proj"] = heads * kv / tp
+    offloadable["qkv_linear"] = h / (tp if sp else 1)
+    offloadable["attn_norm"] = h / (tp if sp else 1)
+    offloadable["mlp_norm"] = h / (tp if sp else 1)
+    per_token = replicated + attention + mlp
+    chosen = 0.0
+    if m.fine_grained_activation_offloading:
+        chosen = sum(offloadable.get(name, 0) for name in (m.offload_modules or []))
+        chosen *= m.activation_offload_fraction
+    return int(2 * per_token * tokens), int(2 * chosen * tokens), tokens
+
+
+def activation_bytes(cfg) -> int:
+    """Peak activation bytes of the worst stage for one rank."""
+    m = cfg.model
+    per_layer, fine_grained, tokens = _activation_bytes_per_layer(cfg)
+    pp = m.pipeline_model_parallel_size
+    layers = max(_layers_per_stage(m, pp))
+    kept_layers = layers
+    if m.cpu_offloading:
+        # Offloaded layers leave the GPU; the one being copied stays until its copy ends.
+        kept_layers = layers - max(0, m.cpu_offloading_num_layers - 1)
+    layer_bytes = kept_layers * per_layer - layers * fine_grained
+    in_flight = pp if pp > 1 else 1  # 1F1B: the first stage holds up to PP micro batches
+    # Logits on the last stage: bf16 output, fp32 softmax work and its gradient.
+    logits = tokens * m.vocab_size // m.tensor_model_parallel_size * (2 + 4)
+    return int(layer_bytes * in_flight + logits)
+
+
+def _offloaded(shards: list[tuple[Tensor, int]], fraction: float) -> list[tuple[Tensor, int]]:
+    """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached."""
+    total = sum(n for _, n in shards)
+    threshold = total * fraction
+    done, out = 0, []
+    for tensor, n in shards:
+        if done < threshold:
+            out.append((tensor, n))
+            done += n
+    return out
+
+
+def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
+         host_memory_gib: float | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
+         host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None) -> Plan:
+    """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's)."""
+    m, opt = cfg.model, cfg.optimizer
+    if fraction is None:
+        fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0
+    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+    ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size or 1
+    distributed = bool(opt.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer)
+    dp_cp = max(1, num_gpus // (tp * pp))  # dense optimizer-state shards (DP x CP)
+    expert_dp = max(1, num_gpus // (pp * ep * etp))
+    grad_bytes = 4 if getattr(cfg.ddp, "grad_reduce_in_fp32", True) else 2
+    main_bytes = _dtype_bytes(opt.main_params_dtype) if opt.use_precision_aware_optimizer else 4
+    moment_bytes = (_dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype)
+                    if opt.use_precision_aware_optimizer else 8)
+
+    worst = None
+    activations = activation_bytes(cfg)
+    for stage in range(pp):
+        tensors = stage_tensors(cfg, stage)
+        params = sum(t.numel for t in tensors)
+        shards = [(t, math.ceil(t.numel / ((expert_dp if t.kind == "expert" else dp_cp) if distributed else 1)))
+                  for t in tensors]
+        offloaded = _offloaded(shards, fraction) if fraction > 0 else []
+        shard_params = sum(n for _, n in shards)
+        off_params = sum(n for _, n in offloaded)
+        weights, grads = 2 * params, grad_bytes * params
+        optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
+        state = weights + grads + optimizer
+        if worst is None or state > worst[0]:
+            pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)
+            worst = (state, params, shard_params, off_params, weights, grads, optimizer, pinned,
+                     off_params * moment_bytes + pinned)
+    state, params, shard_params, off_params, weights, grads, optimizer, pinned, host_off = worst
+    ranks_per_node = gpus_per_node or min(num_gpus, 8)
+    if m.cpu_offloading:
+        per_layer, _, _ = _activation_bytes_per_layer(cfg)
+        pinned_act = per_layer * m.cpu_offloading_num_layers
+        host_off += pinned_act
+        pinned += pinned_act
+    host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
+    total = state + activations + BASE_GPU_BYTES
+    transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
+    lower_bound = (4 * off_params) / (host_link_gbps * 1e9)  # both directions run at once
+    fits_gpu = total + margin_gib * GIB <= gpu_memory_gib * GIB
+    fits_host = None if host_memory_gib is None else host_node <= host_memory_gib * GIB
+    result = Plan(num_gpus, fraction, gpu_memory_gib, host_memory_gib, margin_gib, params, shard_params,
+                  off_params, weights, grads, optimizer, state, activations, total, host_off, pinned,
+                  host_node, ranks_per_node, transfer, lower_bound, host_link_gbps, fits_gpu, fits_host)
+    if not distributed and fraction > 0:
+        result.notes.append("optimizer offload needs the distributed optimizer: the plan assumes it is on")
+    return result
+
+
+def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan]:
+    """The smallest fraction (steps of 0.05) whose plan fits the GPU with the margin."""
+    steps = int(round(1 / AUTO_STEP))
+    last = None
+    for i in range(steps + 1):
+        fraction = round(i * AUTO_STEP, 2)
+        last = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+        if last.fits_gpu:
+            return fraction, last
+    return None, last
+
+
+def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
+    """Changes that make a plan fit when no offload fraction does (each checked with the planner)."""
+    from recipes.derive import derive
+
+    m = cfg.model
+    options = []
+    tries = [
+        (f"{num_gpus * 2} GPUs (--num-gpus {num_gpus * 2}, twice the data parallelism)", cfg, num_gpus * 2),
+    ]
+    if m.num_layers % (m.pipeline_model_parallel_size * 2) == 0:
+        tries.append((f"model.pipeline_model_parallel_size={m.pipeline_model_parallel_size * 2} "
+                      f"with --num-gpus {num_gpus * 2}",
+                      derive(cfg, {"model.pipeline_model_parallel_size": m.pipeline_model_parallel_size * 2},
+                             why="planner what-if"), num_gpus * 2))
+    if cfg.train.micro_batch_size > 1:
+        tries.append(("train.micro_batch_size=1", derive(cfg, {"train.micro_batch_size": 1}, why="planner what-if"),
+                      num_gpus))
+    if m.pipeline_model_parallel_size == 1 and not m.cpu_offloading and not m.fine_grained_activation_offloading:
+        tries.append((f"activation offload: model.cpu_offloading=True model.cpu_offloading_num_layers={m.num_layers - 1}",
+                      derive(cfg, {"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1},
+                             why="planner what-if"), num_gpus))
+    for text, candidate, gpus in tries:
+        fraction, _ = smallest_fitting_fraction(candidate, gpus, **kwargs)
+        if fraction is not None:
+            options.append(f"{text} (then fits at fraction {fraction:g})")
+    return options
+
+
+def recommend(cfg, num_gpus: int, current: Plan, **kwargs) -> str:
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **kwargs)
+    if fraction is None:
+        options = what_would_fit(cfg, num_gpus, **kwargs)
+        return ("does not fit even with all optimizer states on the CPU"
+                + (": try " + "; or ".join(options) if options else ""))
+    if fraction == 0.0:
+        return "fits without optimizer offload"
+    return (f"smallest optimizer offload fraction that fits: {fraction:g} "
+            f"({fitting.total_bytes_gpu / GIB:.1f} GiB of {fitting.gpu_memory_gib:g} GiB with "
+            f"{fitting.margin_gib:g} GiB margin)")
+
+
+def format_plan(p: Plan) -> str:
+    def g(n: int) -> str:
+        return f"{n / GIB:.2f} GiB"
+
+    rows = [
+        ("optimizer offload fraction", f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B of "
+                                       f"{p.optimizer_params_per_rank / 1e9:.3f}B sharded parameters offloaded)"),
+        ("parameters on the worst rank", f"{p.params_per_rank / 1e9:.3f}B"),
+        ("GPU: weights + grads + optimizer", f"{g(p.weights_bytes_gpu)} + {g(p.grads_bytes_gpu)} + "
+                                             f"{g(p.optimizer_bytes_gpu)} = {g(p.state_bytes_gpu)}"),
+        ("GPU: activations (peak)", g(p.activation_bytes_gpu)),
+        ("GPU: total (+0.5 GiB context)", f"{g(p.total_bytes_gpu)} of {p.gpu_memory_gib:g} GiB, margin "
+                                          f"{p.margin_gib:g} GiB: {'fits' if p.fits_gpu else 'DOES NOT FIT'}"),
+        ("host: offloaded per rank", f"{g(p.offloaded_bytes_host_per_rank)} ({g(p.pinned_bytes_host_per_rank)} pinned)"),
+        ("host: per node", f"{g(p.host_bytes_per_node)} for {p.ranks_per_node} ranks"
+                           + ("" if p.fits_host is None else
+                              f" of {p.host_memory_gib:g} GiB: {'fits' if p.fits_host else 'DOES NOT FIT'}")),
+        ("host link per step", f"{p.transfer_bytes_per_step / 1e9:.2f} GB, >= {p.transfer_time_lower_bound_s:.3f} s "
+                               f"at {p.host_link_gbps:g} GB/s"),
+        ("recommendation", p.recommendation),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows + [("note", n) for n in p.notes])
+
+
+def host_memory_available_gib() -> float | None:
+    """MemAvailable of this machine (the node a launch runs on), or None where unknown."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return None
+
+
+def gpu_memory_gib_here() -> float | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    except Exception:  # noqa: BLE001  (no usable CUDA: the caller's default applies)
+        pass
+    return None
+
+
+def add_plan_arguments(parser) -> None:
+    """The planner's options, shared by plan_offload.py and run_recipe.py."""
+    group = parser.add_argument_group("memory plan")
+    group.add_argument("--gpu-memory-gib", type=float, metavar="G",
+                       help="GPU memory per device (default: this GPU's, else 80 for an H100 80GB)")
+    group.add_argument("--host-memory-gib", type=float, metavar="H",
+                       help="host memory per node (default: not checked for a plan or dry run; "
+                            "this machine's MemAvailable when launching)")
+    group.add_argument("--gpus-per-node", type=int, metavar="N", help="ranks per node (default min(GPUs, 8))")
+    group.add_argument("--margin-gib", type=float, default=DEFAULT_MARGIN_GIB, metavar="M",
+                       help=f"GPU memory kept free for workspace and fragmentation (default {DEFAULT_MARGIN_GIB:g})")
+    group.add_argument("--host-link-gbps", type=float, default=DEFAULT_HOST_LINK_GBPS, metavar="B",
+                       help=f"host<->GPU bandwidth per direction in GB/s (default {DEFAULT_HOST_LINK_GBPS:g}, PCIe Gen5 x16)")
+    group.add_argument("--step-time-budget-s", type=float, metavar="S",
+                       help="refuse when the offload transfers alone need longer than S seconds per step")
+
+
+def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
+    """Planner options from the command line. The host is only checked against this machine's
+    memory when launching here; a plan for another node checks it when --host-memory-gib is given."""
+    gpu = args.gpu_memory_gib or gpu_memory_gib_here() or 80.0
+    host = args.host_memory_gib
+    if host is None and launching:
+        host = host_memory_available_gib()
+    return dict(gpu_memory_gib=gpu, host_memory_gib=host, margin_gib=args.margin_gib,
+                host_link_gbps=args.host_link_gbps, gpus_per_node=args.gpus_per_node)
+
+
+def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, str, str, str, str]]:
+    """(rule id, key, value, rule, fix) for what the plan refuses: host overflow and the link budget
+    are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
+    problems = []
+    if p.fits_host is False:
+        problems.append(("memory/host-fit", "optimizer.optimizer_offload_fraction",
+                         f"{p.fraction:g} ({p.host_bytes_per_node / GIB:.1f} GiB per node)",
+                         f"offloaded and pinned host memory must fit the node's {p.host_memory_gib:.0f} GiB "
+                         "(the kernel kills the job otherwise)",
+                         "a smaller optimizer.optimizer_offload_fraction, fewer ranks per node, or more nodes"))
+    if step_time_budget_s is not None and p.transfer_time_lower_bound_s > step_time_budget_s:
+        problems.append(("memory/host-link-budget", "optimizer.optimizer_offload_fraction",
+                         f"{p.fraction:g} ({p.transfer_bytes_per_step / 1e9:.2f} GB per step over the host link)",
+                         f"the D2H/H2D transfers need at least {p.transfer_time_lower_bound_s:.3f} s per step at "
+                         f"{p.host_link_gbps:g} GB/s, over the {step_time_budget_s:g} s budget",
+                         "a smaller optimizer.optimizer_offload_fraction or a larger --step-time-budget-s"))
+    if not p.fits_gpu:
+        problems.append(("memory/gpu-fit", "optimizer.optimizer_offload_fraction",
+                         f"{p.fraction:g} ({p.total_bytes_gpu / GIB:.1f} GiB predicted)",
+                         f"predicted GPU memory plus {p.margin_gib:g} GiB margin exceeds {p.gpu_memory_gib:g} GiB",
+                         p.recommendation or "optimizer.optimizer_offload_fraction=auto"))
+    return problems

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Plan GPU and host memory of a recipe before queueing it, and pick the offload fraction.
+
+    uv run scripts/plan_offload.py --recipe qwen3_30b_a3b_pretrain_config --num-gpus 16 --gpu-memory-gib 80
+    uv run scripts/plan_offload.py --recipe qwen3_8b_pretrain_config --num-gpus 1 -tp 1 --json \\
+        optimizer.optimizer_offload_fraction=auto
+
+Exit codes: 0 the plan fits; 2 invalid arguments or overrides, or the plan does not fit
+(GPU, host memory, or the --step-time-budget-s host-link gate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
+from recipes import registry  # noqa: E402
+from recipes.memory import add_plan_arguments  # noqa: E402
+from recipes.notices import quiet_import_notices  # noqa: E402
+
+AUTO = "optimizer.optimizer_offload_fraction=auto"
+
+
+def compare_rows(sweep_dir: Path) -> list[dict]:
+    """Planned vs measured peak GPU memory for every run of a sweep folder (same overrides)."""
+    from overrides import apply_overrides
+    from recipes.memory import GIB, plan
+
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    cfg = apply_overrides(registry.get(sweep["recipe"]).build(), sweep["overrides"])
+    rows = []
+    for row in sweep["rows"]:
+        planned = plan(cfg, 1, fraction=row["fraction"])
+        measured = row["peak_allocated_gib"]
+        rows.append({"recipe": sweep["recipe"], "fraction": row["fraction"], "measured_gib": measured,
+                     "planned_gib": planned.total_bytes_gpu / GIB, "planned_state_gib": planned.state_bytes_gpu / GIB,
+                     "error": None if measured is None else planned.total_bytes_gpu / GIB / measured - 1})
+    return rows
+
+
+def compare_markdown(sweep_dirs: list[Path]) -> str:
+    lines = ["| recipe | fraction | measured peak allocated (GiB) | planned total (GiB) | error |",
+             "|---|---|---|---|---|"]
+    for sweep_dir in sweep_dirs:
+        for r in compare_rows(sweep_dir):
+            measured = "-" if r["measured_gib"] is None else f"{r['measured_gib']:.2f}"
+            error = "-" if r["error"] is None else f"{r['error']:+.1%}"
+            lines.append(f"| {r['recipe']} | {r['fraction']:g} | {measured} | {r['planned_gib']:.2f} | {error} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="plan_offload.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", metavar="NAME")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="SWEEP_DIR",
+                        help="compare the plan with the peak memory measured by sweep_offload.py runs "
+                             "(markdown table) instead of planning one recipe")
+    parser.add_argument("--num-gpus", type=int, metavar="N", help="default: the recipe's GPU count")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_plan_arguments(parser)
+    for flag in SHORT_FLAGS:
+        parser.add_argument(*flag.flags, dest=dest(flag), type=flag.type, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_intermixed_args(argv)
+    if args.compare:
+        quiet_import_notices()
+        print(compare_markdown(args.compare))
+        return 0
+    if not args.recipe:
+        parser.error("--recipe NAME is required (or --compare SWEEP_DIR ...)")
+    try:
+        recipe = registry.get(args.recipe)
+    except registry.UnknownRecipe as error:
+        parser.error(str(error))
+    num_gpus = args.num_gpus or recipe.num_gpus
+
+    quiet_import_notices()
+    from overrides import OverrideErrors, apply_overrides
+    from recipes.memory import format_plan, plan, plan_kwargs, plan_problems, recommend, smallest_fitting_fraction
+
+    overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
+    auto = AUTO in overrides
+    try:
+        cfg = apply_overrides(recipe.build(), [o for o in overrides if o != AUTO])
+    except OverrideErrors as errors:
+        print(errors.format(), file=sys.stderr)
+        return 2
+    kwargs = plan_kwargs(args)
+    if auto:
+        fraction, _ = smallest_fitting_fraction(cfg, num_gpus, **kwargs)
+        if fraction is None:
+            fraction = 1.0
+    else:
+        fraction = None
+    result = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+    result.recommendation = recommend(cfg, num_gpus, result, **kwargs)
+    problems = plan_problems(result, args.step_time_budget_s)
+    if args.json:
+        print(json.dumps({**result.to_json(), "problems": [dict(zip(("id", "key", "value", "rule", "fix"), p))
+                                                            for p in problems]}, indent=2))
+    else:
+        print(f"Memory plan for {recipe.name} on {num_gpus} GPU{'s' if num_gpus != 1 else ''}"
+              + (" (fraction=auto)" if auto else "") + ":")
+        print(format_plan(result))
+        for _, key, value, rule, fix in problems:
+            print(f"  PROBLEM {key} = {value}\n        rule: {rule}\n        fix:  {fix}")
+    return 2 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
