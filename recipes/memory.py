@@ -70,6 +70,7 @@ class Plan:
     fits_host: bool | None
     recommendation: str = ""
     notes: list[str] = field(default_factory=list)
+    stages: list[dict] = field(default_factory=list)  # per pipeline stage: params, state, activations, total
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,20 +179,22 @@ def _activation_bytes_per_layer(cfg) -> tuple[int, int, int]:
     return int(2 * per_token * tokens), int(2 * chosen * tokens), tokens
 
 
-def activation_bytes(cfg) -> int:
-    """Peak activation bytes of the worst stage for one rank."""
+def activation_bytes(cfg, stage: int | None = None) -> int:
+    """Peak activation bytes of one rank of pipeline stage ``stage`` (None: the worst stage)."""
     m = cfg.model
-    per_layer, fine_grained, tokens = _activation_bytes_per_layer(cfg)
     pp = m.pipeline_model_parallel_size
-    layers = max(_layers_per_stage(m, pp))
+    if stage is None:
+        return max(activation_bytes(cfg, s) for s in range(pp))
+    per_layer, fine_grained, tokens = _activation_bytes_per_layer(cfg)
+    layers = _layers_per_stage(m, pp)[stage]
     kept_layers = layers
     if m.cpu_offloading:
         # Offloaded layers leave the GPU; the one being copied stays until its copy ends.
         kept_layers = layers - max(0, m.cpu_offloading_num_layers - 1)
     layer_bytes = kept_layers * per_layer - layers * fine_grained
-    in_flight = pp if pp > 1 else 1  # 1F1B: the first stage holds up to PP micro batches
+    in_flight = pp - stage  # 1F1B: stage s holds up to PP - s micro batches before its first backward
     # Logits on the last stage: bf16 output, fp32 softmax work and its gradient.
-    logits = tokens * m.vocab_size // m.tensor_model_parallel_size * (2 + 4)
+    logits = tokens * m.vocab_size // m.tensor_model_parallel_size * (2 + 4) if stage == pp - 1 else 0
     return int(layer_bytes * in_flight + logits)
 
 
@@ -225,7 +228,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                     if opt.use_precision_aware_optimizer else 8)
 
     worst = None
-    activations = activation_bytes(cfg)
+    stages = []
     for stage in range(pp):
         tensors = stage_tensors(cfg, stage)
         params = sum(t.numel for t in tensors)
@@ -237,11 +240,15 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         weights, grads = 2 * params, grad_bytes * params
         optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
         state = weights + grads + optimizer
-        if worst is None or state > worst[0]:
+        activations = activation_bytes(cfg, stage)
+        stages.append({"stage": stage, "params": params, "state_bytes_gpu": state,
+                       "activation_bytes_gpu": activations,
+                       "total_bytes_gpu": state + activations + BASE_GPU_BYTES})
+        if worst is None or state + activations > worst[0] + worst[-1]:
             pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)
             worst = (state, params, shard_params, off_params, weights, grads, optimizer, pinned,
-                     off_params * moment_bytes + pinned)
-    state, params, shard_params, off_params, weights, grads, optimizer, pinned, host_off = worst
+                     off_params * moment_bytes + pinned, activations)
+    state, params, shard_params, off_params, weights, grads, optimizer, pinned, host_off, activations = worst
     ranks_per_node = gpus_per_node or min(num_gpus, 8)
     if m.cpu_offloading:
         per_layer, _, _ = _activation_bytes_per_layer(cfg)
@@ -256,7 +263,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     fits_host = None if host_memory_gib is None else host_node <= host_memory_gib * GIB
     result = Plan(num_gpus, fraction, gpu_memory_gib, host_memory_gib, margin_gib, params, shard_params,
                   off_params, weights, grads, optimizer, state, activations, total, host_off, pinned,
-                  host_node, ranks_per_node, transfer, lower_bound, host_link_gbps, fits_gpu, fits_host)
+                  host_node, ranks_per_node, transfer, lower_bound, host_link_gbps, fits_gpu, fits_host,
+                  stages=stages)
     if not distributed and fraction > 0:
         result.notes.append("optimizer offload needs the distributed optimizer: the plan assumes it is on")
     return result
@@ -336,6 +344,9 @@ def format_plan(p: Plan) -> str:
                                f"at {p.host_link_gbps:g} GB/s"),
         ("recommendation", p.recommendation),
     ]
+    if len(p.stages) > 1:
+        rows.insert(5, ("GPU per pipeline stage", ", ".join(
+            f"stage {s['stage']}: {s['total_bytes_gpu'] / GIB:.1f} GiB" for s in p.stages)))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows + [("note", n) for n in p.notes])
 

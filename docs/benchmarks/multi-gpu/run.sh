@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Multi-GPU runs of the multi-GPU issue, for a host with 4 (or 2) H200s. NOT RUN YET: no such host was
+# lent (see README.md here). Usage: bash docs/benchmarks/multi-gpu/run.sh 4   (or 2)
+set -uo pipefail
+n=${1:?number of GPUs: 4 or 2}
+runs=${RUNS:-/tmp/runs/multi-gpu}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+if [ "$n" = 4 ]; then par=(model.pipeline_model_parallel_size=2 model.expert_model_parallel_size=2); else par=(model.pipeline_model_parallel_size=2); fi
+# 1. MoE proxy, optimizer offload 0 / 0.5 / 1.0 under torchrun (run_recipe re-runs itself under torchrun).
+$py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" --fractions 0,0.5,1 \
+  --out "$runs/moe-pp2-n$n" train.train_iters=8 "${par[@]}"
+# 2. The single-GPU run of the same global batch, for loss parity.
+$py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.5,1 \
+  --out "$runs/moe-n1" train.train_iters=8
+# 3. CPU threads per rank: torchrun's default (OMP_NUM_THREADS=1) against cores / ranks.
+for threads in 1 $((16 / n)); do
+  OMP_NUM_THREADS=$threads $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" \
+    --out "$runs/threads-$threads" train.train_iters=8 optimizer.optimizer_offload_fraction=1.0 "${par[@]}"
+done
+# 4. Activation offload must be refused with PP>1 (exit 2), fine-grained offload must train with PP>1.
+$py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --num-gpus 2 \
+  model.pipeline_model_parallel_size=2; echo "activation offload with PP2: exit $? (expected 2)"
+$py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_fine_grained_offload_config --num-gpus "$n" \
+  --out "$runs/fine-grained-pp2" train.train_iters=8 "${par[@]}"
+# 5. Planner per stage against the measured per-rank peaks.
+$py scripts/plan_offload.py --compare "$runs/moe-pp2-n$n"
