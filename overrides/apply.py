@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import types
 import typing
 from typing import Any, Sequence
 
@@ -36,7 +37,7 @@ class _Refused(Exception):
 
 def _strip_optional(annotation: Any) -> Any:
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, __import__("types").UnionType) and type(None) in args:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
         return rest[0] if len(rest) == 1 else annotation
     return annotation

@@ -146,7 +146,7 @@ def _pow2(nbytes: int) -> int:
 def _activation_bytes_per_layer(cfg) -> tuple[int, int, int]:
     """(bytes a layer keeps for backward per micro batch, of which fine-grained-offloadable, tokens)."""
     m = cfg.model
-    tokens = m.seq_length * cfg.train.micro_batch_size // (m.context_parallel_size * 1)
+    tokens = m.seq_length * cfg.train.micro_batch_size // m.context_parallel_size
     tp = m.tensor_model_parallel_size
     h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads

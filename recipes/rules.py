@@ -172,15 +172,8 @@ def _grid(ctx: Context) -> str:
 
 def _fix_world(ctx: Context) -> str:
     mp = ctx.model_parallel
-    fits = [d for d in _divisors(ctx.num_gpus)
-            if d % ctx.model.context_parallel_size == 0
-            and d // ctx.model.context_parallel_size % ctx.model.pipeline_model_parallel_size == 0]
-    suggestion = f"--num-gpus {mp * max(1, math.ceil(ctx.num_gpus / mp))}"
-    tp_options = [d // (ctx.model.context_parallel_size * ctx.model.pipeline_model_parallel_size)
-                  for d in fits if d <= mp]
-    if tp_options:
-        suggestion += f"  (or model.tensor_model_parallel_size={max(tp_options)})"
-    return suggestion
+    return (f"--num-gpus {mp * max(1, math.ceil(ctx.num_gpus / mp))}  (a multiple of {mp}), "
+            "or smaller model.tensor_model_parallel_size / pipeline / context parallel sizes")
 
 
 def _uneven_pipeline(ctx: Context) -> bool:

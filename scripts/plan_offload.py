@@ -74,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.recipe:
         parser.error("--recipe NAME is required (or --compare SWEEP_DIR ...)")
-    try:
-        recipe = registry.get(args.recipe)
-    except registry.UnknownRecipe as error:
-        parser.error(str(error))
+    recipe = registry.get_or_exit(parser, args.recipe)
     num_gpus = args.num_gpus or recipe.num_gpus
 
     quiet_import_notices()

@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if not args.recipe:
         parser.error("--recipe NAME is required (see --list)")
-    try:
-        recipe = registry.get(args.recipe)
-    except registry.UnknownRecipe as error:
-        parser.error(str(error))
+    recipe = registry.get_or_exit(parser, args.recipe)
     num_gpus, gpus_from = _num_gpus(args, recipe)
     overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
 

@@ -219,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from recipes import registry
 
-    try:
-        registry.get(args.recipe)
-    except registry.UnknownRecipe as error:
-        parser.error(str(error))
+    registry.get_or_exit(parser, args.recipe)
     multirun, overrides = split_overrides(args.overrides)
     if multirun and args.fractions and multirun != args.fractions:
         parser.error(f"--fractions and {FRACTION_KEY}=... disagree; give one")
