@@ -6,13 +6,13 @@
 Importing this package is cheap; Megatron loads when a recipe or transform is first used.
 """
 
+# (``derive`` and ``validate`` share their module's name, so they are imported from the module:
+# ``from recipes.validate import validate``.)
 _LAZY = {
-    "derive": "recipes.derive",
     "with_optimizer_offload": "recipes.offload",
     "without_optimizer_offload": "recipes.offload",
     "with_activation_offload": "recipes.offload",
     "with_fine_grained_offload": "recipes.offload",
-    "validate": "recipes.validate",
     "RULES": "recipes.rules",
 }
 

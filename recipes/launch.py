@@ -82,8 +82,25 @@ def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path) -> str:
     lines += [f"  {line}" for line in offload_summary(cfg)]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()} "
                  f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                 len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    if warning:
+        lines.append(f"  WARNING: {warning}")
     lines.append(f"  metrics: {out_dir}/metrics.rank*.jsonl, summary: {out_dir}/summary.json")
     return "\n".join(lines)
+
+
+def cpu_thread_warning(cfg, threads: int, ranks_on_node: int, cores: int | None) -> str | None:
+    """Optimizer offload runs Adam on the CPU: one thread per rank (torchrun's default when a node
+    runs several ranks) made 100% offload 4.9x slower than no offload on the H200, 16 threads 1.9x."""
+    if not cfg.optimizer.optimizer_cpu_offload or not cores:
+        return None
+    fair_share = max(1, cores // max(1, ranks_on_node))
+    if threads * 2 > fair_share or fair_share == 1:
+        return None
+    return (f"the CPU optimizer runs on {threads} thread(s) per rank while this node has {cores} cores for "
+            f"{ranks_on_node} rank(s): set OMP_NUM_THREADS={fair_share} before launching "
+            "(measured on the H200, 100% offload: 4.9x slower than no offload with 1 thread, 1.9x with 16)")
 
 
 def _wait_for_ranks(out_dir: Path, world: int, timeout_s: float = 60.0) -> None:

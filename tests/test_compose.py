@@ -85,3 +85,17 @@ def test_sweep_in_python(built):
     for fraction, cfg in configs.items():
         assert cfg.optimizer.optimizer_offload_fraction == fraction
     assert base.optimizer.optimizer_cpu_offload is False
+
+
+def test_readme_python_example_runs(capsys):
+    """The README's composition example, executed as written."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)  # noqa: S102
+    assert "Validation for 1 GPU: OK" in capsys.readouterr().out
+    assert namespace["moe"].model.fine_grained_activation_offloading
+    assert sorted(namespace["sweep"]) == [0.25, 0.5, 0.75, 1.0]
