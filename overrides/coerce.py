@@ -57,6 +57,8 @@ def describe(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         parts = [describe(a) for a in args if a is not _NONE]
         return " or ".join(parts) + (" or null" if _NONE in args else "")
+    if origin is tuple and args and Ellipsis not in args:
+        return "[" + ", ".join(describe(a) for a in args) + "]"
     if origin in (list, tuple, set, frozenset) or annotation in (list, tuple):
         inner = [a for a in args if a is not Ellipsis]
         return f"list of {describe(inner[0])}" if inner else "list"
@@ -109,6 +111,8 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
                 return coerce(value, option, raw, current)
             except CoerceError as error:
                 failures.append(error)
+        if len(failures) == 1:  # Optional[X]: X's own reason says more
+            raise failures[0]
         raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}",
                           next((f.fix for f in failures if f.fix), ""))
 
@@ -176,6 +180,10 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
         if not isinstance(value, list):
             raise CoerceError(f"expects {describe(annotation)} written as [a,b], got {_show(value, raw)}",
                               "write a list as key=[a,b] (quote the whole override in a shell)")
+        if origin is tuple and args and Ellipsis not in args:  # fixed positions, e.g. (paths, weights)
+            if len(value) != len(args):
+                raise CoerceError(f"expects {describe(annotation)} ({len(args)} items), got {len(value)} items")
+            return tuple(coerce(v, a, None) for v, a in zip(value, args))
         inner = [a for a in args if a is not Ellipsis]
         items = [coerce(v, inner[0], None) for v in value] if inner else list(value)
         if origin in (tuple,) or annotation is tuple:

@@ -176,3 +176,11 @@ def test_short_flags_expand_and_dotted_form_wins():
     out = to_overrides(values, dotted)
     assert "train.global_batch_size=64" not in out and "optimizer.optimizer_cpu_offload=True" not in out
     assert "optimizer.optimizer_cpu_offload=False" in to_overrides({"offload_fraction": 0.0}, [])
+
+
+def test_real_data_blend_as_the_readme_writes_it(dense):
+    cfg = apply_overrides(dense, ["dataset.blend=[[/data/my_text_document],null]"])
+    assert cfg.dataset.blend == (["/data/my_text_document"], None)
+    with pytest.raises(OverrideErrors) as caught:
+        apply_overrides(dense, ["dataset.blend=[[/data/a]]"])
+    assert "2 items" in caught.value.errors[0].message
