@@ -21,6 +21,12 @@ for phase in "$@"; do
     moe-sweep)
       $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
         --out "$runs/moe-sweep" train.train_iters=8 ;;
+    moe-sweep-deep)
+      # NOT RUN YET. The deepest MoE proxy whose whole sweep fits this host, per the planner
+      # (scripts/plan_offload.py): 9 layers = 6.2B parameters, 112 GiB on the GPU at fraction 0,
+      # 113 GiB of host memory at fraction 1.0 (10 layers would need 124 of the host's 125 GiB).
+      $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
+        --out "$runs/moe-sweep-deep" model.num_layers=9 train.train_iters=8 ;;
     activation)
       for n in 4 8 15; do
         $py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --out "$runs/activation-$n" \
