@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=_positive_int, metavar="N",
                         help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
                              "else the recipe's own GPU count)")
+    parser.add_argument("--cpu-threads", default="auto", type=_cpu_threads, metavar="auto|launcher|N",
+                        help="CPU optimizer threads per rank with optimizer offload: auto (default: the rank's "
+                             "share of the node's cores, pinned; an OMP_NUM_THREADS you set wins), launcher "
+                             "(leave torchrun's setting), or N")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -72,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"{flag.help} ({', '.join(flag.keys)})")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra-style overrides")
     return parser
+
+
+def _cpu_threads(text: str):
+    from recipes.cpu_threads import parse_request
+
+    try:
+        return parse_request(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, str]:
@@ -171,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.launch import launch
 
     out_dir = args.out or Path("runs") / recipe.name
-    return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv)
+    return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv, cpu_threads=args.cpu_threads)
 
 
 if __name__ == "__main__":

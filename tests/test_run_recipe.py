@@ -29,6 +29,7 @@ def _run(*args, timeout=300):
 @pytest.mark.parametrize("args,code", [
     (["--help"], 0), (["--list"], 0), (["--rules"], 0), ([], 2), (["--recipe", "qwen3_30b"], 2),
     (["--recipe", "qwen3_1b_proxy_pretrain_config", "--num-gpus", "0"], 2), (["--bogus"], 2),
+    (["--recipe", "qwen3_1b_proxy_pretrain_config", "--cpu-threads", "none"], 2),
 ])
 def test_help_list_and_argument_errors_answer_fast_without_megatron(args, code):
     done, seconds = _run(*args)

@@ -111,8 +111,8 @@ def test_cpu_thread_warning(built):
 
     offload = built("qwen3_1b_proxy_optimizer_offload_config")
     plain = built("qwen3_1b_proxy_pretrain_config")
-    assert "OMP_NUM_THREADS=16" in cpu_thread_warning(offload, threads=1, ranks_on_node=1, cores=16)
-    assert "OMP_NUM_THREADS=2" in cpu_thread_warning(offload, threads=1, ranks_on_node=8, cores=16)
+    assert "--cpu-threads auto or 16" in cpu_thread_warning(offload, threads=1, ranks_on_node=1, cores=16)
+    assert "--cpu-threads auto or 2" in cpu_thread_warning(offload, threads=1, ranks_on_node=8, cores=16)
     assert cpu_thread_warning(offload, threads=16, ranks_on_node=1, cores=16) is None
     assert cpu_thread_warning(offload, threads=1, ranks_on_node=16, cores=16) is None  # 1 is the fair share
     assert cpu_thread_warning(plain, threads=1, ranks_on_node=1, cores=16) is None
