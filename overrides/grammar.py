@@ -11,6 +11,11 @@ from overrides.errors import OverrideError
 CHANGE, ADD, FORCE_ADD, DELETE = "change", "add", "force_add", "delete"
 
 
+def key_of(text: str) -> str:
+    """The dotted key of an override as typed (``+a.b=1`` -> ``a.b``), without parsing its value."""
+    return text.lstrip("+~").split("=", 1)[0]
+
+
 @dataclass(frozen=True)
 class ParsedOverride:
     text: str
@@ -31,7 +36,7 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
     parser = OverridesParser.create()
     parsed, errors = [], []
     for text in texts:
-        key_guess = text.lstrip("+~").split("=", 1)[0]
+        key_guess = key_of(text)
         if "=" not in text and not text.startswith("~"):
             errors.append(OverrideError(text, key_guess, "an override needs the form key=value",
                                         f"{key_guess}=<value>"))

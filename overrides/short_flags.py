@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from overrides.grammar import key_of
+
 
 @dataclass(frozen=True)
 class ShortFlag:
@@ -36,7 +38,7 @@ def dest(flag: ShortFlag) -> str:
 
 def to_overrides(values: dict[str, object], dotted: list[str]) -> list[str]:
     """Overrides for the short flags given (``values`` by argparse dest), minus keys given dotted."""
-    given = {text.lstrip("+~").split("=", 1)[0] for text in dotted}
+    given = {key_of(text) for text in dotted}
     out = []
     for flag in SHORT_FLAGS:
         value = values.get(dest(flag))

@@ -82,7 +82,7 @@ def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path, threads_reas
     lines += [f"  {line}" for line in offload_summary(cfg)]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                                 len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+                                 len(_available_cores()))
     if warning:
         lines.append(f"  WARNING: {warning}")
     lines.append(f"  metrics: {out_dir}/metrics.rank*.jsonl, summary: {out_dir}/summary.json")
@@ -111,6 +111,10 @@ def _wait_for_ranks(out_dir: Path, world: int, timeout_s: float = 60.0) -> None:
         if len(files) >= world and len(counts) == 1:
             return
         time.sleep(0.5)
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else ""
 
 
 def _write_failure(out_dir: Path, reason: str) -> None:
@@ -177,14 +181,14 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
     try:
         pretrain(cfg, forward_step, callbacks=[make_callback(out_dir, rank)])
     except torch.OutOfMemoryError as error:
-        first_line = str(error).splitlines()[0] if str(error) else ""
+        first_line = _first_line(error)
         reason = first_line if first_line.startswith("CUDA out of memory") else f"CUDA out of memory: {first_line}"
         _write_failure(out_dir, reason)
         print(f"rank {rank}: {reason}\n  Try a larger optimizer.optimizer_offload_fraction, activation offload, "
               "a smaller micro batch or more GPUs.", file=sys.stderr)
         return EXIT_FAILED
     except Exception as error:  # noqa: BLE001  (record why, then let the user see the traceback)
-        _write_failure(out_dir, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        _write_failure(out_dir, f"{type(error).__name__}: {_first_line(error)}")
         traceback.print_exc()
         return EXIT_FAILED
     if rank == 0:

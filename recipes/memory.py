@@ -34,6 +34,7 @@ BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process 
 DEFAULT_MARGIN_GIB = 4.0  # allocator fragmentation and workspace the model does not count
 DEFAULT_HOST_LINK_GBPS = 50.0  # PCIe Gen5 x16, practical pinned copy rate per direction
 AUTO_STEP = 0.05
+AUTO_OVERRIDE = "optimizer.optimizer_offload_fraction=auto"  # resolved by the planner
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     return options
 
 
-def recommend(cfg, num_gpus: int, current: Plan, **kwargs) -> str:
+def recommend(cfg, num_gpus: int, **kwargs) -> str:
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **kwargs)
     if fraction is None:
         options = what_would_fit(cfg, num_gpus, **kwargs)
@@ -321,6 +322,13 @@ def recommend(cfg, num_gpus: int, current: Plan, **kwargs) -> str:
     return (f"smallest optimizer offload fraction that fits: {fraction:g} "
             f"({fitting.total_bytes_gpu / GIB:.1f} GiB of {fitting.gpu_memory_gib:g} GiB with "
             f"{fitting.margin_gib:g} GiB margin)")
+
+
+def plan_with_recommendation(cfg, num_gpus: int, fraction: float | None = None, **kwargs) -> Plan:
+    """plan() plus its recommendation (the smallest fitting fraction, or what would fit)."""
+    result = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+    result.recommendation = recommend(cfg, num_gpus, **kwargs)
+    return result
 
 
 def format_plan(p: Plan) -> str:
@@ -401,25 +409,25 @@ def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
                 host_link_gbps=args.host_link_gbps, gpus_per_node=args.gpus_per_node)
 
 
-def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, str, str, str, str]]:
-    """(rule id, key, value, rule, fix) for what the plan refuses: host overflow and the link budget
-    are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
+def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, str, str, str, str, str]]:
+    """(rule id, key, value, rule, fix, severity) for what the plan refuses: host overflow and the link
+    budget are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
     problems = []
     if p.fits_host is False:
         problems.append(("memory/host-fit", "optimizer.optimizer_offload_fraction",
                          f"{p.fraction:g} ({p.host_bytes_per_node / GIB:.1f} GiB per node)",
                          f"offloaded and pinned host memory must fit the node's {p.host_memory_gib:.0f} GiB "
                          "(the kernel kills the job otherwise)",
-                         "a smaller optimizer.optimizer_offload_fraction, fewer ranks per node, or more nodes"))
+                         "a smaller optimizer.optimizer_offload_fraction, fewer ranks per node, or more nodes", "error"))
     if step_time_budget_s is not None and p.transfer_time_lower_bound_s > step_time_budget_s:
         problems.append(("memory/host-link-budget", "optimizer.optimizer_offload_fraction",
                          f"{p.fraction:g} ({p.transfer_bytes_per_step / 1e9:.2f} GB per step over the host link)",
                          f"the D2H/H2D transfers need at least {p.transfer_time_lower_bound_s:.3f} s per step at "
                          f"{p.host_link_gbps:g} GB/s, over the {step_time_budget_s:g} s budget",
-                         "a smaller optimizer.optimizer_offload_fraction or a larger --step-time-budget-s"))
+                         "a smaller optimizer.optimizer_offload_fraction or a larger --step-time-budget-s", "error"))
     if not p.fits_gpu:
         problems.append(("memory/gpu-fit", "optimizer.optimizer_offload_fraction",
                          f"{p.fraction:g} ({p.total_bytes_gpu / GIB:.1f} GiB predicted)",
                          f"predicted GPU memory plus {p.margin_gib:g} GiB margin exceeds {p.gpu_memory_gib:g} GiB",
-                         p.recommendation or "optimizer.optimizer_offload_fraction=auto"))
+                         p.recommendation or AUTO_OVERRIDE, "warning"))
     return problems

@@ -20,10 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
 from recipes import registry  # noqa: E402
+from recipes.memory import AUTO_OVERRIDE as AUTO  # noqa: E402
 from recipes.memory import add_plan_arguments  # noqa: E402
 from recipes.notices import quiet_import_notices  # noqa: E402
-
-AUTO = "optimizer.optimizer_offload_fraction=auto"
 
 
 def compare_rows(sweep_dir: Path) -> list[dict]:
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_import_notices()
     from overrides import OverrideErrors, apply_overrides
-    from recipes.memory import format_plan, plan, plan_kwargs, plan_problems, recommend, smallest_fitting_fraction
+    from recipes.memory import format_plan, plan_kwargs, plan_problems, plan_with_recommendation, smallest_fitting_fraction
 
     overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
     auto = AUTO in overrides
@@ -95,18 +94,17 @@ def main(argv: list[str] | None = None) -> int:
             fraction = 1.0
     else:
         fraction = None
-    result = plan(cfg, num_gpus, fraction=fraction, **kwargs)
-    result.recommendation = recommend(cfg, num_gpus, result, **kwargs)
+    result = plan_with_recommendation(cfg, num_gpus, fraction=fraction, **kwargs)
     problems = plan_problems(result, args.step_time_budget_s)
     if args.json:
-        print(json.dumps({**result.to_json(), "problems": [dict(zip(("id", "key", "value", "rule", "fix"), p))
+        print(json.dumps({**result.to_json(), "problems": [dict(zip(("id", "key", "value", "rule", "fix", "severity"), p))
                                                             for p in problems]}, indent=2))
     else:
         print(f"Memory plan for {recipe.name} on {num_gpus} GPU{'s' if num_gpus != 1 else ''}"
               + (" (fraction=auto)" if auto else "") + ":")
         print(format_plan(result))
-        for _, key, value, rule, fix in problems:
-            print(f"  PROBLEM {key} = {value}\n        rule: {rule}\n        fix:  {fix}")
+        for _, key, value, rule, fix, severity in problems:
+            print(f"  {severity.upper()} {key} = {value}\n        rule: {rule}\n        fix:  {fix}")
     return 2 if problems else 0
 
 

@@ -22,12 +22,12 @@ from pathlib import Path
 # without an installed project. Only light modules are imported before arguments are checked.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from overrides.grammar import key_of  # noqa: E402
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
 from recipes import registry  # noqa: E402
+from recipes.memory import AUTO_OVERRIDE as AUTO  # noqa: E402
 from recipes.memory import add_plan_arguments  # noqa: E402
 from recipes.notices import quiet_import_notices  # noqa: E402
-
-AUTO = "optimizer.optimizer_offload_fraction=auto"
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.describe import config_diff, format_diff, offload_summary, topology
     from recipes.validate import validate
 
-    from recipes.memory import format_plan, plan, plan_kwargs, plan_problems, recommend
+    from recipes.memory import format_plan, plan_kwargs, plan_problems, plan_with_recommendation
     from recipes.validate import Problem, Report
 
     plan_options = plan_kwargs(args, launching=not args.dry_run)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             fraction = _auto_fraction(cfg, num_gpus, plan_options)
             if fraction is None:
                 return EXIT_INVALID
-            given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+            given = {key_of(o) for o in overrides}
             chosen = [f"optimizer.optimizer_offload_fraction={fraction:g}"]
             if "optimizer.optimizer_cpu_offload" not in given:
                 chosen.append(f"optimizer.optimizer_cpu_offload={fraction > 0}")
@@ -168,13 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Changed from the recipe ({len(diffs)}):" if diffs else "Changed from the recipe: nothing")
     for line in diffs:
         print(f"  {line}")
-    memory = plan(cfg, num_gpus, **plan_options)
-    memory.recommendation = recommend(cfg, num_gpus, memory, **plan_options)
+    memory = plan_with_recommendation(cfg, num_gpus, **plan_options)
     print("Memory plan (per GPU, worst rank):")
     print(format_plan(memory))
     report = Report(report.num_gpus, report.problems + tuple(
-        Problem(key, value, rule, fix, "warning" if rule_id == "memory/gpu-fit" else "error", rule_id, "planner")
-        for rule_id, key, value, rule, fix in plan_problems(memory, args.step_time_budget_s)))
+        Problem(key, value, rule, fix, severity, rule_id, "planner")
+        for rule_id, key, value, rule, fix, severity in plan_problems(memory, args.step_time_budget_s)))
     print(report.format())
     print(f"(built and validated in {time.monotonic() - started:.1f} s)", file=sys.stderr)
     if not report.ok:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from overrides.grammar import key_of  # noqa: E402
+
 SEED_PARITY = 0.001  # the seed's criterion: max |loss delta| vs baseline
 FRACTION_KEY = "optimizer.optimizer_offload_fraction"
 OWNED_KEYS = ("optimizer.optimizer_cpu_offload", FRACTION_KEY)
@@ -47,7 +49,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[float] | None, list[str]
     """Take a Hydra multirun value of the fraction out of the overrides (a welcome alias)."""
     fractions, rest = None, []
     for text in overrides:
-        key = text.lstrip("+~").split("=", 1)[0]
+        key = key_of(text)
         if key == FRACTION_KEY and "," in text:
             fractions = parse_fractions(text.split("=", 1)[1])
         elif key in OWNED_KEYS:
