@@ -228,7 +228,6 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     moment_bytes = (_dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype)
                     if opt.use_precision_aware_optimizer else 8)
 
-    worst = None
     stages = []
     for stage in range(pp):
         tensors = stage_tensors(cfg, stage)
@@ -238,18 +237,17 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         offloaded = _offloaded(shards, fraction) if fraction > 0 else []
         shard_params = sum(n for _, n in shards)
         off_params = sum(n for _, n in offloaded)
-        weights, grads = 2 * params, grad_bytes * params
         optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
-        state = weights + grads + optimizer
+        state = 2 * params + grad_bytes * params + optimizer
         activations = activation_bytes(cfg, stage)
-        stages.append({"stage": stage, "params": params, "state_bytes_gpu": state,
-                       "activation_bytes_gpu": activations,
-                       "total_bytes_gpu": state + activations + BASE_GPU_BYTES})
-        if worst is None or state + activations > worst[0] + worst[-1]:
-            pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)
-            worst = (state, params, shard_params, off_params, weights, grads, optimizer, pinned,
-                     off_params * moment_bytes + pinned, activations)
-    state, params, shard_params, off_params, weights, grads, optimizer, pinned, host_off, activations = worst
+        pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
+        stages.append({"stage": stage, "params": params, "shard_params": shard_params, "off_params": off_params,
+                       "optimizer": optimizer, "state_bytes_gpu": state, "activation_bytes_gpu": activations,
+                       "total_bytes_gpu": state + activations + BASE_GPU_BYTES, "pinned": pinned})
+    worst = max(stages, key=lambda s: s["total_bytes_gpu"])
+    params, shard_params, off_params = worst["params"], worst["shard_params"], worst["off_params"]
+    state, activations, pinned = worst["state_bytes_gpu"], worst["activation_bytes_gpu"], worst["pinned"]
+    host_off = off_params * moment_bytes + pinned
     ranks_per_node = gpus_per_node or min(num_gpus, 8)
     if m.cpu_offloading:
         per_layer, _, _ = _activation_bytes_per_layer(cfg)
@@ -257,15 +255,16 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         host_off += pinned_act
         pinned += pinned_act
     host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
-    total = state + activations + BASE_GPU_BYTES
+    total = worst["total_bytes_gpu"]
     transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
     lower_bound = (4 * off_params) / (host_link_gbps * 1e9)  # both directions run at once
     fits_gpu = total + margin_gib * GIB <= gpu_memory_gib * GIB
     fits_host = None if host_memory_gib is None else host_node <= host_memory_gib * GIB
+    shown = ("stage", "params", "state_bytes_gpu", "activation_bytes_gpu", "total_bytes_gpu")
     result = Plan(num_gpus, fraction, gpu_memory_gib, host_memory_gib, margin_gib, params, shard_params,
-                  off_params, weights, grads, optimizer, state, activations, total, host_off, pinned,
-                  host_node, ranks_per_node, transfer, lower_bound, host_link_gbps, fits_gpu, fits_host,
-                  stages=stages)
+                  off_params, 2 * params, grad_bytes * params, worst["optimizer"], state, activations, total,
+                  host_off, pinned, host_node, ranks_per_node, transfer, lower_bound, host_link_gbps, fits_gpu,
+                  fits_host, stages=[{k: s[k] for k in shown} for s in stages])
     if not distributed and fraction > 0:
         result.notes.append("optimizer offload needs the distributed optimizer: the plan assumes it is on")
     return result
@@ -285,7 +284,15 @@ def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | Non
 
 def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     """Changes that make a plan fit when no offload fraction does (each checked with the planner)."""
-    from recipes.derive import derive
+    import copy
+
+    from recipes.derive import set_path
+
+    def what_if(deltas: dict):  # a changed copy, not logged: nothing is applied to the user's config
+        changed = copy.deepcopy(cfg)
+        for key, value in deltas.items():
+            set_path(changed, key, value)
+        return changed
 
     m = cfg.model
     options = []
@@ -295,15 +302,15 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     if m.num_layers % (m.pipeline_model_parallel_size * 2) == 0:
         tries.append((f"model.pipeline_model_parallel_size={m.pipeline_model_parallel_size * 2} "
                       f"with --num-gpus {num_gpus * 2}",
-                      derive(cfg, {"model.pipeline_model_parallel_size": m.pipeline_model_parallel_size * 2},
-                             why="planner what-if"), num_gpus * 2))
+                      what_if({"model.pipeline_model_parallel_size": m.pipeline_model_parallel_size * 2}),
+                      num_gpus * 2))
     if cfg.train.micro_batch_size > 1:
-        tries.append(("train.micro_batch_size=1", derive(cfg, {"train.micro_batch_size": 1}, why="planner what-if"),
+        tries.append(("train.micro_batch_size=1", what_if({"train.micro_batch_size": 1}),
                       num_gpus))
     if m.pipeline_model_parallel_size == 1 and not m.cpu_offloading and not m.fine_grained_activation_offloading:
         tries.append((f"activation offload: model.cpu_offloading=True model.cpu_offloading_num_layers={m.num_layers - 1}",
-                      derive(cfg, {"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1},
-                             why="planner what-if"), num_gpus))
+                      what_if({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1}),
+                      num_gpus))
     for text, candidate, gpus in tries:
         fraction, _ = smallest_fitting_fraction(candidate, gpus, **kwargs)
         if fraction is not None:

@@ -66,11 +66,23 @@ def fraction_overrides(fraction: float) -> list[str]:
     return ["optimizer.optimizer_cpu_offload=True", f"{FRACTION_KEY}={fraction}"]
 
 
+def recorded(run_dir: Path, succeeded: bool = True) -> dict:
+    """What a finished run left: its summary (when it succeeded) or its failure reason; {} if neither."""
+    summary, failure = run_dir / "summary.json", run_dir / "failure.json"
+    if succeeded and summary.exists():
+        return {"summary": json.loads(summary.read_text())}
+    if failure.exists():
+        return {"reason": json.loads(failure.read_text())["reason"]}
+    return {}
+
+
 def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], extra_args: list[str],
             timeout_s: float | None) -> dict:
     command = [sys.executable, str(RUN_RECIPE), "--recipe", recipe, "--out", str(out_dir), *extra_args,
                *overrides, *fraction_overrides(fraction)]
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("summary.json", "failure.json"):  # an earlier run's results must not pass for this one's
+        (out_dir / stale).unlink(missing_ok=True)
     started = time.monotonic()
     with (out_dir / "log.txt").open("w") as log:
         log.write(" ".join(command) + "\n")
@@ -81,12 +93,10 @@ def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], e
             code = "timeout"
     result = {"fraction": fraction, "dir": str(out_dir), "returncode": code,
               "wall_s": round(time.monotonic() - started, 1)}
-    summary, failure = out_dir / "summary.json", out_dir / "failure.json"
-    if code == 0 and summary.exists():
-        result["summary"] = json.loads(summary.read_text())
-    elif failure.exists():
-        result["reason"] = json.loads(failure.read_text())["reason"]
-    elif code == "timeout":
+    result.update(recorded(out_dir, succeeded=code == 0))
+    if "summary" in result or "reason" in result:
+        return result
+    if code == "timeout":
         result["reason"] = f"timed out after {timeout_s:.0f} s"
     elif isinstance(code, int) and code < 0:
         result["reason"] = (f"killed by signal {-code}" + (" (SIGKILL: host memory exhausted?)" if code == -9 else ""))
@@ -237,13 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(runs):
             name = f"fraction-{fraction:g}" + (f"-repeat{repeat}" if repeat else "")
             run_dir = args.out / name
-            finished = run_dir / "summary.json", run_dir / "failure.json"
-            if args.resume and any(path.exists() for path in finished):
-                result = {"fraction": fraction, "dir": str(run_dir), "wall_s": 0.0, "reused": True}
-                if finished[0].exists():
-                    result["summary"] = json.loads(finished[0].read_text())
-                else:
-                    result["reason"] = json.loads(finished[1].read_text())["reason"]
+            earlier = recorded(run_dir) if args.resume else {}
+            if earlier:
+                result = {"fraction": fraction, "dir": str(run_dir), "wall_s": 0.0, "reused": True, **earlier}
                 print(f"[sweep] {name}: kept from an earlier run", flush=True)
             else:
                 print(f"[sweep] {name} ...", flush=True)

@@ -116,3 +116,14 @@ def test_cpu_thread_warning(built):
     assert cpu_thread_warning(offload, threads=16, ranks_on_node=1, cores=16) is None
     assert cpu_thread_warning(offload, threads=1, ranks_on_node=16, cores=16) is None  # 1 is the fair share
     assert cpu_thread_warning(plain, threads=1, ranks_on_node=1, cores=16) is None
+
+
+def test_recorded_results_and_no_stale_reuse(tmp_path):
+    import json
+
+    assert sweep_offload.recorded(tmp_path) == {}
+    (tmp_path / "failure.json").write_text(json.dumps({"reason": "CUDA out of memory"}))
+    assert sweep_offload.recorded(tmp_path) == {"reason": "CUDA out of memory"}
+    (tmp_path / "summary.json").write_text(json.dumps({"step_time_s": 1.0}))
+    assert sweep_offload.recorded(tmp_path) == {"summary": {"step_time_s": 1.0}}
+    assert sweep_offload.recorded(tmp_path, succeeded=False) == {"reason": "CUDA out of memory"}
