@@ -99,7 +99,7 @@ def cpu_thread_warning(cfg, threads: int, ranks_on_node: int, cores: int | None)
         return None
     return (f"the CPU optimizer runs on {threads} thread(s) per rank while this node has {cores} cores for "
             f"{ranks_on_node} rank(s): use --cpu-threads auto or {fair_share} "
-            "(measured on the H200, 100% offload: 4.9x slower than no offload with 1 thread, 1.9x with 16)")
+            "(reported for the H200 in issue #6, 100% offload: 4.9x slower than no offload with 1 thread, 1.9x with 16)")
 
 
 def _wait_for_ranks(out_dir: Path, world: int, timeout_s: float = 60.0) -> None:
