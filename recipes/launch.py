@@ -73,13 +73,15 @@ def single_process_env() -> None:
         os.environ.setdefault(name, value)
 
 
-def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path, threads_reason: str) -> str:
+def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path, threads_reason: str,
+               tuning_lines: list[str] = ()) -> str:
     import torch
 
     lines = [f"Training {recipe_name} ({topology(cfg, num_gpus)}), {cfg.train.train_iters} steps, "
              f"global batch {cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}, "
              f"seq {cfg.model.seq_length}"]
     lines += [f"  {line}" for line in offload_summary(cfg)]
+    lines += [f"  speed tuning: {line}" for line in tuning_lines]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(_available_cores()))
@@ -138,7 +140,8 @@ def tune_cpu_threads(cfg, request) -> str:
     return plan.reason
 
 
-def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str], cpu_threads="auto") -> int:
+def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str], cpu_threads="auto",
+           tuning_lines: list[str] = ()) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -173,7 +176,7 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "failure.json").unlink(missing_ok=True)
-        print(run_header(cfg, recipe_name, num_gpus, out_dir, threads_reason), flush=True)
+        print(run_header(cfg, recipe_name, num_gpus, out_dir, threads_reason, tuning_lines), flush=True)
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
@@ -193,6 +196,10 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
         return EXIT_FAILED
     if rank == 0:
         _wait_for_ranks(out_dir, world)
-        summary = write_summary(out_dir, {"recipe": recipe_name, "num_gpus": num_gpus})
+        summary = write_summary(out_dir, {
+            "recipe": recipe_name, "num_gpus": num_gpus, "cpu_threads_per_rank": torch.get_num_threads(),
+            "optimizer_cpu_offload": cfg.optimizer.optimizer_cpu_offload,
+            "optimizer_offload_fraction": cfg.optimizer.optimizer_offload_fraction,
+            "overlap_cpu_optimizer_d2h_h2d": cfg.optimizer.overlap_cpu_optimizer_d2h_h2d})
         print(f"Run summary ({out_dir}):\n{format_summary(summary)}", flush=True)
     return EXIT_OK

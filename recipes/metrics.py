@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from recipes.offload_timing import BREAKDOWN_FIELDS
 
 GIB = 1024**3
 
@@ -83,6 +86,18 @@ def make_callback(out_dir: Path, rank: int):
             self.file = self.path.open("w")
             self.started = 0.0
             self.step = 0
+            self.offload_timer = None
+
+        def on_train_start(self, context) -> None:
+            from recipes.offload_timing import OffloadTimer
+
+            try:
+                timer = OffloadTimer(context.optimizer)
+            except Exception as error:  # noqa: BLE001  (a missing breakdown must not stop training)
+                print(f"WARNING: no per-step offload breakdown for this run ({type(error).__name__}: {error}); "
+                      "step times and memory are still recorded", file=sys.stderr, flush=True)
+                return
+            self.offload_timer = timer if timer.active else None
 
         def on_train_step_start(self, context) -> None:
             torch.cuda.synchronize()  # time the step itself, not work queued before it
@@ -94,6 +109,10 @@ def make_callback(out_dir: Path, rank: int):
             self.step += 1
             record = step_record(self.step, elapsed, _loss_value(context.loss_dict), context.grad_norm)
             record["skipped"] = bool(context.skipped_iter)
+            if self.offload_timer is not None:
+                record.update(self.offload_timer.collect() or {})
+                if self.step == 1:
+                    record["offload_traffic"] = self.offload_timer.traffic()
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
 
@@ -117,6 +136,17 @@ def warmup_steps(n_steps: int) -> int:
     return min(3, n_steps // 3)
 
 
+def _slowest_rank(ranks: dict[int, list[dict]], step: int, field: str) -> float | None:
+    """A step's value of ``field`` on its slowest rank (None where no rank recorded it)."""
+    values = [r[step][field] for r in ranks.values() if step < len(r) and r[step].get(field) is not None]
+    return max(values) if values else None
+
+
+def _steady_median(ranks: dict[int, list[dict]], steps: range, field: str) -> float | None:
+    values = [v for v in (_slowest_rank(ranks, i, field) for i in steps) if v is not None]
+    return statistics.median(values) if values else None
+
+
 def summarize(out_dir: Path) -> dict[str, Any]:
     ranks = read_steps(out_dir)
     if not ranks or not any(ranks.values()):
@@ -132,6 +162,16 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         values = [s[field] for r in ranks.values() for s in r if s.get(field) is not None]
         return max(values) if values else None
 
+    breakdown = {}
+    for field in BREAKDOWN_FIELDS:
+        value = _steady_median(ranks, range(skip, len(steps0)), field)
+        if value is not None:
+            breakdown[field.removeprefix("offload_")] = value
+    if breakdown and per_step[skip:]:
+        optimizer = [_slowest_rank(ranks, i, "offload_optimizer_step_s") or 0.0 for i in range(len(per_step))]
+        breakdown["rest_of_step_s"] = statistics.median(t - o for t, o in zip(per_step[skip:], optimizer[skip:]))
+    traffic = [s["offload_traffic"] for r in ranks.values() for s in r if "offload_traffic" in s]
+
     return {
         "steps": len(steps0),
         "warmup_steps_excluded": skip,
@@ -144,6 +184,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "final_loss": next((x for x in reversed(losses) if x is not None), None),
         "losses": losses,
         "ranks": len(ranks),
+        "offload_breakdown": breakdown or None,
+        "offload_traffic": max(traffic, key=lambda t: t["offloaded_params"]) if traffic else None,
     }
 
 
@@ -151,6 +193,16 @@ def write_summary(out_dir: Path, extra: dict[str, Any] | None = None) -> dict[st
     summary = {**summarize(out_dir), **(extra or {})}
     (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+BREAKDOWN_LABELS = (  # median per step, as the terminal table shows it
+    ("optimizer_step_s", "offloaded optimizer step"),
+    ("d2h_s", "D2H gradient copies"),
+    ("cpu_optimizer_s", "CPU optimizer (Adam)"),
+    ("h2d_s", "H2D parameter copies"),
+    ("gpu_optimizer_s", "GPU optimizer (the rest)"),
+    ("rest_of_step_s", "rest of the step"),
+)
 
 
 def _gib(value: float | None) -> str:
@@ -168,5 +220,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("peak pinned host", _gib(summary["peak_pinned_host_gib"])),
         ("final loss", "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"),
     ]
+    breakdown = summary.get("offload_breakdown")
+    if breakdown:
+        rows += [(f"  {label}", f"{breakdown[key]:.3f} s") for key, label in BREAKDOWN_LABELS if key in breakdown]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)

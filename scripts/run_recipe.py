@@ -63,10 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=_positive_int, metavar="N",
                         help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
                              "else the recipe's own GPU count)")
-    parser.add_argument("--cpu-threads", default="auto", type=_cpu_threads, metavar="auto|launcher|N",
-                        help="CPU optimizer threads per rank with optimizer offload: auto (default: the rank's "
-                             "share of the node's cores, pinned; an OMP_NUM_THREADS you set wins), launcher "
-                             "(leave torchrun's setting), or N")
+    parser.add_argument("--cpu-threads", default=None, type=_cpu_threads, metavar="auto|launcher|N",
+                        help="CPU optimizer threads per rank with optimizer offload: auto (the default when tuned: "
+                             "the rank's share of the node's cores, pinned; an OMP_NUM_THREADS you set wins), "
+                             "launcher (leave torchrun's setting; the default with --offload-tuning stock), or N")
+    parser.add_argument("--offload-tuning", choices=("tuned", "stock"), default="tuned",
+                        help="tuned (default): D2H/H2D overlap, pinned host buffers and CPU threads per rank for "
+                             "optimizer offload, except keys you set; stock: the config as the recipe and your "
+                             "overrides made it, threads as the launcher set them (the library's behaviour)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -159,11 +163,21 @@ def main(argv: list[str] | None = None) -> int:
     except OverrideErrors as errors:
         print(errors.format(), file=sys.stderr)
         return EXIT_INVALID
+    tuning_lines = []
+    if args.offload_tuning == "tuned":
+        from recipes.offload_tuning import tune_offload
+
+        cfg, tuning_lines = tune_offload(cfg, {key_of(o) for o in overrides})
+    cpu_threads = args.cpu_threads or ("auto" if args.offload_tuning == "tuned" else "launcher")
     report = validate(cfg, num_gpus)
     print(f"Recipe {recipe.name} ({topology(cfg, num_gpus)}; GPU count from {gpus_from})")
     print("Offload settings:")
     for line in offload_summary(cfg):
         print(f"  {line}")
+    if tuning_lines:
+        print("Offload speed tuning (--offload-tuning stock turns it off):")
+        for line in tuning_lines:
+            print(f"  {line}")
     diffs = format_diff(config_diff(base, cfg))
     print(f"Changed from the recipe ({len(diffs)}):" if diffs else "Changed from the recipe: nothing")
     for line in diffs:
@@ -183,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.launch import launch
 
     out_dir = args.out or Path("runs") / recipe.name
-    return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv, cpu_threads=args.cpu_threads)
+    return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv, cpu_threads=cpu_threads,
+                  tuning_lines=tuning_lines)
 
 
 if __name__ == "__main__":

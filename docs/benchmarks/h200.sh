@@ -39,6 +39,21 @@ for phase in "$@"; do
       $py scripts/sweep_offload.py --recipe qwen3_8b_pretrain_config --num-gpus 1 --fractions 0,0.5 --baseline-runs 1 \
         --out "$runs/oom-8b" model.tensor_model_parallel_size=1 model.seq_length=2048 dataset.seq_length=2048 \
         train.global_batch_size=2 train.train_iters=4 optimizer.overlap_cpu_optimizer_d2h_h2d=True ;;
+    smoke-torchrun)
+      # The launcher path (torchrun started us), with optimizer offload and the per-step breakdown.
+      $py -m torch.distributed.run --standalone --nproc-per-node 1 scripts/run_recipe.py \
+        --recipe qwen3_1b_proxy_optimizer_offload_config --out "$runs/smoke-torchrun" model.num_layers=4 train.train_iters=6 ;;
+    host)
+      $py scripts/measure_host.py --json "$runs/host/host.json" ;;
+    bench-dense)
+      # Stock (all cores, 1 thread) vs tuned at 0.25/0.5/0.75/1 on the ~1.1B dense proxy, floor from phase host.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
+        --host-json "$runs/host/host.json" train.train_iters=10 ;;
+    bench-moe)
+      # The same tuning on the Qwen3-30B-A3B proxy (4 layers, 128 experts) at the goals' fractions.
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe" --resume \
+        --host-json "$runs/host/host.json" --fractions 0.25,1 --configs stock-all-cores,tuned --baseline-runs 1 \
+        train.train_iters=6 ;;
     gpu-tests)
       $py -m pytest tests/test_gpu_training.py -v -p no:cacheprovider 2>&1 | tee "$runs/gpu-tests.log" ;;
     *) echo "unknown phase $phase"; exit 2 ;;

@@ -1,0 +1,141 @@
+"""The floor of optimizer offload on a host: what the bytes each step must move cost at best.
+
+With Megatron Core's HybridDeviceOptimizer the update of the offloaded parameters starts after the
+backward pass (gradient clipping needs every gradient first) and must end before the next forward
+pass. Each step therefore copies the offloaded gradients to the host (D2H), runs Adam over them on
+the CPU, and copies the parameters back (H2D). Perfectly pipelined (D2H/H2D overlap on), the three
+cost at least the slowest of them; the Adam those parameters no longer run on the GPU is saved:
+
+    floor_s = baseline_step_s - gpu_adam_s + max(d2h_s, cpu_adam_s, h2d_s)
+
+with d2h_s / h2d_s = bytes over the measured pinned-copy bandwidth, cpu_adam_s = bytes Adam touches
+(28 per fp32 parameter) over the host's measured memory bandwidth, gpu_adam_s = the same bytes over
+the GPU's memory bandwidth. ``cpu_adam_measured_s`` prices the CPU part with the Adam this host
+actually runs (torch's fused CPU AdamW, as HybridDeviceOptimizer uses) instead of raw bandwidth:
+the floor for this optimizer implementation.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+GB = 1e9
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up (first touch, allocator, thread pool start)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def host_memory_gbps(size_mib: int = 1024, threads: int | None = None, repeats: int = 3) -> float:
+    """Streaming bandwidth of host memory for in-place updates, as Adam makes them (a += b: read a and b,
+    write a, 3 x 4 bytes per element; an out-of-place add would also pay the write-allocate read), GB/s."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        n = size_mib * 2**20 // 4
+        a, b = torch.zeros(n), torch.ones(n)
+        seconds = _median_seconds(lambda: a.add_(b), repeats)
+        return 3 * 4 * n / seconds / GB
+    finally:
+        torch.set_num_threads(previous)
+
+
+def cpu_adam_gbps(params_m: int = 64, threads: int | None = None, repeats: int = 3) -> float:
+    """Bytes per second fused CPU AdamW touches (28 per fp32 parameter), as HybridDeviceOptimizer runs it."""
+    import torch
+
+    from recipes.offload_timing import ADAM_TOUCHED_BYTES_PER_FP32_PARAM
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        n = params_m * 2**20
+        param = torch.nn.Parameter(torch.zeros(n))
+        param.grad = torch.full((n,), 1e-3)
+        optimizer = torch.optim.AdamW([param], lr=1e-4, weight_decay=0.1, fused=True)
+        seconds = _median_seconds(optimizer.step, repeats)
+        return ADAM_TOUCHED_BYTES_PER_FP32_PARAM * n / seconds / GB
+    finally:
+        torch.set_num_threads(previous)
+
+
+def copy_gbps(size_mib: int = 1024, repeats: int = 5) -> dict[str, float]:
+    """Pinned host <-> GPU copy bandwidth and GPU memory bandwidth (device copy: read + write), GB/s."""
+    import torch
+
+    n = size_mib * 2**20 // 4
+    host = torch.empty(n, pin_memory=True)
+    device = torch.empty(n, device="cuda")
+    other = torch.empty(n, device="cuda")
+
+    def timed(copy) -> float:
+        copy()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            copy()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1000.0)
+        return statistics.median(times)
+
+    nbytes = 4 * n
+    return {
+        "d2h_gbps": nbytes / timed(lambda: host.copy_(device, non_blocking=True)) / GB,
+        "h2d_gbps": nbytes / timed(lambda: device.copy_(host, non_blocking=True)) / GB,
+        "device_memory_gbps": 2 * nbytes / timed(lambda: other.copy_(device)) / GB,
+    }
+
+
+def measure_host(thread_counts: list[int] | None = None, size_mib: int = 1024) -> dict[str, Any]:
+    """Everything the floor needs, measured on this host (copies only where a GPU is present)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    thread_counts = sorted(set(thread_counts or [1, 2, 4, 8, cores]) | {cores})
+    result: dict[str, Any] = {
+        "cores": cores,
+        "host_memory_gbps": {str(t): round(host_memory_gbps(size_mib, t), 2) for t in thread_counts},
+        "cpu_adam_gbps": {str(t): round(cpu_adam_gbps(max(8, size_mib // 4), t), 2) for t in thread_counts},
+    }
+    if torch.cuda.is_available():
+        result.update({k: round(v, 2) for k, v in copy_gbps(size_mib).items()})
+        result["gpu"] = torch.cuda.get_device_name()
+    return result
+
+
+def best(measured: dict[str, float]) -> float:
+    """The best rate over thread counts (the floor assumes the best this host can do)."""
+    return max(measured.values())
+
+
+def floor(traffic: dict[str, int], baseline_step_s: float, host: dict[str, Any]) -> dict[str, float]:
+    """The floor of one offloaded step (module docstring), and its parts, in seconds."""
+    cpu_bytes = traffic["cpu_optimizer_bytes"]
+    d2h_s = traffic["d2h_bytes"] / (host["d2h_gbps"] * GB)
+    h2d_s = traffic["h2d_bytes"] / (host["h2d_gbps"] * GB)
+    cpu_adam_s = cpu_bytes / (best(host["host_memory_gbps"]) * GB)
+    cpu_adam_measured_s = cpu_bytes / (best(host["cpu_adam_gbps"]) * GB)
+    gpu_adam_s = cpu_bytes / (host["device_memory_gbps"] * GB)
+    floor_s = baseline_step_s - gpu_adam_s + max(d2h_s, cpu_adam_s, h2d_s)
+    return {
+        "floor_s": floor_s,
+        "floor_slowdown": floor_s / baseline_step_s,
+        "adam_floor_s": baseline_step_s - gpu_adam_s + max(d2h_s, cpu_adam_measured_s, h2d_s),
+        "d2h_s": d2h_s, "h2d_s": h2d_s, "cpu_adam_bandwidth_s": cpu_adam_s,
+        "cpu_adam_measured_s": cpu_adam_measured_s, "gpu_adam_saved_s": gpu_adam_s,
+    }

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Stock vs tuned optimizer offload, against the floor this host allows, in one invocation.
+
+    uv run scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out runs/bench-1b \\
+        --fractions 0.25,0.5,0.75,1 train.train_iters=10
+
+First measures the host (scripts/measure_host.py: pinned copy bandwidth, memory bandwidth, CPU Adam
+speed), then trains the no-offload baseline (twice, for the loss noise floor) and, for each fraction,
+each configuration in a fresh process:
+
+- stock, all cores: the library's defaults (D2H/H2D overlap off) with every core of the host, what a
+  node running one rank gets;
+- stock, 1 thread: the same with 1 CPU thread, what torchrun gives each rank of a node running several;
+- tuned: run_recipe.py's offload tuning (recipes/offload_tuning.py, CPU threads per rank).
+
+Writes DIR/offload_overhead.json (rows: fraction, config, cpu_threads_per_rank, step_time_s,
+slowdown_vs_baseline, floor_s, the per-step breakdown, loss delta), DIR/offload_overhead.md, and
+every run's folder. The floor (recipes/offload_floor.py) is the best step time the bytes of that
+fraction allow on this host; the goals of the performance issue are checked against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overrides.grammar import key_of  # noqa: E402
+from sweep_offload import FRACTION_KEY, OWNED_KEYS, max_abs_delta, parse_fractions, recorded, run_one  # noqa: E402
+
+SEED_PARITY = 0.001
+OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
+GOALS = {0.25: 1.05, 1.0: 1.25}  # fraction: slowdown the performance issue asks for (tuned)
+MEASURE_HOST = Path(__file__).resolve().parent / "measure_host.py"
+
+
+def configurations(cores: int) -> dict[str, dict]:
+    """name: how run_recipe.py is called for it (extra arguments, overrides) and what it stands for."""
+    stock = ["--offload-tuning", "stock"]
+    return {
+        "stock-all-cores": {"config": "stock", "args": [*stock, "--cpu-threads", str(cores)],
+                            "overrides": [f"{OVERLAP_KEY}=False"],
+                            "means": f"library defaults (overlap off), {cores} threads: one rank on the node"},
+        "stock-1-thread": {"config": "stock", "args": [*stock, "--cpu-threads", "1"],
+                           "overrides": [f"{OVERLAP_KEY}=False"],
+                           "means": "library defaults, 1 thread: what torchrun gives each of several ranks"},
+        "tuned": {"config": "tuned", "args": ["--offload-tuning", "tuned"], "overrides": [],
+                  "means": "run_recipe.py's offload tuning (overlap, pinned buffers, threads per rank)"},
+    }
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def measure(out: Path, timeout_s: float | None) -> dict:
+    path = out / "host.json"
+    subprocess.run([sys.executable, str(MEASURE_HOST), "--json", str(path)], check=True, timeout=timeout_s,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(path.read_text())
+
+
+def run(recipe: str, fraction: float, run_dir: Path, overrides: list[str], args: list[str],
+        resume: bool, timeout_s: float | None) -> dict:
+    earlier = recorded(run_dir) if resume else {}
+    if earlier:
+        print(f"[bench] {run_dir.name}: kept from an earlier run", flush=True)
+        return {"fraction": fraction, "dir": str(run_dir), "reused": True, **earlier}
+    print(f"[bench] {run_dir.name} ...", flush=True)
+    result = run_one(recipe, fraction, run_dir, overrides, args, timeout_s)
+    print(f"[bench] {run_dir.name}: {'ok' if 'summary' in result else 'FAILED: ' + result.get('reason', '')} "
+          f"({result['wall_s']} s)", flush=True)
+    return result
+
+
+def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dict | None,
+               configs: dict[str, dict]) -> tuple[list[dict], dict]:
+    from recipes.offload_floor import floor
+
+    base = baselines[0].get("summary") if baselines else None
+    noise = None
+    if len(baselines) > 1 and all("summary" in b for b in baselines):
+        noise = max(max_abs_delta(base["losses"], b["summary"]["losses"]) or 0.0 for b in baselines[1:])
+    tolerance = max(SEED_PARITY, noise or 0.0)
+    rows = []
+    for name, result in results:
+        summary = result.get("summary")
+        row = {"fraction": result["fraction"], "config": configs[name]["config"], "variant": name,
+               "ok": summary is not None}
+        if summary is None:
+            row.update(step_time_s=None, slowdown_vs_baseline=None, floor_s=None, reason=result.get("reason"))
+            rows.append(row)
+            continue
+        step = summary["step_time_s"]
+        traffic = summary.get("offload_traffic")
+        limits = floor(traffic, base["step_time_s"], host) if (traffic and base and host and "d2h_gbps" in host) else {}
+        delta = max_abs_delta(base["losses"], summary["losses"]) if base else None
+        row.update(
+            cpu_threads_per_rank=summary.get("cpu_threads_per_rank"),
+            overlap=summary.get("overlap_cpu_optimizer_d2h_h2d"),
+            step_time_s=step,
+            slowdown_vs_baseline=step / base["step_time_s"] if base else None,
+            floor_s=limits.get("floor_s"),
+            floor_slowdown=limits.get("floor_slowdown"),
+            adam_floor_s=limits.get("adam_floor_s"),
+            over_floor_s=(step - limits["floor_s"]) if limits else None,
+            breakdown=summary.get("offload_breakdown"),
+            traffic=traffic,
+            floor_parts=limits or None,
+            peak_allocated_gib=summary["peak_allocated_gib"],
+            max_abs_loss_delta=delta,
+            loss_parity_noise_floor=None if delta is None else delta <= tolerance,
+        )
+        rows.append(row)
+    parity = {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
+              "tolerance_used": tolerance, "baseline_runs": len(baselines)}
+    return rows, parity
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    """The performance issue's goals for the tuned runs, with what the floor says is possible."""
+    verdicts = []
+    for fraction, goal in GOALS.items():
+        row = next((r for r in rows if r["fraction"] == fraction and r["config"] == "tuned" and r["ok"]), None)
+        if row is None:
+            continue
+        floor_slowdown = row.get("floor_slowdown")
+        met = row["slowdown_vs_baseline"] <= goal
+        possible = None if floor_slowdown is None else floor_slowdown <= goal
+        verdicts.append({"fraction": fraction, "goal_slowdown": goal, "tuned_slowdown": row["slowdown_vs_baseline"],
+                         "floor_slowdown": floor_slowdown, "met": met, "possible_on_this_host": possible})
+    return verdicts
+
+
+def _f(value, digits: int = 3, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown(rows: list[dict], parity: dict, verdicts: list[dict], baseline_step_s: float | None,
+             title: str) -> str:
+    lines = [f"### {title}", "",
+             f"Baseline (no offload): {_f(baseline_step_s)} s per step.", "",
+             "| fraction | config | threads | overlap | step (s) | slowdown | floor (s) | floor slowdown | "
+             "over floor (s) | D2H (s) | CPU Adam (s) | H2D (s) | offloaded step (s) | max abs loss delta | ok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r.get("breakdown") or {}
+        lines.append(
+            f"| {r['fraction']:g} | {r['variant']} | {r.get('cpu_threads_per_rank', '-')} | "
+            f"{'-' if r.get('overlap') is None else ('on' if r['overlap'] else 'off')} | {_f(r['step_time_s'])} | "
+            f"{_f(r['slowdown_vs_baseline'], 2, 'x')} | {_f(r.get('floor_s'))} | {_f(r.get('floor_slowdown'), 2, 'x')} | "
+            f"{_f(r.get('over_floor_s'))} | {_f(b.get('d2h_s'))} | {_f(b.get('cpu_optimizer_s'))} | "
+            f"{_f(b.get('h2d_s'))} | {_f(b.get('optimizer_step_s'))} | {_f(r.get('max_abs_loss_delta'), 4)} | "
+            f"{'yes' if r['ok'] else 'no: ' + str(r.get('reason', ''))[:100]} |")
+    noise = parity["noise_floor_max_abs_delta"]
+    lines += ["", f"Loss parity tolerance: max(seed's {SEED_PARITY}, noise floor "
+                  f"{'not measured' if noise is None else f'{noise:.4f}'}) = {parity['tolerance_used']:.4f}."]
+    for v in verdicts:
+        verdict = "met" if v["met"] else "not met"
+        if v["possible_on_this_host"] is False:
+            verdict += f": the floor alone is {v['floor_slowdown']:.2f}x on this host"
+        lines.append(f"Goal at fraction {v['fraction']:g}: tuned <= {v['goal_slowdown']:.2f}x; measured "
+                     f"{v['tuned_slowdown']:.2f}x, floor {_f(v['floor_slowdown'], 2, 'x')}: {verdict}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_offload.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, metavar="NAME")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR")
+    parser.add_argument("--fractions", type=parse_fractions, default=[0.25, 0.5, 0.75, 1.0], metavar="F,F,...",
+                        help="optimizer offload fractions (default 0.25,0.5,0.75,1)")
+    parser.add_argument("--configs", default=",".join(configurations(1)), metavar="NAME,...",
+                        help=f"configurations to run (default all: {', '.join(configurations(1))})")
+    parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
+                        help="identical no-offload runs for the loss noise floor (default 2)")
+    parser.add_argument("--host-json", type=Path, metavar="FILE",
+                        help="host measurements from an earlier measure_host.py run (default: measure now)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
+    parser.add_argument("--resume", action="store_true", help="keep runs that already finished in DIR")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_intermixed_args(argv)
+
+    from recipes import registry
+
+    registry.get_or_exit(parser, args.recipe)
+    configs = configurations(host_cores())
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in configs]
+    if unknown or not chosen:
+        parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(configs)}")
+    owned = [o for o in args.overrides if key_of(o) in (*OWNED_KEYS, OVERLAP_KEY)]
+    if owned:
+        parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")
+    fractions = [f for f in args.fractions if f > 0]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    host = json.loads(args.host_json.read_text()) if args.host_json else measure(args.out, args.timeout)
+    print(f"[bench] host: {json.dumps(host)}", flush=True)
+    baselines = [run(args.recipe, 0.0, args.out / ("baseline" + (f"-repeat{k}" if k else "")), args.overrides, [],
+                     args.resume, args.timeout) for k in range(args.baseline_runs)]
+    results = []
+    for fraction in fractions:
+        for name in chosen:
+            config = configs[name]
+            run_dir = args.out / f"fraction-{fraction:g}-{name}"
+            results.append((name, run(args.recipe, fraction, run_dir, [*args.overrides, *config["overrides"]],
+                                      config["args"], args.resume, args.timeout)))
+
+    rows, parity = build_rows(results, baselines, host, configs)
+    verdicts = goals(rows)
+    base = baselines[0].get("summary") if baselines else None
+    baseline_step = base["step_time_s"] if base else None
+    command = "uv run scripts/bench_offload.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    (args.out / "offload_overhead.json").write_text(json.dumps({
+        "recipe": args.recipe, "command": command, "overrides": args.overrides, "host": host,
+        "baseline": {"step_time_s": baseline_step, "peak_allocated_gib": base and base["peak_allocated_gib"]},
+        "configs": {name: configs[name]["means"] for name in chosen}, "parity": parity, "goals": verdicts,
+        "rows": rows}, indent=2) + "\n")
+    table = markdown(rows, parity, verdicts, baseline_step, f"{args.recipe}: optimizer offload, stock vs tuned")
+    (args.out / "offload_overhead.md").write_text(f"Command: `{command}`\n\n{table}")
+    print(table)
+    return 0 if base and all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Offload speed: the tuning run_recipe applies, the per-step breakdown in the metrics, the floor
+model, and bench_offload.py's rows, table and goal verdicts (CPU parts; the H200 runs are recorded
+in docs/benchmarks/offload-overhead/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_offload  # noqa: E402
+import run_recipe  # noqa: E402
+
+from recipes.offload_floor import floor, measure_host  # noqa: E402
+from recipes.offload_tuning import TUNED_KEYS, tune_offload  # noqa: E402
+
+OVERLAP = "optimizer.overlap_cpu_optimizer_d2h_h2d"
+
+
+def _offloaded(recipe, fraction=1.0, overlap=False):
+    from overrides import apply_overrides
+
+    return apply_overrides(recipe("qwen3_1b_proxy_pretrain_config"), [
+        "optimizer.optimizer_cpu_offload=True", f"optimizer.optimizer_offload_fraction={fraction}",
+        f"{OVERLAP}={overlap}"])
+
+
+def test_tuning_turns_on_overlap_and_keeps_what_the_user_set(recipe):
+    cfg = _offloaded(recipe)
+    tuned, lines = tune_offload(cfg)
+    assert tuned.optimizer.overlap_cpu_optimizer_d2h_h2d is True
+    assert cfg.optimizer.overlap_cpu_optimizer_d2h_h2d is False  # the input is untouched
+    assert any(line.startswith(f"{OVERLAP}=True (tuned") for line in lines)
+    kept, lines = tune_offload(cfg, {OVERLAP})
+    assert kept.optimizer.overlap_cpu_optimizer_d2h_h2d is False
+    assert f"{OVERLAP}=False (set by you, kept)" in lines
+    assert len(lines) == len(TUNED_KEYS)
+
+
+def test_tuning_leaves_a_config_without_optimizer_offload_alone(recipe):
+    cfg = recipe("qwen3_1b_proxy_pretrain_config")
+    same, lines = tune_offload(cfg)
+    assert same is cfg and lines == []
+
+
+def test_dry_run_shows_the_tuning_and_stock_keeps_the_config(capsys):
+    args = ["--recipe", "qwen3_1b_proxy_pretrain_config", "--dry-run", "-of", "0.5"]
+    assert run_recipe.main(args) == 0
+    out = capsys.readouterr().out
+    assert "Offload speed tuning" in out and f"{OVERLAP}: False -> True" in out
+    assert run_recipe.main([*args, "--offload-tuning", "stock"]) == 0
+    out = capsys.readouterr().out
+    assert "Offload speed tuning" not in out and OVERLAP not in out.split("Changed from the recipe")[1]
+    assert run_recipe.main([*args, f"{OVERLAP}=False"]) == 0
+    out = capsys.readouterr().out
+    assert f"{OVERLAP}=False (set by you, kept)" in out
+
+
+HOST = {"cores": 16, "host_memory_gbps": {"1": 10.0, "16": 100.0}, "cpu_adam_gbps": {"1": 7.0, "16": 70.0},
+        "d2h_gbps": 50.0, "h2d_gbps": 40.0, "device_memory_gbps": 2800.0}
+TRAFFIC = {"offloaded_params": 10**9, "d2h_bytes": 4 * 10**9, "h2d_bytes": 4 * 10**9,
+           "cpu_optimizer_bytes": 28 * 10**9}
+
+
+def test_floor_prices_the_slowest_part_at_the_best_measured_rate():
+    limits = floor(TRAFFIC, baseline_step_s=0.5, host=HOST)
+    assert limits["d2h_s"] == pytest.approx(0.08) and limits["h2d_s"] == pytest.approx(0.1)
+    assert limits["cpu_adam_bandwidth_s"] == pytest.approx(0.28)  # 28 GB at the best 100 GB/s
+    assert limits["gpu_adam_saved_s"] == pytest.approx(0.01)
+    assert limits["floor_s"] == pytest.approx(0.5 - 0.01 + 0.28)
+    assert limits["adam_floor_s"] == pytest.approx(0.5 - 0.01 + 0.4)  # 28 GB at the measured 70 GB/s
+    assert limits["floor_slowdown"] == pytest.approx(0.77 / 0.5)
+    copy_bound = floor({**TRAFFIC, "cpu_optimizer_bytes": 10**9}, 0.5, HOST)
+    assert copy_bound["floor_s"] == pytest.approx(0.5 - 10**9 / 2.8e12 + 0.1)  # then H2D bounds it
+
+
+def test_measure_host_reports_the_cpu_side_without_a_gpu():
+    import torch
+
+    host = measure_host([1], size_mib=8)
+    assert host["cores"] >= 1 and set(host["host_memory_gbps"]) >= {"1"}
+    assert all(v > 0 for v in [*host["host_memory_gbps"].values(), *host["cpu_adam_gbps"].values()])
+    assert ("d2h_gbps" in host) == torch.cuda.is_available()
+
+
+def _write_steps(folder: Path, steps: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.rank0.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+
+
+def _step(i, step_time, optimizer=None, loss=1.0):
+    record = {"step": i, "step_time_s": step_time, "loss": loss, "peak_allocated_gib": 10.0,
+              "peak_reserved_gib": 11.0, "host_rss_gib": 5.0, "pinned_host_gib": 1.0}
+    if optimizer is not None:
+        record.update(offload_d2h_s=0.05, offload_cpu_optimizer_s=optimizer - 0.02, offload_h2d_s=0.04,
+                      offload_gpu_optimizer_s=0.0, offload_optimizer_step_s=optimizer)
+    return record
+
+
+def test_summary_has_the_steady_state_breakdown(tmp_path):
+    from recipes.metrics import format_summary, summarize
+
+    steps = [_step(i, 2.0 if i == 1 else 1.0, optimizer=0.4 if i > 3 else 0.9) for i in range(1, 10)]
+    steps[0]["offload_traffic"] = TRAFFIC
+    _write_steps(tmp_path, steps)
+    summary = summarize(tmp_path)
+    breakdown = summary["offload_breakdown"]
+    assert breakdown["optimizer_step_s"] == pytest.approx(0.4)  # warm-up steps excluded
+    assert breakdown["cpu_optimizer_s"] == pytest.approx(0.38)
+    assert breakdown["rest_of_step_s"] == pytest.approx(0.6)
+    assert summary["offload_traffic"] == TRAFFIC
+    table = format_summary(summary)
+    assert "CPU optimizer (Adam)" in table and "0.380 s" in table
+
+
+def test_summary_without_offload_has_no_breakdown(tmp_path):
+    from recipes.metrics import format_summary, summarize
+
+    _write_steps(tmp_path, [_step(i, 1.0) for i in range(1, 7)])
+    summary = summarize(tmp_path)
+    assert summary["offload_breakdown"] is None and summary["offload_traffic"] is None
+    assert "CPU optimizer" not in format_summary(summary)
+
+
+def _result(fraction, step_time, losses, traffic=TRAFFIC, threads=16, overlap=True):
+    return {"fraction": fraction, "summary": {
+        "step_time_s": step_time, "losses": losses, "peak_allocated_gib": 20.0 - 8 * fraction,
+        "offload_traffic": traffic if fraction else None, "cpu_threads_per_rank": threads,
+        "overlap_cpu_optimizer_d2h_h2d": overlap,
+        "offload_breakdown": {"d2h_s": 0.08, "cpu_optimizer_s": 0.3, "h2d_s": 0.1, "optimizer_step_s": 0.35}}}
+
+
+def test_bench_rows_compare_with_the_baseline_and_the_floor():
+    configs = bench_offload.configurations(16)
+    baselines = [_result(0.0, 0.5, [3.0, 2.0]), _result(0.0, 0.5, [3.0, 2.002])]
+    results = [("stock-1-thread", _result(1.0, 2.4, [3.0, 2.0005], threads=1, overlap=False)),
+               ("tuned", _result(1.0, 0.9, [3.0, 2.01])),
+               ("tuned", {"fraction": 0.25, "reason": "CUDA out of memory"})]
+    rows, parity = bench_offload.build_rows(results, baselines, HOST, configs)
+    assert parity["noise_floor_max_abs_delta"] == pytest.approx(0.002)
+    stock, tuned, failed = rows
+    assert stock["config"] == "stock" and stock["cpu_threads_per_rank"] == 1 and stock["overlap"] is False
+    assert stock["slowdown_vs_baseline"] == pytest.approx(4.8)
+    assert stock["floor_s"] == pytest.approx(0.77) and stock["over_floor_s"] == pytest.approx(2.4 - 0.77)
+    assert stock["loss_parity_noise_floor"] is True
+    assert tuned["config"] == "tuned" and tuned["loss_parity_noise_floor"] is False  # 0.01 > 0.002
+    assert failed["ok"] is False and failed["reason"] == "CUDA out of memory"
+    verdicts = bench_offload.goals(rows)
+    assert verdicts == [{"fraction": 1.0, "goal_slowdown": 1.25, "tuned_slowdown": pytest.approx(1.8),
+                         "floor_slowdown": pytest.approx(1.54), "met": False, "possible_on_this_host": False}]
+    table = bench_offload.markdown(rows, parity, verdicts, 0.5, "t")
+    assert "| 1 | stock-1-thread | 1 | off | 2.400 | 4.80x | 0.770 | 1.54x |" in table
+    assert "the floor alone is 1.54x on this host" in table and "no: CUDA out of memory" in table
+
+
+@pytest.mark.parametrize("args", [
+    ["--configs", "fast"], [f"{OVERLAP}=True"], ["optimizer.optimizer_offload_fraction=0.5"],
+])
+def test_bench_refuses_what_it_sets_itself(args, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "host.json").exists()
