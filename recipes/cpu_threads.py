@@ -2,7 +2,8 @@
 
 With optimizer offload, Adam runs on the CPU with PyTorch's intra-op threads. torchrun sets
 ``OMP_NUM_THREADS=1`` for every rank when a node runs several ranks and the user set nothing, and on
-the H200 100% offload ran 4.9x slower than no offload with 1 thread against 1.9x with 16 threads.
+the H200 100% offload ran 4.3x slower than no offload with 1 thread against 1.85x with 16 threads
+(docs/benchmarks/offload-overhead/).
 ``--cpu-threads auto`` (the default) gives each rank its share of the cores this process may use
 and pins the rank to its own cores so that ranks do not compete; an ``OMP_NUM_THREADS`` the user set
 wins; ``--cpu-threads launcher`` leaves the launcher's setting alone (the stock behaviour).

@@ -32,11 +32,12 @@ def _derive_in_range(cfg, deltas, why):
     return derive(cfg, deltas, why, check=check)
 
 
-def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = True):
+def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = False):
     """Keep ``fraction`` of the optimizer states (and their Adam step) on the CPU.
 
     Runs Megatron Core's HybridDeviceOptimizer inside the distributed optimizer, which it needs.
-    ``overlap`` overlaps the D2H gradient / H2D parameter copies with the CPU optimizer step.
+    ``overlap`` overlaps the D2H gradient / H2D parameter copies with the CPU optimizer step; off by
+    default because on the H200 it made the offloaded step longer (see recipes/offload_tuning.py).
     """
     fraction = float(_number("fraction", fraction))
     return _derive_in_range(cfg, {

@@ -32,7 +32,7 @@ def qwen3_0p6b_activation_offload_config():
 
 def qwen3_0p6b_optimizer_offload_config():
     """Qwen3-0.6B with half of the optimizer states on the CPU."""
-    return with_optimizer_offload(qwen3_0p6b_pretrain_config(), fraction=0.5, overlap=True)
+    return with_optimizer_offload(qwen3_0p6b_pretrain_config(), fraction=0.5)
 
 
 def qwen3_1p7b_pretrain_config():
@@ -47,7 +47,7 @@ def qwen3_1p7b_activation_offload_config():
 
 def qwen3_1p7b_optimizer_offload_config():
     """Qwen3-1.7B with half of the optimizer states on the CPU."""
-    return with_optimizer_offload(qwen3_1p7b_pretrain_config(), fraction=0.5, overlap=True)
+    return with_optimizer_offload(qwen3_1p7b_pretrain_config(), fraction=0.5)
 
 
 def qwen3_4b_pretrain_config():
@@ -62,7 +62,7 @@ def qwen3_4b_activation_offload_config():
 
 def qwen3_4b_optimizer_offload_config():
     """Qwen3-4B with half of the optimizer states on the CPU (TP2)."""
-    return with_optimizer_offload(qwen3_4b_pretrain_config(), fraction=0.5, overlap=True)
+    return with_optimizer_offload(qwen3_4b_pretrain_config(), fraction=0.5)
 
 
 def qwen3_8b_pretrain_config():
@@ -77,7 +77,7 @@ def qwen3_8b_activation_offload_config():
 
 def qwen3_8b_optimizer_offload_config():
     """Qwen3-8B with half of the optimizer states on the CPU (TP4)."""
-    return with_optimizer_offload(qwen3_8b_pretrain_config(), fraction=0.5, overlap=True)
+    return with_optimizer_offload(qwen3_8b_pretrain_config(), fraction=0.5)
 
 
 def qwen3_1b_proxy_pretrain_config():
@@ -87,8 +87,8 @@ def qwen3_1b_proxy_pretrain_config():
 
 
 def qwen3_1b_proxy_optimizer_offload_config():
-    """The ~1B proxy with all optimizer states on the CPU and D2H/H2D overlap."""
-    return with_optimizer_offload(qwen3_1b_proxy_pretrain_config(), fraction=1.0, overlap=True)
+    """The ~1B proxy with all optimizer states on the CPU."""
+    return with_optimizer_offload(qwen3_1b_proxy_pretrain_config(), fraction=1.0)
 
 
 def qwen3_1b_proxy_activation_offload_config():

@@ -25,8 +25,8 @@ def _moe(parallelism: Parallelism, num_layers: int | None = None, seq_length: in
 
 
 def qwen3_30b_a3b_pretrain_config():
-    """Qwen3-30B-A3B, 16 GPUs TP2 PP2 EP4, optimizer offload 0.5 with D2H/H2D overlap."""
-    return with_optimizer_offload(_moe(SEED_TOPOLOGY), fraction=0.5, overlap=True)
+    """Qwen3-30B-A3B, 16 GPUs TP2 PP2 EP4, optimizer offload 0.5."""
+    return with_optimizer_offload(_moe(SEED_TOPOLOGY), fraction=0.5)
 
 
 def qwen3_30b_a3b_fine_grained_offload_config():
@@ -37,7 +37,7 @@ def qwen3_30b_a3b_fine_grained_offload_config():
 def qwen3_30b_a3b_proxy_pretrain_config():
     """Qwen3-30B-A3B shape on one GPU: 4 layers, all 128 experts, EP1, optimizer offload 0.5."""
     return with_optimizer_offload(_moe(Parallelism(), num_layers=PROXY_LAYERS, global_batch_size=8),
-                                  fraction=0.5, overlap=True)
+                                  fraction=0.5)
 
 
 def qwen3_30b_a3b_proxy_fine_grained_offload_config():

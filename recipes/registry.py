@@ -28,7 +28,7 @@ _MOE = "recipes.qwen3_moe"
 
 RECIPES: tuple[Recipe, ...] = (
     Recipe("qwen3_30b_a3b_pretrain_config", _MOE, 16,
-           "Qwen3-30B-A3B MoE, TP2 PP2 EP4, optimizer offload 0.5 + D2H/H2D overlap"),
+           "Qwen3-30B-A3B MoE, TP2 PP2 EP4, optimizer offload 0.5"),
     Recipe("qwen3_30b_a3b_fine_grained_offload_config", _MOE, 16,
            "Qwen3-30B-A3B MoE, TP2 PP2 EP4, fine-grained offload of expert_fc1 + moe_act"),
     Recipe("qwen3_30b_a3b_proxy_pretrain_config", _MOE, 1,
@@ -50,7 +50,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("qwen3_1b_proxy_pretrain_config", _DENSE, 1,
            "~1.1B Qwen3-shaped proxy (1.7B widths, 16 layers, seq 2048), no offload (one GPU)"),
     Recipe("qwen3_1b_proxy_optimizer_offload_config", _DENSE, 1,
-           "~1.1B proxy, optimizer offload 1.0 + overlap (one GPU)"),
+           "~1.1B proxy, optimizer offload 1.0 (one GPU)"),
     Recipe("qwen3_1b_proxy_activation_offload_config", _DENSE, 1,
            "~1.1B proxy, activation offload 8/16 layers (one GPU)"),
 )

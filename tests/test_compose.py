@@ -28,6 +28,8 @@ def test_transforms_never_mutate_their_argument(built):
 def test_each_transform_states_only_its_deltas(built):
     cfg = built(DENSE)
     changed = {key for key, _, _ in config_diff(cfg, with_optimizer_offload(cfg, fraction=0.25))}
+    assert changed == {"optimizer.optimizer_cpu_offload", "optimizer.optimizer_offload_fraction"}
+    changed = {key for key, _, _ in config_diff(cfg, with_optimizer_offload(cfg, fraction=0.25, overlap=True))}
     assert changed == {"optimizer.optimizer_cpu_offload", "optimizer.optimizer_offload_fraction",
                        "optimizer.overlap_cpu_optimizer_d2h_h2d"}
     changed = {key for key, _, _ in config_diff(cfg, with_activation_offload(cfg, num_layers=3))}
@@ -51,8 +53,8 @@ def test_transforms_commute(built, name):
 def test_each_change_is_logged_once_in_words(built, caplog):
     cfg = built(DENSE)
     with caplog.at_level(logging.INFO, logger="mbridge_offload"):
-        once = with_optimizer_offload(cfg, fraction=0.5)
-        with_optimizer_offload(once, fraction=0.5)  # nothing changes: nothing logged
+        once = with_optimizer_offload(cfg, fraction=0.5, overlap=True)
+        with_optimizer_offload(once, fraction=0.5, overlap=True)  # nothing changes: nothing logged
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "optimizer.optimizer_cpu_offload: False -> True (optimizer offload: 50% of optimizer states on the CPU)",

@@ -46,13 +46,15 @@ for phase in "$@"; do
     host)
       $py scripts/measure_host.py --json "$runs/host/host.json" ;;
     bench-dense)
-      # Stock (all cores, 1 thread) vs tuned at 0.25/0.5/0.75/1 on the ~1.1B dense proxy, floor from phase host.
+      # Stock (all cores, 1 thread), overlap on, and tuned at 0.25/0.5/0.75/1 on the ~1.1B dense proxy; floor
+      # from phase host. One rank: the tuned row reuses the stock all-cores run (same configuration).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
         --host-json "$runs/host/host.json" train.train_iters=10 ;;
     bench-moe)
-      # The same tuning on the Qwen3-30B-A3B proxy (4 layers, 128 experts) at the goals' fractions.
+      # The same configurations on the Qwen3-30B-A3B proxy (4 layers, 128 experts). Run so far at fraction 1
+      # only (device time); --fractions 0.25,1 and more steps are the next run to make.
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe" --resume \
-        --host-json "$runs/host/host.json" --fractions 0.25,1 --configs stock-all-cores,tuned --baseline-runs 1 \
+        --host-json "$runs/host/host.json" --fractions 1 --configs stock-all-cores,overlap-on,tuned --baseline-runs 1 \
         train.train_iters=6 ;;
     gpu-tests)
       $py -m pytest tests/test_gpu_training.py -v -p no:cacheprovider 2>&1 | tee "$runs/gpu-tests.log" ;;
