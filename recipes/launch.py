@@ -141,7 +141,7 @@ def tune_cpu_threads(cfg, request) -> str:
 
 
 def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str], cpu_threads="auto",
-           tuning_lines: list[str] = ()) -> int:
+           tuning_lines: list[str] = (), overlap_chunks: int | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -169,6 +169,10 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
     world = int(os.environ["WORLD_SIZE"])
     use_prebuilt_dataset_helper()
     threads_reason = tune_cpu_threads(cfg, cpu_threads)
+    if overlap_chunks:
+        from recipes.offload_pipelining import use_chunked_overlap
+
+        tuning_lines = [*tuning_lines, use_chunked_overlap(overlap_chunks)]
     from recipes.derive import derive
     from recipes.metrics import format_summary, make_callback, write_summary
 
@@ -200,6 +204,7 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
             "recipe": recipe_name, "num_gpus": num_gpus, "cpu_threads_per_rank": torch.get_num_threads(),
             "optimizer_cpu_offload": cfg.optimizer.optimizer_cpu_offload,
             "optimizer_offload_fraction": cfg.optimizer.optimizer_offload_fraction,
-            "overlap_cpu_optimizer_d2h_h2d": cfg.optimizer.overlap_cpu_optimizer_d2h_h2d})
+            "overlap_cpu_optimizer_d2h_h2d": cfg.optimizer.overlap_cpu_optimizer_d2h_h2d,
+            "overlap_chunks": overlap_chunks})
         print(f"Run summary ({out_dir}):\n{format_summary(summary)}", flush=True)
     return EXIT_OK

@@ -12,6 +12,7 @@ each configuration in a fresh process:
   node running one rank gets;
 - stock, 1 thread: the same with 1 CPU thread, what torchrun gives each rank of a node running several;
 - overlap on: stock, all cores, with D2H/H2D overlap on (what the overlap switch alone does);
+- overlap chunked (on request, ``--configs``): overlap in 8 chunks (recipes/offload_pipelining.py);
 - tuned: run_recipe.py's offload tuning (recipes/offload_tuning.py, CPU threads per rank). When the
   recipe runs one rank per node, tuned resolves to exactly the stock all-cores configuration (all
   cores, overlap off, pinned buffers): its row then reuses that run, marked ``same_run_as``.
@@ -40,6 +41,7 @@ from sweep_offload import FRACTION_KEY, OWNED_KEYS, max_abs_delta, parse_fractio
 SEED_PARITY = 0.001
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
 GOALS = {0.25: 1.05, 1.0: 1.25}  # fraction: slowdown the performance issue asks for (tuned)
+DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "tuned")
 MEASURE_HOST = Path(__file__).resolve().parent / "measure_host.py"
 
 
@@ -56,6 +58,9 @@ def configurations(cores: int) -> dict[str, dict]:
         "overlap-on": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores)],
                        "overrides": [f"{OVERLAP_KEY}=True"],
                        "means": f"library defaults with D2H/H2D overlap on, {cores} threads"},
+        "overlap-chunked": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores), "--overlap-chunks", "8"],
+                            "overrides": [f"{OVERLAP_KEY}=True"],
+                            "means": f"overlap on in 8 chunks (--overlap-chunks 8, experimental), {cores} threads"},
         "tuned": {"config": "tuned", "args": ["--offload-tuning", "tuned"], "overrides": [],
                   "means": "run_recipe.py's offload tuning (threads per rank, overlap off, pinned buffers)"},
     }
@@ -220,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, metavar="DIR")
     parser.add_argument("--fractions", type=parse_fractions, default=[0.25, 0.5, 0.75, 1.0], metavar="F,F,...",
                         help="optimizer offload fractions (default 0.25,0.5,0.75,1)")
-    parser.add_argument("--configs", default=",".join(configurations(1)), metavar="NAME,...",
-                        help=f"configurations to run (default all: {', '.join(configurations(1))})")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), metavar="NAME,...",
+                        help=f"configurations to run (default {','.join(DEFAULT_CONFIGS)}; also: "
+                             f"{', '.join(c for c in configurations(1) if c not in DEFAULT_CONFIGS)})")
     parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
                         help="identical no-offload runs for the loss noise floor (default 2)")
     parser.add_argument("--host-json", type=Path, metavar="FILE",

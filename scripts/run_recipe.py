@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tuned (default): D2H/H2D overlap, pinned host buffers and CPU threads per rank for "
                              "optimizer offload, except keys you set; stock: the config as the recipe and your "
                              "overrides made it, threads as the launcher set them (the library's behaviour)")
+    parser.add_argument("--overlap-chunks", type=_positive_chunks, metavar="K",
+                        help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
+                             "size instead of one CPU optimizer per tensor (experimental, recipes/offload_pipelining.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -80,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"{flag.help} ({', '.join(flag.keys)})")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra-style overrides")
     return parser
+
+
+def _positive_chunks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number of chunks, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expects at least 1 chunk, got {value}")
+    return value
 
 
 def _cpu_threads(text: str):
@@ -169,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg, tuning_lines = tune_offload(cfg, {key_of(o) for o in overrides})
     cpu_threads = args.cpu_threads or ("auto" if args.offload_tuning == "tuned" else "launcher")
+    if args.overlap_chunks and not (cfg.optimizer.optimizer_cpu_offload and cfg.optimizer.overlap_cpu_optimizer_d2h_h2d):
+        print(f"--overlap-chunks {args.overlap_chunks}: chunks the D2H/H2D overlap of optimizer offload, which is off "
+              f"(optimizer.optimizer_cpu_offload={cfg.optimizer.optimizer_cpu_offload}, "
+              f"optimizer.overlap_cpu_optimizer_d2h_h2d={cfg.optimizer.overlap_cpu_optimizer_d2h_h2d}). Fix: add "
+              "optimizer.optimizer_cpu_offload=True optimizer.overlap_cpu_optimizer_d2h_h2d=True, or drop --overlap-chunks",
+              file=sys.stderr)
+        return EXIT_INVALID
     report = validate(cfg, num_gpus)
     print(f"Recipe {recipe.name} ({topology(cfg, num_gpus)}; GPU count from {gpus_from})")
     print("Offload settings:")
@@ -198,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = args.out or Path("runs") / recipe.name
     return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv, cpu_threads=cpu_threads,
-                  tuning_lines=tuning_lines)
+                  tuning_lines=tuning_lines, overlap_chunks=args.overlap_chunks)
 
 
 if __name__ == "__main__":

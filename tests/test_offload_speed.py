@@ -197,3 +197,69 @@ def test_bench_refuses_what_it_sets_itself(args, tmp_path):
         bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), *args])
     assert exit_info.value.code == 2
     assert not (tmp_path / "host.json").exists()
+
+
+def test_chunks_split_the_tensors_in_order_by_size():
+    from recipes.offload_pipelining import chunk_of_each_tensor
+
+    assert chunk_of_each_tensor([10, 20, 30, 40], 2) == [0, 0, 0, 1]
+    assert chunk_of_each_tensor([10, 20, 30, 40], 4) == [0, 0, 1, 2]
+    assert chunk_of_each_tensor([5, 5], 8) == [0, 4]
+    assert chunk_of_each_tensor([7, 1, 1], 1) == [0, 0, 0]
+
+
+def _groups(seed: int = 0):
+    import torch
+
+    torch.manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (300, 50, 200, 120, 10)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return [{"params": params[:3], "lr": 1e-2, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8},
+            {"params": params[3:], "lr": 1e-2, "weight_decay": 0.0, "betas": (0.9, 0.95), "eps": 1e-8}], params
+
+
+def test_chunked_optimizers_do_the_same_arithmetic_as_one_per_tensor():
+    import torch
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    from recipes.offload_pipelining import chunked_optimizer_builder
+
+    per_tensor_groups, per_tensor_params = _groups()
+    chunked_groups, chunked_params = _groups()
+    per_tensor = HybridDeviceOptimizer.build_cpu_optimizer_list(torch.optim.AdamW, per_tensor_groups)
+    chunked = chunked_optimizer_builder(2)(torch.optim.AdamW, chunked_groups)
+    assert len(per_tensor) == 5 and len(chunked) == 2
+    in_order = [p for o in chunked for g in o.param_groups for p in g["params"]]
+    assert [id(p) for p in in_order] == [id(p) for p in chunked_params]  # each tensor once, in order
+    assert [g["weight_decay"] for o in chunked for g in o.param_groups] == [0.1, 0.1, 0.0]
+    for _ in range(3):
+        for optimizer in (*per_tensor, *chunked):
+            optimizer.step()
+    for a, b in zip(per_tensor_params, chunked_params):
+        assert torch.equal(a, b)
+
+
+def test_use_chunked_overlap_replaces_the_library_builder_for_this_process():
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    from recipes.offload_pipelining import use_chunked_overlap
+
+    original = HybridDeviceOptimizer.__dict__["build_cpu_optimizer_list"]
+    try:
+        assert "8 chunks" in use_chunked_overlap(8)
+        assert HybridDeviceOptimizer.build_cpu_optimizer_list.__name__ == "build_cpu_optimizer_list"
+        assert HybridDeviceOptimizer.__dict__["build_cpu_optimizer_list"] is not original
+    finally:
+        HybridDeviceOptimizer.build_cpu_optimizer_list = original
+
+
+def test_overlap_chunks_needs_the_overlap_on(capsys):
+    args = ["--recipe", "qwen3_1b_proxy_pretrain_config", "--dry-run", "-of", "1", "--overlap-chunks", "8"]
+    assert run_recipe.main(args) == 2
+    err = capsys.readouterr().err
+    assert "optimizer.overlap_cpu_optimizer_d2h_h2d=False" in err and "Fix: add" in err
+    assert run_recipe.main([*args, f"{OVERLAP}=True"]) == 0
+    with pytest.raises(SystemExit) as exit_info:
+        run_recipe.main([*args[:-1], "0"])
+    assert exit_info.value.code == 2

@@ -50,6 +50,11 @@ for phase in "$@"; do
       # from phase host. One rank: the tuned row reuses the stock all-cores run (same configuration).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
         --host-json "$runs/host/host.json" train.train_iters=10 ;;
+    bench-chunked)
+      # NOT RUN YET. Overlap in 8 chunks (recipes/offload_pipelining.py) next to the measured configurations,
+      # into the same folder (the baselines and finished runs are kept).
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
+        --host-json "$runs/host/host.json" --configs stock-all-cores,overlap-on,overlap-chunked train.train_iters=10 ;;
     bench-moe)
       # The same configurations on the Qwen3-30B-A3B proxy (4 layers, 128 experts). Run so far at fraction 1
       # only (device time); --fractions 0.25,1 and more steps are the next run to make.
