@@ -32,14 +32,19 @@ from recipes.notices import quiet_import_notices  # noqa: E402
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects a whole number of GPUs, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expects at least 1 GPU, got {value}")
-    return value
+def _at_least_one(unit: str):
+    """An argparse type: a whole number >= 1 of ``unit`` (e.g. 'GPU'), with errors that say which."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects a whole number of {unit}s, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expects at least 1 {unit}, got {value}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved offload settings, the changes and the validation report; "
                              "launch nothing")
-    parser.add_argument("--num-gpus", type=_positive_int, metavar="N",
+    parser.add_argument("--num-gpus", type=_at_least_one("GPU"), metavar="N",
                         help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
                              "else the recipe's own GPU count)")
     parser.add_argument("--cpu-threads", default=None, type=_cpu_threads, metavar="auto|launcher|N",
@@ -71,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tuned (default): D2H/H2D overlap, pinned host buffers and CPU threads per rank for "
                              "optimizer offload, except keys you set; stock: the config as the recipe and your "
                              "overrides made it, threads as the launcher set them (the library's behaviour)")
-    parser.add_argument("--overlap-chunks", type=_positive_chunks, metavar="K",
+    parser.add_argument("--overlap-chunks", type=_at_least_one("chunk"), metavar="K",
                         help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
                              "size instead of one CPU optimizer per tensor (experimental, recipes/offload_pipelining.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
@@ -83,16 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"{flag.help} ({', '.join(flag.keys)})")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra-style overrides")
     return parser
-
-
-def _positive_chunks(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects a whole number of chunks, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expects at least 1 chunk, got {value}")
-    return value
 
 
 def _cpu_threads(text: str):
