@@ -5,8 +5,8 @@ CPU Adam, and the CPU Adam is bound by host memory bandwidth, which needs every 
 what the measurements favour and leaves every key a user set on the command line alone:
 
 - CPU threads per rank: ``--cpu-threads auto`` at launch (recipes/cpu_threads.py). 1 thread (what
-  torchrun gives each rank of a node running several) made 100% offload 4.1x slower than no offload
-  on the 1.1B dense proxy, all 16 cores 1.8x;
+  torchrun gives each rank of a node running several) made 100% offload 4.3x slower than no offload
+  on the 1.1B dense proxy, all 16 cores 1.85x;
 - D2H/H2D overlap off (``optimizer.overlap_cpu_optimizer_d2h_h2d``): overlap runs one CPU optimizer
   per parameter while the copies stream through the same host memory, and made the offloaded
   optimizer step 37% longer on the dense proxy (0.55 s vs 0.40 s at 100%) and 12% longer on the
@@ -43,7 +43,7 @@ def tune_offload(cfg, given_keys: Iterable[str] = ()):
     given = set(given_keys)
     deltas, lines = {}, []
     for key, (value, why) in TUNED_KEYS.items():
-        section, name = key.split(".")
+        name = key.removeprefix("optimizer.")
         current = getattr(cfg.optimizer, name)
         if key in given:
             lines.append(f"{key}={current} (set by you, kept)")

@@ -67,9 +67,12 @@ def configurations(cores: int) -> dict[str, dict]:
 
 
 def tuned_is_stock_all_cores(ranks_on_node: int) -> bool:
-    """With one rank per node the tuning gives it every core and keeps overlap off and buffers pinned:
-    the stock all-cores configuration, so one run serves both rows."""
-    return ranks_on_node == 1
+    """With one rank per node the tuning gives it every core; if it also sets every key as the stock
+    all-cores run has it (overlap off, pinned buffers: the library's defaults), one run serves both rows."""
+    from recipes.offload_tuning import TUNED_KEYS
+
+    stock_all_cores = {OVERLAP_KEY: False, "optimizer.pin_cpu_grads": True, "optimizer.pin_cpu_params": True}
+    return ranks_on_node == 1 and {key: value for key, (value, _) in TUNED_KEYS.items()} == stock_all_cores
 
 
 def host_cores() -> int:

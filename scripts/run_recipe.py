@@ -28,6 +28,7 @@ from recipes import registry  # noqa: E402
 from recipes.memory import AUTO_OVERRIDE as AUTO  # noqa: E402
 from recipes.memory import add_plan_arguments  # noqa: E402
 from recipes.notices import quiet_import_notices  # noqa: E402
+from recipes.offload_tuning import TUNINGS  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -72,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU optimizer threads per rank with optimizer offload: auto (the default when tuned: "
                              "the rank's share of the node's cores, pinned; an OMP_NUM_THREADS you set wins), "
                              "launcher (leave torchrun's setting; the default with --offload-tuning stock), or N")
-    parser.add_argument("--offload-tuning", choices=("tuned", "stock"), default="tuned",
-                        help="tuned (default): D2H/H2D overlap, pinned host buffers and CPU threads per rank for "
-                             "optimizer offload, except keys you set; stock: the config as the recipe and your "
-                             "overrides made it, threads as the launcher set them (the library's behaviour)")
+    parser.add_argument("--offload-tuning", choices=TUNINGS, default="tuned",
+                        help="tuned (default): for optimizer offload, CPU threads per rank, D2H/H2D overlap off "
+                             "(measured faster), pinned host buffers, except keys you set; stock: the config as the "
+                             "recipe and your overrides made it, threads as the launcher set them (the library's "
+                             "behaviour)")
     parser.add_argument("--overlap-chunks", type=_at_least_one("chunk"), metavar="K",
                         help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
                              "size instead of one CPU optimizer per tensor (experimental, recipes/offload_pipelining.py)")
