@@ -28,6 +28,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recipes.offload_floor import H200_HOST_MEMORY_GBPS, HOST_BYTES_PER_OFFLOADED_PARAM, offload_time_lower_bound, traffic_of
+
 GIB = 1024**3
 BASE_GPU_BYTES = int(0.5 * GIB)  # CUDA context, NCCL and library workspaces outside the model
 BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process before offload
@@ -67,6 +69,9 @@ class Plan:
     transfer_bytes_per_step: int
     transfer_time_lower_bound_s: float
     host_link_gbps: float
+    offload_time_lower_bound_s: float  # per step: the link or the node's host memory, whichever is slower
+    offload_time_bound_by: str
+    host_memory_gbps: float
     fits_gpu: bool
     fits_host: bool | None
     recommendation: str = ""
@@ -213,7 +218,8 @@ def _offloaded(shards: list[tuple[Tensor, int]], fraction: float) -> list[tuple[
 
 def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
          host_memory_gib: float | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
-         host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None) -> Plan:
+         host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None,
+         host_memory_gbps: float = H200_HOST_MEMORY_GBPS) -> Plan:
     """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's)."""
     m, opt = cfg.model, cfg.optimizer
     if fraction is None:
@@ -257,13 +263,17 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
     total = worst["total_bytes_gpu"]
     transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
-    lower_bound = (4 * off_params) / (host_link_gbps * 1e9)  # both directions run at once
+    # The speed model of the offload floor (recipes/offload_floor.py): links per rank, host memory per node.
+    bound = offload_time_lower_bound(traffic_of(off_params), host_link_gbps, host_link_gbps, host_memory_gbps,
+                                     ranks_per_node)
+    lower_bound = max(bound["d2h_s"], bound["h2d_s"])  # both directions run at once
     fits_gpu = total + margin_gib * GIB <= gpu_memory_gib * GIB
     fits_host = None if host_memory_gib is None else host_node <= host_memory_gib * GIB
     shown = ("stage", "params", "state_bytes_gpu", "activation_bytes_gpu", "total_bytes_gpu")
     result = Plan(num_gpus, fraction, gpu_memory_gib, host_memory_gib, margin_gib, params, shard_params,
                   off_params, 2 * params, grad_bytes * params, worst["optimizer"], state, activations, total,
-                  host_off, pinned, host_node, ranks_per_node, transfer, lower_bound, host_link_gbps, fits_gpu,
+                  host_off, pinned, host_node, ranks_per_node, transfer, lower_bound, host_link_gbps,
+                  bound["lower_bound_s"], bound["bound_by"], host_memory_gbps, fits_gpu,
                   fits_host, stages=[{k: s[k] for k in shown} for s in stages])
     if not distributed and fraction > 0:
         result.notes.append("optimizer offload needs the distributed optimizer: the plan assumes it is on")
@@ -357,6 +367,9 @@ def format_plan(p: Plan) -> str:
                               f" of {p.host_memory_gib:g} GiB: {'fits' if p.fits_host else 'DOES NOT FIT'}")),
         ("host link per step", f"{p.transfer_bytes_per_step / 1e9:.2f} GB, >= {p.transfer_time_lower_bound_s:.3f} s "
                                f"at {p.host_link_gbps:g} GB/s"),
+        ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} "
+                                  f"({HOST_BYTES_PER_OFFLOADED_PARAM} B per offloaded parameter x {p.ranks_per_node} "
+                                  f"rank(s) through {p.host_memory_gbps:g} GB/s of host memory)"),
         ("recommendation", p.recommendation),
     ]
     if len(p.stages) > 1:
@@ -401,8 +414,13 @@ def add_plan_arguments(parser) -> None:
                        help=f"GPU memory kept free for workspace and fragmentation (default {DEFAULT_MARGIN_GIB:g})")
     group.add_argument("--host-link-gbps", type=float, default=DEFAULT_HOST_LINK_GBPS, metavar="B",
                        help=f"host<->GPU bandwidth per direction in GB/s (default {DEFAULT_HOST_LINK_GBPS:g}, PCIe Gen5 x16)")
+    group.add_argument("--host-memory-gbps", type=float, default=H200_HOST_MEMORY_GBPS, metavar="B",
+                       help=f"host memory bandwidth per node in GB/s, which the CPU Adam and the copies of all its "
+                            f"ranks share (default {H200_HOST_MEMORY_GBPS:g}, the project's 16-core H200 host; "
+                            "scripts/measure_host.py measures yours)")
     group.add_argument("--step-time-budget-s", type=float, metavar="S",
-                       help="refuse when the offload transfers alone need longer than S seconds per step")
+                       help="refuse when the offload work alone (copies and CPU Adam) needs longer than S seconds "
+                            "per step")
 
 
 def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
@@ -413,12 +431,13 @@ def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
     if host is None and launching:
         host = host_memory_available_gib()
     return dict(gpu_memory_gib=gpu, host_memory_gib=host, margin_gib=args.margin_gib,
-                host_link_gbps=args.host_link_gbps, gpus_per_node=args.gpus_per_node)
+                host_link_gbps=args.host_link_gbps, gpus_per_node=args.gpus_per_node,
+                host_memory_gbps=args.host_memory_gbps)
 
 
 def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, str, str, str, str, str]]:
-    """(rule id, key, value, rule, fix, severity) for what the plan refuses: host overflow and the link
-    budget are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
+    """(rule id, key, value, rule, fix, severity) for what the plan refuses: host overflow and the
+    offload-time budget are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
     problems = []
     if p.fits_host is False:
         problems.append(("memory/host-fit", "optimizer.optimizer_offload_fraction",
@@ -426,12 +445,14 @@ def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, 
                          f"offloaded and pinned host memory must fit the node's {p.host_memory_gib:.0f} GiB "
                          "(the kernel kills the job otherwise)",
                          "a smaller optimizer.optimizer_offload_fraction, fewer ranks per node, or more nodes", "error"))
-    if step_time_budget_s is not None and p.transfer_time_lower_bound_s > step_time_budget_s:
-        problems.append(("memory/host-link-budget", "optimizer.optimizer_offload_fraction",
-                         f"{p.fraction:g} ({p.transfer_bytes_per_step / 1e9:.2f} GB per step over the host link)",
-                         f"the D2H/H2D transfers need at least {p.transfer_time_lower_bound_s:.3f} s per step at "
-                         f"{p.host_link_gbps:g} GB/s, over the {step_time_budget_s:g} s budget",
-                         "a smaller optimizer.optimizer_offload_fraction or a larger --step-time-budget-s", "error"))
+    if step_time_budget_s is not None and p.offload_time_lower_bound_s > step_time_budget_s:
+        problems.append(("memory/offload-time-budget", "optimizer.optimizer_offload_fraction",
+                         f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B parameters offloaded per rank)",
+                         f"the offload work needs at least {p.offload_time_lower_bound_s:.3f} s per step, bound by "
+                         f"{p.offload_time_bound_by} ({p.host_link_gbps:g} GB/s link, {p.host_memory_gbps:g} GB/s host "
+                         f"memory for {p.ranks_per_node} rank(s)), over the {step_time_budget_s:g} s budget",
+                         "a smaller optimizer.optimizer_offload_fraction, fewer ranks per node, or a larger "
+                         "--step-time-budget-s", "error"))
     if not p.fits_gpu:
         problems.append(("memory/gpu-fit", "optimizer.optimizer_offload_fraction",
                          f"{p.fraction:g} ({p.total_bytes_gpu / GIB:.1f} GiB predicted)",

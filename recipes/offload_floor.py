@@ -23,7 +23,12 @@ import statistics
 import time
 from typing import Any
 
+from recipes.offload_timing import ADAM_TOUCHED_BYTES_PER_FP32_PARAM
+
 GB = 1e9
+# Host memory bandwidth of the project's H200 host (16 cores, in-place updates, all cores), measured with
+# scripts/measure_host.py: docs/benchmarks/offload-overhead/host.json. The planner's default.
+H200_HOST_MEMORY_GBPS = 121.3
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -56,8 +61,6 @@ def host_memory_gbps(size_mib: int = 1024, threads: int | None = None, repeats: 
 def cpu_adam_gbps(params_m: int = 64, threads: int | None = None, repeats: int = 3) -> float:
     """Bytes per second fused CPU AdamW touches (28 per fp32 parameter), as HybridDeviceOptimizer runs it."""
     import torch
-
-    from recipes.offload_timing import ADAM_TOUCHED_BYTES_PER_FP32_PARAM
 
     previous = torch.get_num_threads()
     if threads:
@@ -124,19 +127,42 @@ def best(measured: dict[str, float]) -> float:
     return max(measured.values())
 
 
+HOST_BYTES_PER_OFFLOADED_PARAM = ADAM_TOUCHED_BYTES_PER_FP32_PARAM + 4 + 4  # Adam + D2H write + H2D read
+
+
+def traffic_of(offloaded_params: int) -> dict[str, int]:
+    """Bytes per step for ``offloaded_params`` fp32 parameters (what OffloadTimer.traffic() measures)."""
+    return {"offloaded_params": offloaded_params, "d2h_bytes": 4 * offloaded_params,
+            "h2d_bytes": 4 * offloaded_params,
+            "cpu_optimizer_bytes": ADAM_TOUCHED_BYTES_PER_FP32_PARAM * offloaded_params}
+
+
+def offload_time_lower_bound(traffic: dict[str, int], d2h_gbps: float, h2d_gbps: float, host_memory_gbps: float,
+                             ranks_per_node: int = 1) -> dict[str, Any]:
+    """The least time one step's offload work takes, pipelined: each rank's copies run on its own link,
+    while the host memory of a node serves the Adam and the copies of all its ranks at once."""
+    parts = {
+        "d2h_s": traffic["d2h_bytes"] / (d2h_gbps * GB),
+        "h2d_s": traffic["h2d_bytes"] / (h2d_gbps * GB),
+        "host_memory_s": ranks_per_node * (traffic["cpu_optimizer_bytes"] + traffic["d2h_bytes"]
+                                           + traffic["h2d_bytes"]) / (host_memory_gbps * GB),
+    }
+    bound_by = max(parts, key=parts.get)
+    return {**parts, "lower_bound_s": parts[bound_by],
+            "bound_by": {"d2h_s": "the D2H link", "h2d_s": "the H2D link", "host_memory_s": "host memory"}[bound_by]}
+
+
 def floor(traffic: dict[str, int], baseline_step_s: float, host: dict[str, Any]) -> dict[str, float]:
-    """The floor of one offloaded step (module docstring), and its parts, in seconds."""
-    cpu_bytes, d2h_bytes, h2d_bytes = traffic["cpu_optimizer_bytes"], traffic["d2h_bytes"], traffic["h2d_bytes"]
-    d2h_s = d2h_bytes / (host["d2h_gbps"] * GB)
-    h2d_s = h2d_bytes / (host["h2d_gbps"] * GB)
-    host_memory_s = (cpu_bytes + d2h_bytes + h2d_bytes) / (best(host["host_memory_gbps"]) * GB)
+    """The floor of one offloaded step on one rank (module docstring), and its parts, in seconds."""
+    cpu_bytes = traffic["cpu_optimizer_bytes"]
+    bound = offload_time_lower_bound(traffic, host["d2h_gbps"], host["h2d_gbps"], best(host["host_memory_gbps"]))
     cpu_adam_measured_s = cpu_bytes / (best(host["cpu_adam_gbps"]) * GB)
     gpu_adam_s = cpu_bytes / (host["device_memory_gbps"] * GB)
-    floor_s = baseline_step_s - gpu_adam_s + max(d2h_s, h2d_s, host_memory_s)
+    floor_s = baseline_step_s - gpu_adam_s + bound["lower_bound_s"]
     return {
         "floor_s": floor_s,
         "floor_slowdown": floor_s / baseline_step_s,
-        "adam_floor_s": baseline_step_s - gpu_adam_s + max(d2h_s, h2d_s, cpu_adam_measured_s),
-        "d2h_s": d2h_s, "h2d_s": h2d_s, "host_memory_s": host_memory_s,
+        "adam_floor_s": baseline_step_s - gpu_adam_s + max(bound["d2h_s"], bound["h2d_s"], cpu_adam_measured_s),
+        "d2h_s": bound["d2h_s"], "h2d_s": bound["h2d_s"], "host_memory_s": bound["host_memory_s"],
         "cpu_adam_measured_s": cpu_adam_measured_s, "gpu_adam_saved_s": gpu_adam_s,
     }

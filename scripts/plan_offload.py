@@ -6,7 +6,7 @@
         optimizer.optimizer_offload_fraction=auto
 
 Exit codes: 0 the plan fits; 2 invalid arguments or overrides, or the plan does not fit
-(GPU, host memory, or the --step-time-budget-s host-link gate).
+(GPU, host memory, or the --step-time-budget-s offload-time gate).
 """
 
 from __future__ import annotations

@@ -82,10 +82,27 @@ def test_host_guard_and_link_budget(built):
     cfg = apply_overrides(built("qwen3_8b_pretrain_config"), EIGHT_B_ONE_GPU)
     p = plan(cfg, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=125)
     ids = {problem[0] for problem in plan_problems(p, step_time_budget_s=0.1)}
-    assert p.fits_host is False and ids == {"memory/host-fit", "memory/host-link-budget"}
+    assert p.fits_host is False and ids == {"memory/host-fit", "memory/offload-time-budget"}
     ok = plan(cfg, 1, fraction=0.5, gpu_memory_gib=139.8, host_memory_gib=125)
     assert ok.fits_host and plan_problems(ok, step_time_budget_s=10.0) == []
     assert p.transfer_bytes_per_step == 8 * p.offloaded_params_per_rank
+
+
+def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    one = plan(cfg, 1, fraction=1.0, host_memory_gbps=121.3)
+    n = one.offloaded_params_per_rank
+    assert one.offload_time_bound_by == "host memory"
+    assert one.offload_time_lower_bound_s == pytest.approx(36 * n / 121.3e9)
+    assert one.transfer_time_lower_bound_s == pytest.approx(4 * n / 50e9)
+    # the same 1.1B parameters per rank with 8 ranks on a node: 8x the host-memory time
+    eight = plan(cfg, 8, fraction=1.0, host_memory_gbps=121.3, gpus_per_node=8)
+    per_rank = eight.offloaded_params_per_rank
+    assert eight.offload_time_lower_bound_s == pytest.approx(8 * 36 * per_rank / 121.3e9)
+    # a fast host memory leaves the link as the bound
+    fast = plan(cfg, 1, fraction=1.0, host_memory_gbps=10_000)
+    assert fast.offload_time_bound_by in ("the D2H link", "the H2D link")
+    assert fast.offload_time_lower_bound_s == pytest.approx(fast.transfer_time_lower_bound_s)
 
 
 def test_activation_offload_lowers_the_plan(built):
@@ -103,6 +120,7 @@ def test_json_has_the_fields(capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     for key in ("state_bytes_gpu", "activation_bytes_gpu", "total_bytes_gpu", "offloaded_bytes_host_per_rank",
-                "host_bytes_per_node", "transfer_bytes_per_step", "transfer_time_lower_bound_s", "recommendation"):
+                "host_bytes_per_node", "transfer_bytes_per_step", "transfer_time_lower_bound_s",
+                "offload_time_lower_bound_s", "offload_time_bound_by", "recommendation"):
         assert key in data
     assert data["total_bytes_gpu"] == data["state_bytes_gpu"] + data["activation_bytes_gpu"] + int(0.5 * GIB)
