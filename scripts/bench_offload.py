@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), metavar="NAME,...",
                         help=f"configurations to run (default {','.join(DEFAULT_CONFIGS)}; also: "
                              f"{', '.join(c for c in configurations(1) if c not in DEFAULT_CONFIGS)})")
+    parser.add_argument("--num-gpus", type=int, metavar="N",
+                        help="GPUs (ranks on this node) for every run (default: the recipe's own count)")
     parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
                         help="identical no-offload runs for the loss noise floor (default 2)")
     parser.add_argument("--host-json", type=Path, metavar="FILE",
@@ -248,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in chosen if c not in configs]
     if unknown or not chosen:
         parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(configs)}")
+    if args.num_gpus is not None and args.num_gpus < 1:
+        parser.error(f"--num-gpus expects at least 1 GPU, got {args.num_gpus}")
     owned = [o for o in args.overrides if key_of(o) in (*OWNED_KEYS, OVERLAP_KEY)]
     if owned:
         parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")
@@ -256,9 +260,10 @@ def main(argv: list[str] | None = None) -> int:
 
     host = json.loads(args.host_json.read_text()) if args.host_json else measure(args.out, args.timeout)
     print(f"[bench] host: {json.dumps(host)}", flush=True)
-    baselines = [run(args.recipe, 0.0, args.out / ("baseline" + (f"-repeat{k}" if k else "")), args.overrides, [],
+    gpus = ["--num-gpus", str(args.num_gpus)] if args.num_gpus else []
+    baselines = [run(args.recipe, 0.0, args.out / ("baseline" + (f"-repeat{k}" if k else "")), args.overrides, gpus,
                      args.resume, args.timeout) for k in range(args.baseline_runs)]
-    shared = "tuned" in chosen and "stock-all-cores" in chosen and tuned_is_stock_all_cores(recipe.num_gpus)
+    shared = "tuned" in chosen and "stock-all-cores" in chosen and tuned_is_stock_all_cores(args.num_gpus or recipe.num_gpus)
     if shared:  # run stock all-cores first: the tuned row reuses it
         chosen.remove("stock-all-cores")
         chosen.insert(0, "stock-all-cores")
@@ -272,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run_dir = args.out / f"fraction-{fraction:g}-{name}"
                 done[name] = run(args.recipe, fraction, run_dir, [*args.overrides, *config["overrides"]],
-                                 config["args"], args.resume, args.timeout)
+                                 [*gpus, *config["args"]], args.resume, args.timeout)
             results.append((name, done[name]))
 
     rows, parity = build_rows(results, baselines, host, configs)

@@ -190,7 +190,7 @@ def test_tuned_reuses_the_stock_run_only_with_one_rank_per_node():
 
 
 @pytest.mark.parametrize("args", [
-    ["--configs", "fast"], [f"{OVERLAP}=True"], ["optimizer.optimizer_offload_fraction=0.5"],
+    ["--configs", "fast"], [f"{OVERLAP}=True"], ["optimizer.optimizer_offload_fraction=0.5"], ["--num-gpus", "0"],
 ])
 def test_bench_refuses_what_it_sets_itself(args, tmp_path):
     with pytest.raises(SystemExit) as exit_info:

@@ -13,11 +13,10 @@ $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-
 # 2. The single-GPU run of the same global batch, for loss parity.
 $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.5,1 \
   --out "$runs/moe-n1" train.train_iters=8
-# 3. CPU threads per rank: torchrun's default (OMP_NUM_THREADS=1) against cores / ranks.
-for threads in 1 $((16 / n)); do
-  OMP_NUM_THREADS=$threads $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" \
-    --out "$runs/threads-$threads" train.train_iters=8 optimizer.optimizer_offload_fraction=1.0 "${par[@]}"
-done
+# 3. CPU threads per rank with several ranks on the host: stock 1 thread (torchrun's default), stock with
+#    every core per rank, overlap on, and tuned (each rank its share of the cores, pinned), against the floor.
+$py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" --out "$runs/bench-n$n" \
+  --fractions 0.5,1 --baseline-runs 1 train.train_iters=8 "${par[@]}"
 # 4. Activation offload must be refused with PP>1 (exit 2), fine-grained offload must train with PP>1.
 $py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --num-gpus 2 \
   model.pipeline_model_parallel_size=2; echo "activation offload with PP2: exit $? (expected 2)"
