@@ -25,6 +25,13 @@ class ThreadPlan:
     reason: str
 
 
+def available_cores() -> list[int]:
+    """The cores this process may run on (its affinity where the OS reports it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def parse_request(text: str) -> str | int:
     if text in ("auto", "launcher"):
         return text

@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from recipes.cpu_threads import available_cores
 from recipes.describe import offload_summary, topology
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -84,7 +85,7 @@ def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path, threads_reas
     lines += [f"  speed tuning: {line}" for line in tuning_lines]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                                 len(_available_cores()))
+                                 len(available_cores()))
     if warning:
         lines.append(f"  WARNING: {warning}")
     lines.append(f"  metrics: {out_dir}/metrics.rank*.jsonl, summary: {out_dir}/summary.json")
@@ -124,17 +125,13 @@ def _write_failure(out_dir: Path, reason: str) -> None:
     (out_dir / "failure.json").write_text(json.dumps({"reason": reason}, indent=2) + "\n")
 
 
-def _available_cores() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
 def tune_cpu_threads(cfg, request) -> str:
     """Threads (and cores) for this rank's CPU optimizer; returns the reason shown to the user."""
     from recipes.cpu_threads import apply_threads, plan_threads
 
     if not cfg.optimizer.optimizer_cpu_offload and not isinstance(request, int):
         return "unchanged (no optimizer offload)"
-    plan = plan_threads(request, os.environ, _available_cores(), int(os.environ.get("LOCAL_RANK", "0")),
+    plan = plan_threads(request, os.environ, available_cores(), int(os.environ.get("LOCAL_RANK", "0")),
                         int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     apply_threads(plan)
     return plan.reason

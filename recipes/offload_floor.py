@@ -18,17 +18,32 @@ Lowering the floor itself needs fewer bytes per step (a smaller fraction, lower-
 
 from __future__ import annotations
 
-import os
+import contextlib
 import statistics
 import time
 from typing import Any
 
+from recipes.cpu_threads import available_cores
 from recipes.offload_timing import ADAM_TOUCHED_BYTES_PER_FP32_PARAM
 
 GB = 1e9
 # Host memory bandwidth of the project's H200 host (16 cores, in-place updates, all cores), measured with
 # scripts/measure_host.py: docs/benchmarks/offload-overhead/host.json. The planner's default.
 H200_HOST_MEMORY_GBPS = 121.3
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """Run the block with ``threads`` intra-op threads (None: as they are), then restore them."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -46,34 +61,24 @@ def host_memory_gbps(size_mib: int = 1024, threads: int | None = None, repeats: 
     write a, 3 x 4 bytes per element; an out-of-place add would also pay the write-allocate read), GB/s."""
     import torch
 
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         n = size_mib * 2**20 // 4
         a, b = torch.zeros(n), torch.ones(n)
         seconds = _median_seconds(lambda: a.add_(b), repeats)
-        return 3 * 4 * n / seconds / GB
-    finally:
-        torch.set_num_threads(previous)
+    return 3 * 4 * n / seconds / GB
 
 
 def cpu_adam_gbps(params_m: int = 64, threads: int | None = None, repeats: int = 3) -> float:
     """Bytes per second fused CPU AdamW touches (28 per fp32 parameter), as HybridDeviceOptimizer runs it."""
     import torch
 
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         n = params_m * 2**20
         param = torch.nn.Parameter(torch.zeros(n))
         param.grad = torch.full((n,), 1e-3)
         optimizer = torch.optim.AdamW([param], lr=1e-4, weight_decay=0.1, fused=True)
         seconds = _median_seconds(optimizer.step, repeats)
-        return ADAM_TOUCHED_BYTES_PER_FP32_PARAM * n / seconds / GB
-    finally:
-        torch.set_num_threads(previous)
+    return ADAM_TOUCHED_BYTES_PER_FP32_PARAM * n / seconds / GB
 
 
 def copy_gbps(size_mib: int = 1024, repeats: int = 5) -> dict[str, float]:
@@ -109,7 +114,7 @@ def measure_host(thread_counts: list[int] | None = None, size_mib: int = 1024) -
     """Everything the floor needs, measured on this host (copies only where a GPU is present)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(available_cores())
     thread_counts = sorted(set(thread_counts or [1, 2, 4, 8, cores]) | {cores})
     result: dict[str, Any] = {
         "cores": cores,

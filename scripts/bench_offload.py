@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overrides.grammar import key_of  # noqa: E402
-from sweep_offload import FRACTION_KEY, OWNED_KEYS, max_abs_delta, parse_fractions, recorded, run_one  # noqa: E402
+from recipes.cpu_threads import available_cores  # noqa: E402
+from sweep_offload import (  # noqa: E402
+    OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, parse_fractions, recorded, run_one)
 
-SEED_PARITY = 0.001
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
 GOALS = {0.25: 1.05, 1.0: 1.25}  # fraction: slowdown the performance issue asks for (tuned)
 DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "tuned")
@@ -75,10 +75,6 @@ def tuned_is_stock_all_cores(ranks_on_node: int) -> bool:
     return ranks_on_node == 1 and {key: value for key, (value, _) in TUNED_KEYS.items()} == stock_all_cores
 
 
-def host_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def measure(out: Path, timeout_s: float | None) -> dict:
     path = out / "host.json"
     subprocess.run([sys.executable, str(MEASURE_HOST), "--json", str(path)], check=True, timeout=timeout_s,
@@ -104,11 +100,9 @@ def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dic
     from recipes.offload_floor import floor
 
     base = baselines[0].get("summary") if baselines else None
-    noise = None
-    if len(baselines) > 1 and all("summary" in b for b in baselines):
-        noise = max(max_abs_delta(base["losses"], b["summary"]["losses"]) or 0.0 for b in baselines[1:])
-    tolerance = max(SEED_PARITY, noise or 0.0)
     baseline_step, spread = baseline_step_time(baselines)
+    parity = {**baseline_parity(baselines), "baseline_step_time_s": baseline_step, "baseline_step_time_spread": spread}
+    tolerance = parity["tolerance_used"]
     rows = []
     for name, result in results:
         summary = result.get("summary")
@@ -141,9 +135,6 @@ def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dic
         if result.get("same_run_as"):
             row["same_run_as"] = result["same_run_as"]
         rows.append(row)
-    parity = {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
-              "tolerance_used": tolerance, "baseline_runs": len(baselines),
-              "baseline_step_time_s": baseline_step, "baseline_step_time_spread": spread}
     return rows, parity
 
 
@@ -245,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipes import registry
 
     recipe = registry.get_or_exit(parser, args.recipe)
-    configs = configurations(host_cores())
+    configs = configurations(len(available_cores()))
     chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in configs]
     if unknown or not chosen:

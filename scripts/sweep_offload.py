@@ -113,12 +113,21 @@ def max_abs_delta(a: list, b: list) -> float | None:
     return max((abs(x - y) for x, y in pairs), default=None)
 
 
-def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], dict]:
+def baseline_parity(baselines: list[dict]) -> dict:
+    """The loss-parity tolerance from the baseline runs: the noise floor between identical runs (when two
+    or more succeeded) or the seed's criterion, whichever is larger."""
     base = baselines[0].get("summary") if baselines else None
     noise = None
     if len(baselines) > 1 and all("summary" in b for b in baselines):
         noise = max(max_abs_delta(base["losses"], b["summary"]["losses"]) or 0.0 for b in baselines[1:])
-    tolerance = max(SEED_PARITY, noise or 0.0)
+    return {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
+            "tolerance_used": max(SEED_PARITY, noise or 0.0), "baseline_runs": len(baselines)}
+
+
+def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], dict]:
+    base = baselines[0].get("summary") if baselines else None
+    parity = baseline_parity(baselines)
+    tolerance = parity["tolerance_used"]
     rows = []
     for result in results:
         summary = result.get("summary")
@@ -142,8 +151,6 @@ def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], 
                 loss_parity_noise_floor=None if delta is None else delta <= tolerance,
             )
         rows.append(row)
-    parity = {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
-              "tolerance_used": tolerance, "baseline_runs": len(baselines)}
     return rows, parity
 
 
