@@ -28,7 +28,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recipes.offload_floor import H200_HOST_MEMORY_GBPS, HOST_BYTES_PER_OFFLOADED_PARAM, offload_time_lower_bound, traffic_of
+from recipes.offload_floor import H200_HOST_MEMORY_GBPS, HOST_BYTES_PER_OFFLOADED_PARAM, offload_time_lower_bound
+from recipes.offload_timing import traffic_of
 
 GIB = 1024**3
 BASE_GPU_BYTES = int(0.5 * GIB)  # CUDA context, NCCL and library workspaces outside the model

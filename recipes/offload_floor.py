@@ -135,13 +135,6 @@ def best(measured: dict[str, float]) -> float:
 HOST_BYTES_PER_OFFLOADED_PARAM = ADAM_TOUCHED_BYTES_PER_FP32_PARAM + 4 + 4  # Adam + D2H write + H2D read
 
 
-def traffic_of(offloaded_params: int) -> dict[str, int]:
-    """Bytes per step for ``offloaded_params`` fp32 parameters (what OffloadTimer.traffic() measures)."""
-    return {"offloaded_params": offloaded_params, "d2h_bytes": 4 * offloaded_params,
-            "h2d_bytes": 4 * offloaded_params,
-            "cpu_optimizer_bytes": ADAM_TOUCHED_BYTES_PER_FP32_PARAM * offloaded_params}
-
-
 def offload_time_lower_bound(traffic: dict[str, int], d2h_gbps: float, h2d_gbps: float, host_memory_gbps: float,
                              ranks_per_node: int = 1) -> dict[str, Any]:
     """The least time one step's offload work takes, pipelined: each rank's copies run on its own link,

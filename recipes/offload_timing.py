@@ -173,12 +173,13 @@ class OffloadTimer:
         return {key: round(value, 6) for key, value in totals.items()}
 
     def traffic(self) -> dict[str, int]:
-        """Bytes per step: offloaded parameters, D2H gradient and H2D parameter bytes, bytes CPU Adam touches."""
-        offloaded = d2h = h2d = 0
-        for hybrid in self.hybrids:
-            for cpu_param, gpu_param in hybrid.cpu_copys_map_gpu_param.items():
-                offloaded += cpu_param.numel()
-                d2h += cpu_param.numel() * cpu_param.element_size()  # gradients land in the CPU param's dtype
-                h2d += cpu_param.numel() * cpu_param.element_size()  # the updated CPU param is copied back
-        return {"offloaded_params": offloaded, "d2h_bytes": d2h, "h2d_bytes": h2d,
-                "cpu_optimizer_bytes": offloaded * ADAM_TOUCHED_BYTES_PER_FP32_PARAM}
+        """Bytes per step of the offloaded parameters (HybridDeviceOptimizer keeps their CPU copies in fp32)."""
+        return traffic_of(sum(p.numel() for hybrid in self.hybrids for p in hybrid.cpu_copys_map_gpu_param))
+
+
+def traffic_of(offloaded_params: int) -> dict[str, int]:
+    """Bytes per step for ``offloaded_params`` fp32 parameters: fp32 gradients down (D2H), fp32 parameters
+    up (H2D), and what the CPU Adam touches."""
+    return {"offloaded_params": offloaded_params, "d2h_bytes": 4 * offloaded_params,
+            "h2d_bytes": 4 * offloaded_params,
+            "cpu_optimizer_bytes": ADAM_TOUCHED_BYTES_PER_FP32_PARAM * offloaded_params}
