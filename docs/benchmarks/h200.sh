@@ -22,11 +22,13 @@ for phase in "$@"; do
       $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
         --out "$runs/moe-sweep" train.train_iters=8 ;;
     moe-sweep-deep)
-      # NOT RUN YET. The deepest MoE proxy whose whole sweep fits this host, per the planner
-      # (scripts/plan_offload.py): 9 layers = 6.2B parameters, 112 GiB on the GPU at fraction 0,
-      # 113 GiB of host memory at fraction 1.0 (10 layers would need 124 of the host's 125 GiB).
+      # The deepest MoE proxy whose whole sweep fits this host. The planner (scripts/plan_offload.py) puts
+      # 9 layers (6.2B parameters) at 113 GiB of host memory at fraction 1.0, but it reads host RSS up to
+      # 12% low (planner-accuracy.md) and a 6.6B dense model was killed by this 125 GiB host at 1.0; so
+      # 8 layers (5.5B, ~100 GiB planned). One baseline: the 4-layer sweep measured the noise floor
+      # (0.0003), below the seed's 0.001.
       $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
-        --out "$runs/moe-sweep-deep" model.num_layers=9 train.train_iters=8 ;;
+        --out "$runs/moe-sweep-deep" --resume --baseline-runs 1 model.num_layers=8 train.train_iters=8 ;;
     activation)
       for n in 4 8 15; do
         $py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --out "$runs/activation-$n" \
@@ -51,10 +53,13 @@ for phase in "$@"; do
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
         --host-json "$runs/host/host.json" train.train_iters=10 ;;
     bench-chunked)
-      # NOT RUN YET. Overlap in 8 chunks (recipes/offload_pipelining.py) next to the measured configurations,
-      # into the same folder (the baselines and finished runs are kept).
-      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
-        --host-json "$runs/host/host.json" --configs stock-all-cores,overlap-on,overlap-chunked train.train_iters=10 ;;
+      # Overlap in 8 chunks (recipes/offload_pipelining.py) against stock and per-tensor overlap at 100% on
+      # the dense proxy, all in one session (own baseline); floor from phase host when it ran in this
+      # session, else from the recorded docs/benchmarks/offload-overhead/host.json (same host kind).
+      host_json="$runs/host/host.json"; [ -f "$host_json" ] || host_json=docs/benchmarks/offload-overhead/host.json
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-chunked" --resume \
+        --host-json "$host_json" --fractions 1 --baseline-runs 1 \
+        --configs stock-all-cores,overlap-on,overlap-chunked train.train_iters=10 ;;
     bench-moe)
       # The same configurations on the Qwen3-30B-A3B proxy (4 layers, 128 experts). Run so far at fraction 1
       # only (device time); --fractions 0.25,1 and more steps are the next run to make.
