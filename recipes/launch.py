@@ -82,7 +82,7 @@ def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path, threads_reas
              f"global batch {cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}, "
              f"seq {cfg.model.seq_length}"]
     lines += [f"  {line}" for line in offload_summary(cfg)]
-    lines += [f"  speed tuning: {line}" for line in tuning_lines]
+    lines += [f"  speed: {line}" for line in tuning_lines]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
@@ -169,7 +169,7 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
     if overlap_chunks:
         from recipes.offload_pipelining import use_chunked_overlap
 
-        tuning_lines = [*tuning_lines, use_chunked_overlap(overlap_chunks)]
+        use_chunked_overlap(overlap_chunks)  # described in tuning_lines
     from recipes.derive import derive
     from recipes.metrics import format_summary, make_callback, write_summary
 

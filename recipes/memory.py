@@ -369,8 +369,9 @@ def format_plan(p: Plan) -> str:
         ("host link per step", f"{p.transfer_bytes_per_step / 1e9:.2f} GB, >= {p.transfer_time_lower_bound_s:.3f} s "
                                f"at {p.host_link_gbps:g} GB/s"),
         ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} "
-                                  f"({HOST_BYTES_PER_OFFLOADED_PARAM} B per offloaded parameter x {p.ranks_per_node} "
-                                  f"rank(s) through {p.host_memory_gbps:g} GB/s of host memory)"),
+                                  f"({HOST_BYTES_PER_OFFLOADED_PARAM} B of CPU Adam per offloaded parameter x "
+                                  f"{p.ranks_per_node} rank(s) through {p.host_memory_gbps:g} GB/s of host memory; "
+                                  f"copies at {p.host_link_gbps:g} GB/s per link)"),
         ("recommendation", p.recommendation),
     ]
     if len(p.stages) > 1:

@@ -36,8 +36,10 @@ def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = False):
     """Keep ``fraction`` of the optimizer states (and their Adam step) on the CPU.
 
     Runs Megatron Core's HybridDeviceOptimizer inside the distributed optimizer, which it needs.
-    ``overlap`` overlaps the D2H gradient / H2D parameter copies with the CPU optimizer step; off by
-    default because on the H200 it made the offloaded step longer (see recipes/offload_tuning.py).
+    ``overlap`` overlaps the D2H gradient / H2D parameter copies with the CPU optimizer step. Off by
+    default: the library's overlap (one CPU optimizer per tensor) measured slower than none in one
+    H200 session; what pays is overlap in a few chunks, which run_recipe.py's tuning turns on at
+    launch (recipes/offload_tuning.py, recipes/offload_pipelining.py).
     """
     fraction = float(_number("fraction", fraction))
     return _derive_in_range(cfg, {

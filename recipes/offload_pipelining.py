@@ -1,15 +1,16 @@
-"""D2H/H2D overlap in a few large chunks instead of one CPU optimizer per tensor (experimental).
+"""D2H/H2D overlap in a few large chunks instead of one CPU optimizer per tensor.
 
 With ``optimizer.overlap_cpu_optimizer_d2h_h2d=True`` Megatron Core's HybridDeviceOptimizer builds one
 CPU optimizer per parameter tensor, so that each tensor's Adam waits only for its own gradient copy and
-its parameter copy starts right after. On the H200 this made the offloaded step longer (per-tensor
-calls, small tensors), while without overlap the step runs D2H, Adam and H2D one after another, 0.14 s
-above the floor at 100% on the 1.1B dense proxy (docs/benchmarks/offload-overhead/).
+its parameter copy starts right after: hundreds of small Adam calls per step. Without overlap the step
+runs D2H, Adam and H2D one after another.
 
-``--overlap-chunks K`` keeps the overlap but groups the tensors, in order, into K chunks of about equal
-size, one CPU optimizer each: chunk k's Adam runs while chunk k+1's gradients arrive and chunk k-1's
-parameters go back. Same arithmetic (the same fused AdamW on the same tensors), fewer, larger calls.
-Not yet measured on a GPU: bench_offload.py's ``overlap-chunked`` configuration measures it.
+Here the tensors are grouped, in order, into K chunks of about equal size, one CPU optimizer each:
+chunk k's Adam runs while chunk k+1's gradients arrive and chunk k-1's parameters go back. Same
+arithmetic (the same fused AdamW on the same tensors), fewer, larger calls. On the H200 at 100% on
+the dense proxy this made the step 0.747 s against 0.917 s without overlap and 0.820 s with per-tensor
+overlap, at the floor (docs/benchmarks/offload-overhead/dense-1b-chunked/). run_recipe.py's tuning
+uses 8 chunks (recipes/offload_tuning.py); ``--overlap-chunks K`` picks another K.
 """
 
 from __future__ import annotations
@@ -59,9 +60,8 @@ def chunked_optimizer_builder(chunks: int) -> Callable[[type, list[dict[str, Any
     return build_cpu_optimizer_list
 
 
-def use_chunked_overlap(chunks: int) -> str:
+def use_chunked_overlap(chunks: int) -> None:
     """Make HybridDeviceOptimizers built from now on in this process overlap in ``chunks`` chunks."""
     from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
 
     HybridDeviceOptimizer.build_cpu_optimizer_list = staticmethod(chunked_optimizer_builder(chunks))
-    return f"D2H/H2D overlap in {chunks} chunks of about equal size (--overlap-chunks {chunks}, experimental)"

@@ -12,10 +12,11 @@ each configuration in a fresh process:
   node running one rank gets;
 - stock, 1 thread: the same with 1 CPU thread, what torchrun gives each rank of a node running several;
 - overlap on: stock, all cores, with D2H/H2D overlap on (what the overlap switch alone does);
-- overlap chunked (on request, ``--configs``): overlap in 8 chunks (recipes/offload_pipelining.py);
+- overlap chunked: overlap on, in 8 chunks (``--overlap-chunks 8``, recipes/offload_pipelining.py);
 - tuned: run_recipe.py's offload tuning (recipes/offload_tuning.py, CPU threads per rank). When the
-  recipe runs one rank per node, tuned resolves to exactly the stock all-cores configuration (all
-  cores, overlap off, pinned buffers): its row then reuses that run, marked ``same_run_as``.
+  recipe runs one rank per node, tuned resolves to exactly one of the configurations above (today
+  overlap chunked: all cores, overlap on in 8 chunks, pinned buffers): its row then reuses that run,
+  marked ``same_run_as``.
 
 Writes DIR/offload_overhead.json (rows: fraction, config, cpu_threads_per_rank, step_time_s,
 slowdown_vs_baseline, floor_s, the per-step breakdown, loss delta), DIR/offload_overhead.md, and
@@ -41,38 +42,54 @@ from sweep_offload import (  # noqa: E402
 
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
 GOALS = {0.25: 1.05, 1.0: 1.25}  # fraction: slowdown the performance issue asks for (tuned)
-DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "tuned")
+DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "overlap-chunked", "tuned")
 MEASURE_HOST = Path(__file__).resolve().parent / "measure_host.py"
 
 
 def configurations(cores: int) -> dict[str, dict]:
-    """name: how run_recipe.py is called for it (extra arguments, overrides) and what it stands for."""
+    """name: how run_recipe.py is called for it (extra arguments, overrides), what it stands for, and, for
+    the fixed ones, the settings it runs with on one rank (to know when tuned is the same run)."""
+    from recipes.offload_tuning import TUNED_OVERLAP_CHUNKS
+
     stock = ["--offload-tuning", "stock"]
+    chunks = str(TUNED_OVERLAP_CHUNKS)
+
+    def fixed(threads: int, overlap: bool, overlap_chunks: int | None = None) -> dict:
+        return {OVERLAP_KEY: overlap, "optimizer.pin_cpu_grads": True, "optimizer.pin_cpu_params": True,
+                "threads": threads, "overlap_chunks": overlap_chunks}
+
     return {
         "stock-all-cores": {"config": "stock", "args": [*stock, "--cpu-threads", str(cores)],
-                            "overrides": [f"{OVERLAP_KEY}=False"],
+                            "overrides": [f"{OVERLAP_KEY}=False"], "settings": fixed(cores, False),
                             "means": f"library defaults (overlap off), {cores} threads: one rank on the node"},
         "stock-1-thread": {"config": "stock", "args": [*stock, "--cpu-threads", "1"],
-                           "overrides": [f"{OVERLAP_KEY}=False"],
+                           "overrides": [f"{OVERLAP_KEY}=False"], "settings": fixed(1, False),
                            "means": "library defaults, 1 thread: what torchrun gives each of several ranks"},
         "overlap-on": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores)],
-                       "overrides": [f"{OVERLAP_KEY}=True"],
-                       "means": f"library defaults with D2H/H2D overlap on, {cores} threads"},
-        "overlap-chunked": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores), "--overlap-chunks", "8"],
-                            "overrides": [f"{OVERLAP_KEY}=True"],
-                            "means": f"overlap on in 8 chunks (--overlap-chunks 8, experimental), {cores} threads"},
+                       "overrides": [f"{OVERLAP_KEY}=True"], "settings": fixed(cores, True),
+                       "means": f"library defaults with D2H/H2D overlap on (one CPU optimizer per tensor), "
+                                f"{cores} threads"},
+        "overlap-chunked": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores), "--overlap-chunks",
+                                                          chunks],
+                            "overrides": [f"{OVERLAP_KEY}=True"], "settings": fixed(cores, True, TUNED_OVERLAP_CHUNKS),
+                            "means": f"overlap on in {chunks} chunks (--overlap-chunks {chunks}), {cores} threads"},
         "tuned": {"config": "tuned", "args": ["--offload-tuning", "tuned"], "overrides": [],
-                  "means": "run_recipe.py's offload tuning (threads per rank, overlap off, pinned buffers)"},
+                  "means": f"run_recipe.py's offload tuning (threads per rank, overlap in {chunks} chunks, "
+                           "pinned buffers)"},
     }
 
 
-def tuned_is_stock_all_cores(ranks_on_node: int) -> bool:
-    """With one rank per node the tuning gives it every core; if it also sets every key as the stock
-    all-cores run has it (overlap off, pinned buffers: the library's defaults), one run serves both rows."""
-    from recipes.offload_tuning import TUNED_KEYS
+def tuned_same_as(configs: dict[str, dict], ranks_on_node: int, cores: int) -> str | None:
+    """The configuration tuned resolves to with one rank per node (it then gets every core), if any: one
+    run serves both rows. With several ranks the tuning splits the cores, which no fixed one does."""
+    from recipes.offload_tuning import TUNED_KEYS, TUNED_OVERLAP_CHUNKS
 
-    stock_all_cores = {OVERLAP_KEY: False, "optimizer.pin_cpu_grads": True, "optimizer.pin_cpu_params": True}
-    return ranks_on_node == 1 and {key: value for key, (value, _) in TUNED_KEYS.items()} == stock_all_cores
+    if ranks_on_node != 1:
+        return None
+    tuned = {key: value for key, (value, _) in TUNED_KEYS.items()}
+    tuned.update(threads=cores,
+                 overlap_chunks=TUNED_OVERLAP_CHUNKS if tuned[OVERLAP_KEY] else None)
+    return next((name for name, c in configs.items() if c.get("settings") == tuned), None)
 
 
 def measure(out: Path, timeout_s: float | None) -> dict:
@@ -236,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     from recipes import registry
 
     recipe = registry.get_or_exit(parser, args.recipe)
-    configs = configurations(len(available_cores()))
+    names = list(configurations(1))
     chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in chosen if c not in configs]
+    unknown = [c for c in chosen if c not in names]
     if unknown or not chosen:
-        parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(configs)}")
+        parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(names)}")
     if args.num_gpus is not None and args.num_gpus < 1:
         parser.error(f"--num-gpus expects at least 1 GPU, got {args.num_gpus}")
     owned = [o for o in args.overrides if key_of(o) in (*OWNED_KEYS, OVERLAP_KEY)]
@@ -251,20 +268,23 @@ def main(argv: list[str] | None = None) -> int:
 
     host = json.loads(args.host_json.read_text()) if args.host_json else measure(args.out, args.timeout)
     print(f"[bench] host: {json.dumps(host)}", flush=True)
+    cores = host.get("cores") or len(available_cores())  # the host the runs ran on (a reassembly may run elsewhere)
+    configs = configurations(cores)
     gpus = ["--num-gpus", str(args.num_gpus)] if args.num_gpus else []
     baselines = [run(args.recipe, 0.0, args.out / ("baseline" + (f"-repeat{k}" if k else "")), args.overrides, gpus,
                      args.resume, args.timeout) for k in range(args.baseline_runs)]
-    shared = "tuned" in chosen and "stock-all-cores" in chosen and tuned_is_stock_all_cores(args.num_gpus or recipe.num_gpus)
-    if shared:  # run stock all-cores first: the tuned row reuses it
-        chosen.remove("stock-all-cores")
-        chosen.insert(0, "stock-all-cores")
+    same = tuned_same_as(configs, args.num_gpus or recipe.num_gpus, cores) if "tuned" in chosen else None
+    shared = same in chosen
+    if shared:  # run that configuration first: the tuned row reuses it
+        chosen.remove(same)
+        chosen.insert(0, same)
     results = []
     for fraction in fractions:
         done = {}
         for name in chosen:
             config = configs[name]
             if name == "tuned" and shared:
-                done[name] = {**done["stock-all-cores"], "same_run_as": "stock-all-cores"}
+                done[name] = {**done[same], "same_run_as": same}
             else:
                 run_dir = args.out / f"fraction-{fraction:g}-{name}"
                 done[name] = run(args.recipe, fraction, run_dir, [*args.overrides, *config["overrides"]],

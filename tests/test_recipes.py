@@ -36,7 +36,7 @@ def test_qwen3_30b_a3b_has_the_published_shape_and_seed_topology(built):
     assert (m.moe_ffn_hidden_size, m.num_attention_heads, m.num_query_groups, m.vocab_size) == (768, 32, 4, 151936)
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size) == (2, 2, 4)
     assert cfg.optimizer.optimizer_cpu_offload and cfg.optimizer.optimizer_offload_fraction == 0.5
-    # overlap off: it made the offloaded step longer on the H200 (recipes/offload_tuning.py)
+    # overlap off in the recipe: run_recipe.py's tuning turns it on in chunks at launch (recipes/offload.py)
     assert not cfg.optimizer.overlap_cpu_optimizer_d2h_h2d and cfg.optimizer.use_distributed_optimizer
     assert registry.get("qwen3_30b_a3b_pretrain_config").num_gpus == 16
 

@@ -8,6 +8,8 @@ runs=${RUNS:-/tmp/runs}
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 mkdir -p "$runs"
+# The host figures for the floor: phase host's when it ran on this machine, else the recorded ones (same host kind).
+host_json() { if [ -f "$runs/host/host.json" ]; then echo "$runs/host/host.json"; else echo docs/benchmarks/offload-overhead/host.json; fi; }
 for phase in "$@"; do
   start=$(date +%s)
   echo "=== $phase"
@@ -23,12 +25,17 @@ for phase in "$@"; do
         --out "$runs/moe-sweep" train.train_iters=8 ;;
     moe-sweep-deep)
       # The deepest MoE proxy whose whole sweep fits this host. The planner (scripts/plan_offload.py) puts
-      # 9 layers (6.2B parameters) at 113 GiB of host memory at fraction 1.0, but it reads host RSS up to
-      # 12% low (planner-accuracy.md) and a 6.6B dense model was killed by this 125 GiB host at 1.0; so
-      # 8 layers (5.5B, ~100 GiB planned). One baseline: the 4-layer sweep measured the noise floor
-      # (0.0003), below the seed's 0.001.
+      # 9 layers (6.2B parameters) at 113 GiB of host memory at fraction 1.0, but it reads host RSS a few
+      # percent low (planner-accuracy.md) and a 6.6B dense model was killed by this 125 GiB host at 1.0; so
+      # 8 layers (5.6B, ~100 GiB planned). One baseline: the 4-layer sweep measured the noise floor
+      # (0.0003), below the seed's 0.001. Third session: fractions 0-0.75 ran (docs/benchmarks/
+      # moe-proxy-sweep-deep/); fraction 1 did not. On a fresh machine the finished runs are copied in
+      # and kept (--resume), and the overlap stays off as the tuning of that session set it (the current
+      # tuning would chunk it), so only fraction 1 runs, comparable with the others.
+      [ -d "$runs/moe-sweep-deep" ] || cp -r docs/benchmarks/moe-proxy-sweep-deep "$runs/moe-sweep-deep"
       $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
-        --out "$runs/moe-sweep-deep" --resume --baseline-runs 1 model.num_layers=8 train.train_iters=8 ;;
+        --out "$runs/moe-sweep-deep" --resume --baseline-runs 1 model.num_layers=8 train.train_iters=8 \
+        optimizer.overlap_cpu_optimizer_d2h_h2d=False ;;
     activation)
       for n in 4 8 15; do
         $py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --out "$runs/activation-$n" \
@@ -48,24 +55,36 @@ for phase in "$@"; do
     host)
       $py scripts/measure_host.py --json "$runs/host/host.json" ;;
     bench-dense)
-      # Stock (all cores, 1 thread), overlap on, and tuned at 0.25/0.5/0.75/1 on the ~1.1B dense proxy; floor
-      # from phase host. One rank: the tuned row reuses the stock all-cores run (same configuration).
+      # Second session: stock (all cores, 1 thread), overlap on, and the tuning of the time (= stock all
+      # cores) at 0.25/0.5/0.75/1 on the ~1.1B dense proxy; floor from phase host. Ran with
+      # --configs stock-all-cores,stock-1-thread,overlap-on,tuned (docs/benchmarks/offload-overhead/dense-1b/).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
-        --host-json "$runs/host/host.json" train.train_iters=10 ;;
+        --host-json "$runs/host/host.json" --configs stock-all-cores,stock-1-thread,overlap-on train.train_iters=10 ;;
     bench-chunked)
-      # Overlap in 8 chunks (recipes/offload_pipelining.py) against stock and per-tensor overlap at 100% on
-      # the dense proxy, all in one session (own baseline); floor from phase host when it ran in this
-      # session, else from the recorded docs/benchmarks/offload-overhead/host.json (same host kind).
-      host_json="$runs/host/host.json"; [ -f "$host_json" ] || host_json=docs/benchmarks/offload-overhead/host.json
+      # Third session (docs/benchmarks/offload-overhead/dense-1b-chunked/): overlap in 8 chunks
+      # (recipes/offload_pipelining.py) against stock and per-tensor overlap at 100% on the dense proxy, all
+      # in one session (own baseline).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-chunked" --resume \
-        --host-json "$host_json" --fractions 1 --baseline-runs 1 \
+        --host-json "$(host_json)" --fractions 1 --baseline-runs 1 \
         --configs stock-all-cores,overlap-on,overlap-chunked train.train_iters=10 ;;
+    bench-dense-tuned)
+      # NOT RUN YET. The current tuning (overlap in 8 chunks; tuned reuses the overlap-chunked run with one
+      # rank) against stock at 0.25/0.5/0.75 on the dense proxy, two baselines for the step-time spread.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense-tuned" --resume \
+        --host-json "$(host_json)" --fractions 0.25,0.5,0.75 --configs stock-all-cores,overlap-chunked,tuned \
+        train.train_iters=10 ;;
     bench-moe)
-      # The same configurations on the Qwen3-30B-A3B proxy (4 layers, 128 experts). Run so far at fraction 1
-      # only (device time); --fractions 0.25,1 and more steps are the next run to make.
+      # Second session (docs/benchmarks/offload-overhead/moe-proxy/): the configurations of the time on the
+      # Qwen3-30B-A3B proxy (4 layers, 128 experts), fraction 1 only (device time).
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe" --resume \
-        --host-json "$runs/host/host.json" --fractions 1 --configs stock-all-cores,overlap-on,tuned --baseline-runs 1 \
+        --host-json "$runs/host/host.json" --fractions 1 --configs stock-all-cores,overlap-on --baseline-runs 1 \
         train.train_iters=6 ;;
+    bench-moe-tuned)
+      # NOT RUN YET. The current tuning against stock on the MoE proxy at 0.25 and 1, 10 steps (the 6-step
+      # runs had not reached steady state).
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe-tuned" \
+        --resume --host-json "$(host_json)" --fractions 0.25,1 --configs stock-all-cores,overlap-chunked,tuned \
+        --baseline-runs 1 train.train_iters=10 ;;
     gpu-tests)
       $py -m pytest tests/test_gpu_training.py -v -p no:cacheprovider 2>&1 | tee "$runs/gpu-tests.log" ;;
     *) echo "unknown phase $phase"; exit 2 ;;

@@ -14,7 +14,8 @@ $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-
 $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.5,1 \
   --out "$runs/moe-n1" train.train_iters=8
 # 3. CPU threads per rank with several ranks on the host: stock 1 thread (torchrun's default), stock with
-#    every core per rank, overlap on, and tuned (each rank its share of the cores, pinned), against the floor.
+#    every core per rank, the library's overlap, overlap in 8 chunks with every core per rank, and tuned
+#    (each rank its share of the cores, pinned, overlap in 8 chunks), against the floor.
 $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" --out "$runs/bench-n$n" \
   --fractions 0.5,1 --baseline-runs 1 train.train_iters=8 "${par[@]}"
 # 4. Activation offload must be refused with PP>1 (exit 2), fine-grained offload must train with PP>1.
