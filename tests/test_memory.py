@@ -89,6 +89,21 @@ def test_host_guard_and_link_budget(built):
     assert p.transfer_bytes_per_step == 8 * p.offloaded_params_per_rank
 
 
+def test_host_guard_keeps_a_margin_per_offloading_rank(built):
+    cfg = apply_overrides(built("qwen3_8b_pretrain_config"), EIGHT_B_ONE_GPU)
+    need = plan(cfg, 1, fraction=0.5).host_bytes_per_node / GIB
+    # 2 GiB to spare: enough for the plan, not for the 4 GiB per rank the H200 runs showed it needs
+    tight = plan(cfg, 1, fraction=0.5, host_memory_gib=need + 2)
+    assert tight.fits_host is False and tight.host_margin_gib == 4.0
+    problem = next(p for p in plan_problems(tight, None) if p[0] == "memory/host-fit")
+    assert "4 GiB margin per rank" in problem[3] and "--host-margin-gib" in problem[4]
+    assert plan(cfg, 1, fraction=0.5, host_memory_gib=need + 2, host_margin_gib=1.0).fits_host
+    eight = plan(cfg, 8, fraction=0.5, host_memory_gib=1000, gpus_per_node=8)
+    assert eight.fits_host == (eight.host_bytes_per_node / GIB + 8 * 4 <= 1000)
+    nothing_offloaded = plan(cfg, 1, fraction=0.0, host_memory_gib=plan(cfg, 1, fraction=0.0).host_bytes_per_node / GIB)
+    assert nothing_offloaded.fits_host and nothing_offloaded.host_margin_gib == 0.0
+
+
 def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):
     cfg = built("qwen3_1b_proxy_pretrain_config")
     one = plan(cfg, 1, fraction=1.0, host_memory_gbps=121.3)
