@@ -28,7 +28,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recipes.offload_floor import H200_HOST_MEMORY_GBPS, HOST_BYTES_PER_OFFLOADED_PARAM, offload_time_lower_bound
+from recipes.offload_floor import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS, HOST_BYTES_PER_OFFLOADED_PARAM,
+                                   offload_time_lower_bound)
 from recipes.offload_timing import traffic_of
 
 GIB = 1024**3
@@ -78,6 +79,7 @@ class Plan:
     offload_time_lower_bound_s: float  # per step: the link or the node's host memory, whichever is slower
     offload_time_bound_by: str
     host_memory_gbps: float
+    host_memory_total_gbps: float
     fits_gpu: bool
     fits_host: bool | None
     recommendation: str = ""
@@ -225,7 +227,8 @@ def _offloaded(shards: list[tuple[Tensor, int]], fraction: float) -> list[tuple[
 def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
          host_memory_gib: float | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
          host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None,
-         host_memory_gbps: float = H200_HOST_MEMORY_GBPS, host_margin_gib: float = DEFAULT_HOST_MARGIN_GIB) -> Plan:
+         host_memory_gbps: float = H200_HOST_MEMORY_GBPS, host_margin_gib: float = DEFAULT_HOST_MARGIN_GIB,
+         host_memory_total_gbps: float = H200_HOST_MEMORY_TOTAL_GBPS) -> Plan:
     """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's)."""
     m, opt = cfg.model, cfg.optimizer
     if fraction is None:
@@ -271,7 +274,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
     # The speed model of the offload floor (recipes/offload_floor.py): links per rank, host memory per node.
     bound = offload_time_lower_bound(traffic_of(off_params), host_link_gbps, host_link_gbps, host_memory_gbps,
-                                     ranks_per_node)
+                                     ranks_per_node, host_memory_total_gbps)
     lower_bound = max(bound["d2h_s"], bound["h2d_s"])  # both directions run at once
     fits_gpu = total + margin_gib * GIB <= gpu_memory_gib * GIB
     host_margin = host_margin_gib if pinned else 0.0  # the unplanned memory is pinned memory of offload
@@ -281,7 +284,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     result = Plan(num_gpus, fraction, gpu_memory_gib, host_memory_gib, margin_gib, host_margin, params, shard_params,
                   off_params, 2 * params, grad_bytes * params, worst["optimizer"], state, activations, total,
                   host_off, pinned, host_node, ranks_per_node, transfer, lower_bound, host_link_gbps,
-                  bound["lower_bound_s"], bound["bound_by"], host_memory_gbps, fits_gpu,
+                  bound["lower_bound_s"], bound["bound_by"], host_memory_gbps, host_memory_total_gbps, fits_gpu,
                   fits_host, stages=[{k: s[k] for k in shown} for s in stages])
     if not distributed and fraction > 0:
         result.notes.append("optimizer offload needs the distributed optimizer: the plan assumes it is on")
@@ -378,7 +381,8 @@ def format_plan(p: Plan) -> str:
                                f"at {p.host_link_gbps:g} GB/s"),
         ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} "
                                   f"({HOST_BYTES_PER_OFFLOADED_PARAM} B of CPU Adam per offloaded parameter x "
-                                  f"{p.ranks_per_node} rank(s) through {p.host_memory_gbps:g} GB/s of host memory; "
+                                  f"{p.ranks_per_node} rank(s) through the cores' {p.host_memory_gbps:g} GB/s of host "
+                                  f"memory, and with the copies through {p.host_memory_total_gbps:g} GB/s in all; "
                                   f"copies at {p.host_link_gbps:g} GB/s per link)"),
         ("recommendation", p.recommendation),
     ]
@@ -431,6 +435,10 @@ def add_plan_arguments(parser) -> None:
                        help=f"host memory bandwidth per node in GB/s that the cores reach, which the CPU Adam of all "
                             f"its ranks shares (default {H200_HOST_MEMORY_GBPS:g}, the project's 16-core H200 host; "
                             "scripts/measure_host.py measures yours)")
+    group.add_argument("--host-memory-total-gbps", type=float, default=H200_HOST_MEMORY_TOTAL_GBPS, metavar="B",
+                       help="host memory bandwidth per node in GB/s for all traffic, the copies' DMA with the cores' "
+                            f"work (default {H200_HOST_MEMORY_TOTAL_GBPS:g}, the best measured on the H200 host; "
+                            "scripts/measure_host.py measures yours as host_memory_total_gbps)")
     group.add_argument("--step-time-budget-s", type=float, metavar="S",
                        help="refuse when the offload work alone (copies and CPU Adam) needs longer than S seconds "
                             "per step")
@@ -444,7 +452,7 @@ def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
     if host is None and launching:
         host = host_memory_available_gib()
     return dict(gpu_memory_gib=gpu, host_memory_gib=host, margin_gib=args.margin_gib,
-                host_margin_gib=args.host_margin_gib,
+                host_margin_gib=args.host_margin_gib, host_memory_total_gbps=args.host_memory_total_gbps,
                 host_link_gbps=args.host_link_gbps, gpus_per_node=args.gpus_per_node,
                 host_memory_gbps=args.host_memory_gbps)
 

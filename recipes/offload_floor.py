@@ -8,14 +8,22 @@ the parameters back (H2D, 4 bytes). Pipelined (D2H/H2D overlap in chunks, recipe
 the three run at once, so at best the slowest of them sets the time, and the Adam those parameters
 no longer run on the GPU is saved:
 
-    floor_s = baseline_step_s - gpu_adam_s + max(d2h_s, h2d_s, host_memory_s)
-    host_memory_s = ranks on the node x Adam bytes / host memory bandwidth (all cores)
+    floor_s = baseline_step_s - gpu_adam_s + max(d2h_s, h2d_s, host_memory_s, host_memory_total_s)
 
-The copies are DMA on the PCIe links and do not take from the cores' host memory bandwidth: on the
-H200 host the chunked-overlap step moved Adam's 28 bytes and the copies' 8 per parameter through host
-memory at 140 GB/s, above the 121 GB/s the 16 cores reach alone (docs/benchmarks/offload-overhead/
-dense-1b-chunked/), and matched this floor. (The first version of this model also charged the copies
-to the cores' bandwidth, 36 bytes per parameter; that run beat it, so it was no floor.)
+The CPU Adam is bound by the bandwidth the cores reach; the copies are DMA and add to host memory's
+total traffic, which the memory itself bounds:
+
+    host_memory_s       = ranks on the node x Adam bytes / host memory bandwidth of the cores
+    host_memory_total_s = ranks on the node x (Adam + D2H + H2D bytes) / total host memory bandwidth
+
+Both measured on the H200 host (scripts/measure_host.py, docs/benchmarks/offload-overhead/host-concurrent/):
+the cores' in-place add reaches 95-125 GB/s alone and 68-94 GB/s while pinned copies stream both ways,
+so the copies do take from it, but all of it together moved 153-184 GB/s: enough for Adam's 28 bytes
+plus the copies' 8 per parameter at the cores' rate, so on that host the cores' term binds. The
+chunked-overlap step moved 36 bytes per parameter through host memory at 140 GB/s and met this floor
+(docs/benchmarks/offload-overhead/dense-1b-chunked/). (The first version charged all 36 bytes to the
+cores' 121 GB/s; that run beat it, so it was no floor.) On a host whose cores saturate its memory,
+the total term binds instead.
 
 ``adam_floor_s`` prices the Adam part with the Adam this host actually runs (torch's fused CPU
 AdamW, as HybridDeviceOptimizer uses) instead of raw bandwidth: the floor for this implementation.
@@ -116,6 +124,63 @@ def copy_gbps(size_mib: int = 1024, repeats: int = 5) -> dict[str, float]:
     }
 
 
+def copies_beside_cpu_work(size_mib: int = 1024, copies: int = 24, cpu_passes: int = 16) -> dict[str, Any]:
+    """Do pinned D2H/H2D copies take from the host memory bandwidth the cores reach? Times the in-place
+    add of ``host_memory_gbps`` (all threads) alone and while both copy directions stream, and the copies
+    alone and beside it, GB/s. The floor model assumes they do not (module docstring). The copies are
+    sized to last about as long as the adds (~0.45 s each on the H200); ``copies_outlasted_cpu_work``
+    says whether both directions were still running when the adds ended."""
+    import torch
+
+    n = size_mib * 2**20 // 4
+    nbytes = 4 * n
+    a, b = torch.zeros(n), torch.ones(n)
+    pinned_down, pinned_up = torch.empty(n, pin_memory=True), torch.empty(n, pin_memory=True)
+    device_down, device_up = torch.empty(n, device="cuda"), torch.empty(n, device="cuda")
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def cpu_work() -> float:
+        started = time.perf_counter()
+        for _ in range(cpu_passes):
+            a.add_(b)
+        return time.perf_counter() - started
+
+    def start_copies() -> list:
+        """Queue ``copies`` copies each way on two streams; (start, end) events per direction."""
+        events = []
+        for stream, copy in ((streams[0], lambda: pinned_down.copy_(device_down, non_blocking=True)),
+                             (streams[1], lambda: device_up.copy_(pinned_up, non_blocking=True))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                start.record()
+                for _ in range(copies):
+                    copy()
+                end.record()
+            events.append((start, end))
+        return events
+
+    def copy_seconds(events) -> list[float]:
+        for _, end in events:
+            end.synchronize()
+        return [start.elapsed_time(end) / 1000.0 for start, end in events]
+
+    cpu_work()  # warm-up: first touch, thread pool
+    copy_seconds(start_copies())
+    cpu_alone_s = cpu_work()
+    d2h_alone_s, h2d_alone_s = copy_seconds(start_copies())
+    events = start_copies()  # the copy engines stream while the cores add
+    cpu_beside_s = cpu_work()
+    outlasted = all(not end.query() for _, end in events)
+    d2h_beside_s, h2d_beside_s = copy_seconds(events)
+    cpu_bytes, copy_bytes = 3 * nbytes * cpu_passes, nbytes * copies
+    return {"host_memory_gbps_alone": cpu_bytes / cpu_alone_s / GB,
+            "host_memory_gbps_beside_copies": cpu_bytes / cpu_beside_s / GB,
+            "d2h_gbps_alone": copy_bytes / d2h_alone_s / GB, "d2h_gbps_beside_cpu": copy_bytes / d2h_beside_s / GB,
+            "h2d_gbps_alone": copy_bytes / h2d_alone_s / GB, "h2d_gbps_beside_cpu": copy_bytes / h2d_beside_s / GB,
+            "cpu_work_s": cpu_beside_s, "copies_s": max(d2h_beside_s, h2d_beside_s),
+            "copies_outlasted_cpu_work": outlasted}
+
+
 def measure_host(thread_counts: list[int] | None = None, size_mib: int = 1024) -> dict[str, Any]:
     """Everything the floor needs, measured on this host (copies only where a GPU is present)."""
     import torch
@@ -130,6 +195,10 @@ def measure_host(thread_counts: list[int] | None = None, size_mib: int = 1024) -
     if torch.cuda.is_available():
         result.update({k: round(v, 2) for k, v in copy_gbps(size_mib).items()})
         result["gpu"] = torch.cuda.get_device_name()
+        beside = copies_beside_cpu_work(size_mib)
+        result["copies_beside_cpu_work"] = {k: v if isinstance(v, bool) else round(v, 3) for k, v in beside.items()}
+        result["host_memory_total_gbps"] = round(beside["host_memory_gbps_beside_copies"] + beside["d2h_gbps_beside_cpu"]
+                                                 + beside["h2d_gbps_beside_cpu"], 2)
     return result
 
 
@@ -139,28 +208,37 @@ def best(measured: dict[str, float]) -> float:
 
 
 # Bytes per offloaded parameter that pass through the cores' host memory bandwidth each step: Adam's.
-# The D2H/H2D copies are DMA and are priced on their links (module docstring).
 HOST_BYTES_PER_OFFLOADED_PARAM = ADAM_TOUCHED_BYTES_PER_FP32_PARAM
+# Total host memory traffic the H200 host served with the cores adding and both copy directions
+# streaming: the best of 4 measurements (153-184 GB/s; docs/benchmarks/offload-overhead/host-concurrent/).
+H200_HOST_MEMORY_TOTAL_GBPS = 183.6
+BOUND_NAMES = {"d2h_s": "the D2H link", "h2d_s": "the H2D link", "host_memory_s": "host memory",
+               "host_memory_total_s": "host memory with the copies"}
 
 
 def offload_time_lower_bound(traffic: dict[str, int], d2h_gbps: float, h2d_gbps: float, host_memory_gbps: float,
-                             ranks_per_node: int = 1) -> dict[str, Any]:
+                             ranks_per_node: int = 1, host_memory_total_gbps: float | None = None) -> dict[str, Any]:
     """The least time one step's offload work takes, pipelined: each rank's copies run on its own link,
-    while the cores of a node serve the CPU Adam of all its ranks from host memory at once."""
+    the cores of a node serve the CPU Adam of all its ranks, and host memory serves all of it at once
+    (without ``host_memory_total_gbps``, measured, that last term is left out)."""
+    copies = traffic["d2h_bytes"] + traffic["h2d_bytes"]
     parts = {
         "d2h_s": traffic["d2h_bytes"] / (d2h_gbps * GB),
         "h2d_s": traffic["h2d_bytes"] / (h2d_gbps * GB),
         "host_memory_s": ranks_per_node * traffic["cpu_optimizer_bytes"] / (host_memory_gbps * GB),
     }
+    if host_memory_total_gbps:
+        parts["host_memory_total_s"] = ranks_per_node * (traffic["cpu_optimizer_bytes"] + copies) / (
+            host_memory_total_gbps * GB)
     bound_by = max(parts, key=parts.get)
-    return {**parts, "lower_bound_s": parts[bound_by],
-            "bound_by": {"d2h_s": "the D2H link", "h2d_s": "the H2D link", "host_memory_s": "host memory"}[bound_by]}
+    return {**parts, "lower_bound_s": parts[bound_by], "bound_by": BOUND_NAMES[bound_by]}
 
 
 def floor(traffic: dict[str, int], baseline_step_s: float, host: dict[str, Any]) -> dict[str, float]:
     """The floor of one offloaded step on one rank (module docstring), and its parts, in seconds."""
     cpu_bytes = traffic["cpu_optimizer_bytes"]
-    bound = offload_time_lower_bound(traffic, host["d2h_gbps"], host["h2d_gbps"], best(host["host_memory_gbps"]))
+    bound = offload_time_lower_bound(traffic, host["d2h_gbps"], host["h2d_gbps"], best(host["host_memory_gbps"]),
+                                     host_memory_total_gbps=host.get("host_memory_total_gbps"))
     cpu_adam_measured_s = cpu_bytes / (best(host["cpu_adam_gbps"]) * GB)
     gpu_adam_s = cpu_bytes / (host["device_memory_gbps"] * GB)
     floor_s = baseline_step_s - gpu_adam_s + bound["lower_bound_s"]
@@ -169,5 +247,6 @@ def floor(traffic: dict[str, int], baseline_step_s: float, host: dict[str, Any])
         "floor_slowdown": floor_s / baseline_step_s,
         "adam_floor_s": baseline_step_s - gpu_adam_s + max(bound["d2h_s"], bound["h2d_s"], cpu_adam_measured_s),
         "d2h_s": bound["d2h_s"], "h2d_s": bound["h2d_s"], "host_memory_s": bound["host_memory_s"],
+        "host_memory_total_s": bound.get("host_memory_total_s"),
         "cpu_adam_measured_s": cpu_adam_measured_s, "gpu_adam_saved_s": gpu_adam_s,
     }

@@ -115,8 +115,12 @@ def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(bu
     eight = plan(cfg, 8, fraction=1.0, host_memory_gbps=121.3, gpus_per_node=8)
     per_rank = eight.offloaded_params_per_rank
     assert eight.offload_time_lower_bound_s == pytest.approx(8 * 28 * per_rank / 121.3e9)
+    # the copies count against the total host memory bandwidth: a small total binds
+    crowded = plan(cfg, 1, fraction=1.0, host_memory_gbps=121.3, host_memory_total_gbps=100.0)
+    assert crowded.offload_time_bound_by == "host memory with the copies"
+    assert crowded.offload_time_lower_bound_s == pytest.approx(36 * n / 100e9)
     # a fast host memory leaves the link as the bound
-    fast = plan(cfg, 1, fraction=1.0, host_memory_gbps=10_000)
+    fast = plan(cfg, 1, fraction=1.0, host_memory_gbps=10_000, host_memory_total_gbps=10_000)
     assert fast.offload_time_bound_by in ("the D2H link", "the H2D link")
     assert fast.offload_time_lower_bound_s == pytest.approx(fast.transfer_time_lower_bound_s)
 

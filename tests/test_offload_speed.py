@@ -85,6 +85,10 @@ def test_floor_prices_the_slowest_part_at_the_best_measured_rate():
     assert limits["floor_s"] == pytest.approx(0.5 - 0.01 + 0.28)
     assert limits["adam_floor_s"] == pytest.approx(0.5 - 0.01 + 0.4)  # 28 GB at the measured 70 GB/s
     assert limits["floor_slowdown"] == pytest.approx(0.77 / 0.5)
+    assert limits["host_memory_total_s"] is None  # not measured in HOST: that term is left out
+    # measured: all 36 GB through host memory at 100 GB/s binds over the cores' 28 GB at 100 GB/s
+    total = floor(TRAFFIC, 0.5, {**HOST, "host_memory_total_gbps": 100.0})
+    assert total["host_memory_total_s"] == pytest.approx(0.36) and total["floor_s"] == pytest.approx(0.5 - 0.01 + 0.36)
     copy_bound = floor({**TRAFFIC, "cpu_optimizer_bytes": 10**9}, 0.5, HOST)
     assert copy_bound["floor_s"] == pytest.approx(0.5 - 10**9 / 2.8e12 + 0.1)  # then H2D bounds it
 
