@@ -127,7 +127,7 @@ def copy_gbps(size_mib: int = 1024, repeats: int = 5) -> dict[str, float]:
 def copies_beside_cpu_work(size_mib: int = 1024, copies: int = 24, cpu_passes: int = 16) -> dict[str, Any]:
     """Do pinned D2H/H2D copies take from the host memory bandwidth the cores reach? Times the in-place
     add of ``host_memory_gbps`` (all threads) alone and while both copy directions stream, and the copies
-    alone and beside it, GB/s. The floor model assumes they do not (module docstring). The copies are
+    alone and beside it, GB/s: what the floor's two host memory terms rest on (module docstring). The copies are
     sized to last about as long as the adds (~0.45 s each on the H200); ``copies_outlasted_cpu_work``
     says whether both directions were still running when the adds ended."""
     import torch
