@@ -28,7 +28,7 @@ from recipes import registry  # noqa: E402
 from recipes.memory import AUTO_OVERRIDE as AUTO  # noqa: E402
 from recipes.memory import add_plan_arguments  # noqa: E402
 from recipes.notices import quiet_import_notices  # noqa: E402
-from recipes.offload_tuning import TUNINGS  # noqa: E402
+from recipes.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS, chunks_line, tune_offload  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -75,13 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "launcher (leave torchrun's setting; the default with --offload-tuning stock), or N")
     parser.add_argument("--offload-tuning", choices=TUNINGS, default="tuned",
                         help="tuned (default): for optimizer offload, CPU threads per rank, D2H/H2D overlap on in "
-                             "8 chunks (measured fastest), pinned host buffers, except keys you set; stock: the config "
+                             f"{TUNED_OVERLAP_CHUNKS} chunks (measured fastest), pinned host buffers, except keys you "
+                             "set; stock: the config "
                              "as the "
                              "recipe and your overrides made it, threads as the launcher set them (the library's "
                              "behaviour)")
     parser.add_argument("--overlap-chunks", type=_at_least_one("chunk"), metavar="K",
                         help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
-                             "size instead of one CPU optimizer per tensor (default when tuned: 8; with --offload-tuning "
+                             f"size instead of one CPU optimizer per tensor (default when tuned: {TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
                              "stock: the library's per tensor; recipes/offload_pipelining.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
@@ -175,8 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     except OverrideErrors as errors:
         print(errors.format(), file=sys.stderr)
         return EXIT_INVALID
-    from recipes.offload_tuning import chunks_line, tune_offload
-
     overlap_chunks = args.overlap_chunks
     tuning_lines = [chunks_line(overlap_chunks, "--overlap-chunks")] if overlap_chunks else []
     if args.offload_tuning == "tuned":
