@@ -54,6 +54,15 @@ for phase in "$@"; do
         --recipe qwen3_1b_proxy_optimizer_offload_config --out "$runs/smoke-torchrun" model.num_layers=4 train.train_iters=6 ;;
     host)
       $py scripts/measure_host.py --json "$runs/host/host.json" ;;
+    host-concurrent)
+      # Third session (docs/benchmarks/offload-overhead/host-concurrent/): the host figures with the copies
+      # beside the cores' work, then three more samples of that part alone.
+      mkdir -p "$runs/host-concurrent"
+      $py scripts/measure_host.py --json "$runs/host-concurrent/host.json"
+      $py -c "import sys, json; sys.path.insert(0, '.')
+from recipes.offload_floor import copies_beside_cpu_work
+for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 2)) for k, v in copies_beside_cpu_work().items()}))" \
+        > "$runs/host-concurrent/copies-beside-cpu-work.jsonl" ;;
     bench-dense)
       # Second session: stock (all cores, 1 thread), overlap on, and the tuning of the time (= stock all
       # cores) at 0.25/0.5/0.75/1 on the ~1.1B dense proxy; floor from phase host. Ran with
