@@ -1,7 +1,9 @@
 """Per-step metrics of a training run and its summary.
 
 Every rank writes ``metrics.rank<R>.jsonl`` (one JSON object per step: step time, loss where the
-rank has it, GPU memory allocated/reserved current and peak, host RSS, pinned host memory). Rank 0
+rank has it, GPU memory allocated/reserved current and peak, host RSS, pinned host memory, and the
+host peaks that happen inside a step: the RSS high-water mark and the node's peak used memory, see
+``recipes/host_memory_peak.py``). Rank 0
 then writes ``summary.json``: median steady-state step time (warm-up excluded), peak memory over
 all ranks, final loss. ``format_summary`` renders it as the table users read in the terminal.
 """
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recipes.host_memory_peak import rss_high_water_bytes
 from recipes.offload_timing import BREAKDOWN_FIELDS
 
 GIB = 1024**3
@@ -56,10 +59,14 @@ def _loss_value(loss_dict: dict | None) -> float | None:
     return float(value)
 
 
-def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: float | None) -> dict[str, Any]:
+def _gib_or_none(n: int | None) -> float | None:
+    return None if n is None else n / GIB
+
+
+def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: float | None,
+                node_used_peak_bytes: int | None = None) -> dict[str, Any]:
     import torch
 
-    pinned = pinned_host_bytes()
     return {
         "step": step,
         "step_time_s": round(step_time_s, 6),
@@ -70,7 +77,9 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
         "host_rss_gib": host_rss_bytes() / GIB,
-        "pinned_host_gib": None if pinned is None else pinned / GIB,
+        "pinned_host_gib": _gib_or_none(pinned_host_bytes()),
+        "host_rss_high_water_gib": _gib_or_none(rss_high_water_bytes()),
+        "node_host_used_peak_gib": _gib_or_none(node_used_peak_bytes),
     }
 
 
@@ -79,8 +88,12 @@ def make_callback(out_dir: Path, rank: int):
     import torch
     from megatron.bridge.training.callbacks import Callback
 
+    from recipes.host_memory_peak import NodeUsedPeak
+
     class StepMetrics(Callback):
         def __init__(self) -> None:
+            # from before the model and optimizer are built: their pinning counts towards the node's peak
+            self.node_used = NodeUsedPeak().start()
             out_dir.mkdir(parents=True, exist_ok=True)
             self.path = out_dir / f"metrics.rank{rank}.jsonl"
             self.file = self.path.open("w")
@@ -107,7 +120,8 @@ def make_callback(out_dir: Path, rank: int):
             torch.cuda.synchronize()
             elapsed = time.perf_counter() - self.started
             self.step += 1
-            record = step_record(self.step, elapsed, _loss_value(context.loss_dict), context.grad_norm)
+            record = step_record(self.step, elapsed, _loss_value(context.loss_dict), context.grad_norm,
+                                 self.node_used.peak_bytes())
             record["skipped"] = bool(context.skipped_iter)
             if self.offload_timer is not None:
                 record.update(self.offload_timer.collect() or {})
@@ -117,6 +131,7 @@ def make_callback(out_dir: Path, rank: int):
             self.file.flush()
 
         def on_train_end(self, context) -> None:
+            self.node_used.stop()
             self.file.close()
 
     return StepMetrics()
@@ -181,6 +196,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "peak_reserved_gib": peak("peak_reserved_gib"),
         "peak_host_rss_gib": peak("host_rss_gib"),
         "peak_pinned_host_gib": peak("pinned_host_gib"),
+        "peak_host_rss_high_water_gib": peak("host_rss_high_water_gib"),
+        "peak_node_host_used_gib": peak("node_host_used_peak_gib"),
         "final_loss": next((x for x in reversed(losses) if x is not None), None),
         "losses": losses,
         "ranks": len(ranks),
@@ -216,10 +233,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("median step time", "n/a" if step is None else f"{step:.3f} s"),
         ("peak GPU allocated", _gib(summary["peak_allocated_gib"])),
         ("peak GPU reserved", _gib(summary["peak_reserved_gib"])),
-        ("peak host RSS", _gib(summary["peak_host_rss_gib"])),
+        ("peak host RSS at step ends", _gib(summary["peak_host_rss_gib"])),
         ("peak pinned host", _gib(summary["peak_pinned_host_gib"])),
         ("final loss", "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"),
     ]
+    # inside-step host peaks (recipes/host_memory_peak.py); summaries written before they existed lack them
+    rows[6:6] = [(label, _gib(summary[key])) for key, label in (
+        ("peak_host_rss_high_water_gib", "peak host RSS inside steps"),
+        ("peak_node_host_used_gib", "peak host used on the node")) if summary.get(key) is not None]
     breakdown = summary.get("offload_breakdown")
     if breakdown:
         rows += [(f"  {label}", f"{breakdown[key]:.3f} s") for key, label in BREAKDOWN_LABELS if key in breakdown]

@@ -188,6 +188,10 @@ def _f(value, digits: int = 3, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
 def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -> str:
     spread = parity.get("baseline_step_time_spread")
     runs = parity["baseline_runs"]
@@ -197,8 +201,8 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
     lines = [f"### {title}", "",
              f"Baseline (no offload): {_f(parity.get('baseline_step_time_s'))} s per step ({how}).", "",
              "| fraction | config | threads | overlap | step (s) | slowdown | floor (s) | floor slowdown | "
-             "over floor (s) | D2H (s) | CPU Adam (s) | H2D (s) | offloaded step (s) | max abs loss delta | ok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "over floor (s) | D2H (s) | CPU Adam (s) | H2D (s) | offloaded step (s) | max abs loss delta | parity | ok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r.get("breakdown") or {}
         lines.append(
@@ -208,7 +212,7 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
             f"{_f(r['slowdown_vs_baseline'], 2, 'x')} | {_f(r.get('floor_s'))} | {_f(r.get('floor_slowdown'), 2, 'x')} | "
             f"{_f(r.get('over_floor_s'))} | {_f(b.get('d2h_s'))} | {_f(b.get('cpu_optimizer_s'))} | "
             f"{_f(b.get('h2d_s'))} | {_f(b.get('optimizer_step_s'))} | {_f(r.get('max_abs_loss_delta'), 4)} | "
-            f"{'yes' if r['ok'] else 'no: ' + str(r.get('reason', ''))[:100]} |")
+            f"{_yes_no(r.get('loss_parity_noise_floor'))} | {'yes' if r['ok'] else 'no: ' + str(r.get('reason', ''))[:100]} |")
     noise = parity["noise_floor_max_abs_delta"]
     lines += ["", f"Loss parity tolerance: max(seed's {SEED_PARITY}, noise floor "
                   f"{'not measured' if noise is None else f'{noise:.4f}'}) = {parity['tolerance_used']:.4f}."]

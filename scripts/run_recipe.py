@@ -13,6 +13,7 @@ Exit codes: 0 success (or a valid dry run), 2 invalid arguments, overrides or co
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -130,6 +131,13 @@ def _auto_fraction(cfg, num_gpus: int, plan_options: dict) -> float | None:
     return fraction
 
 
+def _record_refusal(out_dir: Path, errors) -> None:
+    reason = "refused before launch: " + "; ".join(
+        f"[{p.rule_id or p.source}] {p.key} = {p.value}: {p.rule}" for p in errors)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "failure.json").write_text(json.dumps({"reason": reason}, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -211,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report.format())
     print(f"(built and validated in {time.monotonic() - started:.1f} s)", file=sys.stderr)
     if not report.ok:
+        if args.out and not args.dry_run:
+            # a refused launch is a finished run for whoever launched it into --out (sweep_offload.py's
+            # rows, --resume): say why there, in the report's words
+            _record_refusal(args.out, report.errors)
         return EXIT_INVALID
     if args.dry_run:
         return EXIT_OK

@@ -105,6 +105,9 @@ def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], e
     else:
         tail = (out_dir / "log.txt").read_text().strip().splitlines()[-1:] or [""]
         result["reason"] = f"exit code {code}: {tail[0][:200]}"
+    # run_recipe.py records the failures it sees; a killed or timed-out run cannot, so record it here:
+    # --resume then keeps it like any other finished run instead of launching it again
+    (out_dir / "failure.json").write_text(json.dumps({"reason": result["reason"]}, indent=2) + "\n")
     return result
 
 
@@ -147,6 +150,8 @@ def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], 
                 max_abs_loss_delta=delta,
                 peak_host_rss_gib=summary["peak_host_rss_gib"],
                 peak_pinned_host_gib=summary["peak_pinned_host_gib"],
+                # inside-step peaks, where the host runs out (recipes/host_memory_peak.py); older runs lack them
+                peak_node_host_used_gib=summary.get("peak_node_host_used_gib"),
                 loss_parity_seed=None if delta is None else delta < SEED_PARITY,
                 loss_parity_noise_floor=None if delta is None else delta <= tolerance,
             )
@@ -232,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
     parser.add_argument("--resume", action="store_true",
                         help="keep runs that already finished in DIR (summary.json, or failure.json for a "
-                             "failed run): an interrupted sweep goes on where it stopped")
+                             "failed run, killed and timed-out runs included): an interrupted sweep goes on where "
+                             "it stopped; delete a run's folder to run it again")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
 

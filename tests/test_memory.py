@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from overrides import apply_overrides
-from recipes.memory import GIB, plan, plan_problems, smallest_fitting_fraction, what_would_fit
+from recipes.memory import (FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM, GIB, plan, plan_problems,
+                            smallest_fitting_fraction, what_would_fit)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -40,7 +41,8 @@ def test_plan_within_10_percent_of_h200_peaks(sweep):
 def test_committed_accuracy_table_is_current():
     dirs = [ROOT / "docs" / "benchmarks" / d
             for d in ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b")]
-    assert plan_offload.compare_markdown(dirs) in (ROOT / "docs" / "benchmarks" / "planner-accuracy.md").read_text()
+    committed = (ROOT / "docs" / "benchmarks" / "planner-accuracy.md").read_text()
+    assert plan_offload.compare_markdown(dirs) in committed and plan_offload.compare_host_markdown(dirs) in committed
 
 
 def test_greedy_split_overshoots_like_hybrid_device_optimizer(built):
@@ -91,17 +93,52 @@ def test_host_guard_and_link_budget(built):
 
 def test_host_guard_keeps_a_margin_per_offloading_rank(built):
     cfg = apply_overrides(built("qwen3_8b_pretrain_config"), EIGHT_B_ONE_GPU)
-    need = plan(cfg, 1, fraction=0.5).host_bytes_per_node / GIB
+    need = plan(cfg, 1, fraction=0.5).host_peak_bytes_per_node / GIB
     # 2 GiB to spare: enough for the plan, not for the 4 GiB per rank the H200 runs showed it needs
     tight = plan(cfg, 1, fraction=0.5, host_memory_gib=need + 2)
     assert tight.fits_host is False and tight.host_margin_gib == 4.0
     problem = next(p for p in plan_problems(tight, None) if p[0] == "memory/host-fit")
     assert "4 GiB margin per rank" in problem[3] and "--host-margin-gib" in problem[4]
+    assert f"{need + 2:.1f} GiB given (--host-memory-gib)" in problem[3]
     assert plan(cfg, 1, fraction=0.5, host_memory_gib=need + 2, host_margin_gib=1.0).fits_host
     eight = plan(cfg, 8, fraction=0.5, host_memory_gib=1000, gpus_per_node=8)
-    assert eight.fits_host == (eight.host_bytes_per_node / GIB + 8 * 4 <= 1000)
+    assert eight.fits_host == (eight.host_peak_bytes_per_node / GIB + 8 * 4 <= 1000)
     nothing_offloaded = plan(cfg, 1, fraction=0.0, host_memory_gib=plan(cfg, 1, fraction=0.0).host_bytes_per_node / GIB)
     assert nothing_offloaded.fits_host and nothing_offloaded.host_margin_gib == 0.0
+
+
+def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(built):
+    # docs/benchmarks/host-peak/: on the H200 (124.4 GiB available) the 7-layer MoE proxy at fraction 1
+    # trained, its node peaking at 114.6 GiB in the first optimizer step; the 8-layer one was killed there
+    moe = built("qwen3_30b_a3b_proxy_pretrain_config")
+
+    def at(layers: int):
+        cfg = apply_overrides(moe, [f"model.num_layers={layers}"])
+        return plan(cfg, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=124.4)
+
+    seven, eight = at(7), at(8)
+    assert seven.fits_host and abs(seven.host_peak_bytes_per_node / GIB - 114.6) < 1.0
+    assert not eight.fits_host
+    # the plan between steps alone (the earlier guard) let the 8-layer run start
+    assert eight.host_bytes_per_node / GIB + 4 <= 124.4
+    assert (seven.host_peak_bytes_per_node - seven.host_bytes_per_node
+            == int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * seven.offloaded_params_per_rank))
+
+
+def test_a_refused_launch_records_why_in_its_out_dir(tmp_path, capsys):
+    import run_recipe
+    import sweep_offload
+
+    code = run_recipe.main(["--recipe", "qwen3_30b_a3b_proxy_pretrain_config", "--out", str(tmp_path),
+                            "--host-memory-gib", "124.4", "--gpu-memory-gib", "139.8", "model.num_layers=8",
+                            "optimizer.optimizer_cpu_offload=True", "optimizer.optimizer_offload_fraction=1",
+                            "optimizer.overlap_cpu_optimizer_d2h_h2d=False"])
+    assert code == 2 and "[memory/host-fit]" in capsys.readouterr().out
+    reason = json.loads((tmp_path / "failure.json").read_text())["reason"]
+    assert reason.startswith("refused before launch: [memory/host-fit] optimizer.optimizer_offload_fraction = 1 (")
+    assert "124.4 GiB given (--host-memory-gib)" in reason
+    # a sweep's row for this fraction says so, and --resume keeps it
+    assert sweep_offload.recorded(tmp_path, succeeded=False) == {"reason": reason}
 
 
 def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):

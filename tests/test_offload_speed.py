@@ -284,7 +284,8 @@ def test_overlap_chunks_needs_the_overlap_on(capsys):
     assert exit_info.value.code == 2
 
 
-@pytest.mark.parametrize("folder", ["dense-1b", "dense-1b-chunked", "moe-proxy"])
+@pytest.mark.parametrize("folder", ["dense-1b", "dense-1b-chunked", "moe-proxy", "dense-1b-tuned",
+                                    "moe-proxy-tuned"])
 def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(folder, tmp_path):
     """The committed tables are reassembled from the H200 run folders (--resume, nothing runs): a change
     to the floor model or the rows must show in them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -76,12 +77,19 @@ def test_metrics_summary_from_rank_files(tmp_path):
             for i, (t, loss) in enumerate(zip(times, losses)):
                 f.write(json.dumps({"step": i + 1, "step_time_s": t, "loss": loss, "peak_allocated_gib": peak,
                                     "peak_reserved_gib": peak + 1, "host_rss_gib": 5.0,
-                                    "pinned_host_gib": 1.0}) + "\n")
+                                    "pinned_host_gib": 1.0, "host_rss_high_water_gib": 6.0 + rank + i,
+                                    "node_host_used_peak_gib": 20.0 + i}) + "\n")
     summary = summarize(tmp_path)
     assert summary["warmup_steps_excluded"] == 2
     assert summary["step_time_s"] == 0.5  # median of the per-step max over ranks: 0.5, 0.5, 0.7, 0.5
     assert summary["peak_allocated_gib"] == 32.0 and summary["final_loss"] == 4.5
-    assert "median step time    0.500 s" in format_summary(summary)
+    assert summary["peak_host_rss_high_water_gib"] == 12.0 and summary["peak_node_host_used_gib"] == 25.0
+    table = format_summary(summary)
+    assert re.search(r"median step time +0\.500 s", table)
+    assert re.search(r"peak host used on the node +25\.00 GiB", table)
+    # summaries written before the inside-step peaks existed show no row for them
+    older = {k: v for k, v in summary.items() if k not in ("peak_host_rss_high_water_gib", "peak_node_host_used_gib")}
+    assert "inside steps" not in format_summary(older) and "on the node" not in format_summary(older)
 
 
 def test_prebuilt_dataset_helper_skips_make():
@@ -127,3 +135,13 @@ def test_recorded_results_and_no_stale_reuse(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"step_time_s": 1.0}))
     assert sweep_offload.recorded(tmp_path) == {"summary": {"step_time_s": 1.0}}
     assert sweep_offload.recorded(tmp_path, succeeded=False) == {"reason": "CUDA out of memory"}
+
+
+def test_a_killed_run_is_recorded_so_resume_keeps_it(tmp_path, monkeypatch):
+    # a child that the kernel's OOM killer would end the same way: SIGKILL, no chance to write anything
+    child = tmp_path / "killed.py"
+    child.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    monkeypatch.setattr(sweep_offload, "RUN_RECIPE", child)
+    result = sweep_offload.run_one("any_recipe", 1.0, tmp_path / "fraction-1", [], [], None)
+    assert result["reason"] == "killed by signal 9 (SIGKILL: host memory exhausted?)"
+    assert sweep_offload.recorded(tmp_path / "fraction-1") == {"reason": result["reason"]}

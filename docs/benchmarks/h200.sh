@@ -63,6 +63,20 @@ for phase in "$@"; do
 from recipes.offload_floor import copies_beside_cpu_work
 for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 2)) for k, v in copies_beside_cpu_work().items()}))" \
         > "$runs/host-concurrent/copies-beside-cpu-work.jsonl" ;;
+    host-peak)
+      # Fourth session (docs/benchmarks/host-peak/): the node's memory, sampled once a second, while the MoE
+      # proxy trains at fraction 1 with 8 layers (killed by the host then; the guard now refuses it before
+      # launch, exit 2) and 7 layers (trains). The session ran these as two calls (the README has them).
+      mkdir -p "$runs/host-peak"
+      for n in 8 7; do
+        (while true; do echo "$(date +%s) $(awk '/MemAvailable|Shmem:|Cached:/{printf "%s%s ", $1, $2}' /proc/meminfo) rss=$(ps -C python3 -o rss= | awk '{s+=$1} END {print s}')"; sleep 1; done) > "$runs/host-peak/mem$n.txt" &
+        sampler=$!
+        timeout -s INT 250 $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/host-peak/trace$n" \
+          model.num_layers=$n train.train_iters=3 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
+          optimizer.overlap_cpu_optimizer_d2h_h2d=False > "$runs/host-peak/trace$n.log" 2>&1
+        echo "layers $n: exit $?"; kill $sampler
+        sleep 20  # a killed run's pinned memory takes seconds to come back; the next launch checks what is free
+      done ;;
     bench-dense)
       # Second session: stock (all cores, 1 thread), overlap on, and the tuning of the time (= stock all
       # cores) at 0.25/0.5/0.75/1 on the ~1.1B dense proxy; floor from phase host. Ran with
