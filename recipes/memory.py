@@ -254,9 +254,10 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     dp_cp = max(1, num_gpus // (tp * pp))  # dense optimizer-state shards (DP x CP)
     expert_dp = max(1, num_gpus // (pp * ep * etp))
     grad_bytes = 4 if getattr(cfg.ddp, "grad_reduce_in_fp32", True) else 2
-    main_bytes = _dtype_bytes(opt.main_params_dtype) if opt.use_precision_aware_optimizer else 4
-    moment_bytes = (_dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype)
-                    if opt.use_precision_aware_optimizer else 8)
+    # HybridDeviceOptimizer ignores the precision-aware dtypes (rule optimizer-offload/precision-aware-ignored)
+    precision_aware = opt.use_precision_aware_optimizer and not (opt.optimizer_cpu_offload or fraction > 0)
+    main_bytes = _dtype_bytes(opt.main_params_dtype) if precision_aware else 4
+    moment_bytes = _dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
 
     stages = []
     for stage in range(pp):

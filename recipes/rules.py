@@ -139,6 +139,17 @@ def _opt_offload(ctx: Context) -> bool:
     return bool(ctx.opt.optimizer_cpu_offload)
 
 
+PRECISION_AWARE_DTYPES = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _lower_precision_states(ctx: Context) -> bool:
+    return any(_dtype_name(getattr(ctx.opt, name)) not in ("float32", "fp32") for name in PRECISION_AWARE_DTYPES)
+
+
 def _act_offload(ctx: Context) -> bool:
     return bool(ctx.model.cpu_offloading)
 
@@ -265,6 +276,16 @@ RULES: tuple[Rule, ...] = (
          "D2H/H2D overlap has no effect while optimizer_cpu_offload is False",
          lambda c: not _opt_offload(c) and bool(c.opt.overlap_cpu_optimizer_d2h_h2d), lambda c: False,
          _fix("optimizer.optimizer_cpu_offload=True  (or optimizer.overlap_cpu_optimizer_d2h_h2d=False)"),
+         severity="warning"),
+    Rule("optimizer-offload/precision-aware-ignored", OPTIMIZER, "optimizer.use_precision_aware_optimizer",
+         "with optimizer offload, lower-precision Adam states and master parameters are not used: Megatron Core "
+         "builds HybridDeviceOptimizer without exp_avg_dtype / exp_avg_sq_dtype / main_params_dtype (torch AdamW "
+         "on the CPU, fused Adam on the GPU, fp32 updates), so they save no memory; the planner counts fp32",
+         lambda c: _opt_offload(c) and bool(c.opt.use_precision_aware_optimizer),
+         lambda c: not _lower_precision_states(c),
+         _fix("optimizer.exp_avg_dtype=float32 optimizer.exp_avg_sq_dtype=float32 optimizer.main_params_dtype=float32  "
+              "(or optimizer.optimizer_cpu_offload=False to keep the lower-precision states on the GPU)"),
+         observed=lambda c: ", ".join(f"{name}={_dtype_name(getattr(c.opt, name))}" for name in PRECISION_AWARE_DTYPES),
          severity="warning"),
     # ---------------------------------------------------------------- activation offload (layer-level)
     Rule("activation-offload/num-layers-range", ACTIVATION, "model.cpu_offloading_num_layers",

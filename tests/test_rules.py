@@ -7,6 +7,7 @@ Each case starts from a real recipe, sets a few keys, and checks the rule table 
 from __future__ import annotations
 
 import pytest
+import torch
 from megatron.bridge.training.config import FaultToleranceConfig
 
 from recipes.derive import set_path
@@ -44,6 +45,10 @@ CASES = {
                                                {"optimizer.optimizer_offload_fraction": 0.5}),
     "optimizer-offload/overlap-ignored": case(DENSE, {"optimizer.overlap_cpu_optimizer_d2h_h2d": False},
                                               {"optimizer.overlap_cpu_optimizer_d2h_h2d": True}),
+    "optimizer-offload/precision-aware-ignored": case(
+        DENSE_OPT, {"optimizer.use_precision_aware_optimizer": True},
+        {"optimizer.use_precision_aware_optimizer": True, "optimizer.exp_avg_dtype": torch.bfloat16,
+         "optimizer.exp_avg_sq_dtype": torch.bfloat16}),
     "activation-offload/num-layers-range": case(DENSE_ACT, {"model.cpu_offloading_num_layers": 15},
                                                 {"model.cpu_offloading_num_layers": 16}),
     "activation-offload/pipeline-parallel": case(DENSE_ACT, {}, {"model.pipeline_model_parallel_size": 2}, gpus=(1, 2)),
@@ -185,3 +190,21 @@ def test_rules_table_names_every_rule_and_readme_carries_it():
         assert rule.text in table
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert table in readme, "README's rule table is stale: paste `run_recipe.py --rules` into it"
+
+
+def test_precision_aware_states_under_offload_are_flagged_fixed_and_planned_as_fp32(recipe):
+    from overrides import apply_overrides
+    from recipes.memory import plan
+
+    lower = ["optimizer.use_precision_aware_optimizer=True", "optimizer.exp_avg_dtype=bfloat16",
+             "optimizer.exp_avg_sq_dtype=bfloat16"]
+    offloaded = apply_overrides(recipe(DENSE_OPT), lower)
+    problem = next(p for p in check_rules(Context(offloaded, 1, environ={}))
+                   if p.rule_id == "optimizer-offload/precision-aware-ignored")
+    assert problem.severity == "warning" and "exp_avg_dtype=bfloat16" in problem.value
+    fixed = apply_overrides(offloaded, problem.fix.split("  ")[0].split())
+    assert "optimizer-offload/precision-aware-ignored" not in {p.rule_id for p in check_rules(Context(fixed, 1, environ={}))}
+    # the plan counts what HybridDeviceOptimizer keeps (fp32 m and v), and the bf16 states where there is no offload
+    assert plan(offloaded, 1).offloaded_bytes_host_per_rank == plan(fixed, 1).offloaded_bytes_host_per_rank
+    on_gpu = apply_overrides(recipe(DENSE), lower)
+    assert plan(on_gpu, 1).optimizer_bytes_gpu < plan(recipe(DENSE), 1).optimizer_bytes_gpu
