@@ -96,6 +96,11 @@ class Plan:
     fits_gpu: bool
     fits_host: bool | None
     host_memory_source: str = HOST_MEMORY_GIVEN  # where host_memory_gib came from, for the messages
+    # set by plan_with_recommendation when the host does not fit: the largest fraction (steps of 0.05)
+    # whose peak fits it, and whether the GPU fits at that fraction (None: no fraction fits the host)
+    host_fit_searched: bool = False
+    host_fitting_fraction: float | None = None
+    host_fitting_fraction_fits_gpu: bool | None = None
     recommendation: str = ""
     notes: list[str] = field(default_factory=list)
     stages: list[dict] = field(default_factory=list)  # per pipeline stage: params, state, activations, total
@@ -320,6 +325,16 @@ def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | Non
     return None, last
 
 
+def largest_host_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan | None]:
+    """The largest fraction (steps of 0.05) whose host peak fits the node, with its plan."""
+    steps = int(round(1 / AUTO_STEP))
+    for i in range(steps, -1, -1):
+        candidate = plan(cfg, num_gpus, fraction=round(i * AUTO_STEP, 2), **kwargs)
+        if candidate.fits_host is not False:
+            return candidate.fraction, candidate
+    return None, None
+
+
 def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     """Changes that make a plan fit when no offload fraction does (each checked with the planner)."""
     import copy
@@ -364,6 +379,9 @@ def recommend(cfg, num_gpus: int, **kwargs) -> str:
                 + (": try " + "; or ".join(options) if options else ""))
     if fraction == 0.0:
         return "fits without optimizer offload"
+    if fitting.fits_host is False:
+        return (f"the GPU needs optimizer offload fraction {fraction:g} or more, and the host holds less "
+                "(see memory/host-fit)")
     return (f"smallest optimizer offload fraction that fits: {fraction:g} "
             f"({fitting.total_bytes_gpu / GIB:.1f} GiB of {fitting.gpu_memory_gib:g} GiB with "
             f"{fitting.margin_gib:g} GiB margin)")
@@ -373,6 +391,11 @@ def plan_with_recommendation(cfg, num_gpus: int, fraction: float | None = None, 
     """plan() plus its recommendation (the smallest fitting fraction, or what would fit)."""
     result = plan(cfg, num_gpus, fraction=fraction, **kwargs)
     result.recommendation = recommend(cfg, num_gpus, **kwargs)
+    if result.fits_host is False:
+        largest, at_largest = largest_host_fitting_fraction(cfg, num_gpus, **kwargs)
+        result.host_fit_searched = True
+        result.host_fitting_fraction = largest
+        result.host_fitting_fraction_fits_gpu = None if at_largest is None else at_largest.fits_gpu
     return result
 
 
@@ -475,6 +498,21 @@ def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
                 host_memory_gbps=args.host_memory_gbps)
 
 
+def _host_fit_fix(p: Plan) -> str:
+    more = ("fewer ranks per node or more nodes; free host memory if other processes hold it "
+            "(--host-margin-gib to change the margin)")
+    largest = p.host_fitting_fraction
+    if not p.host_fit_searched:  # a plan made without plan_with_recommendation's search
+        return f"a smaller optimizer.optimizer_offload_fraction, {more}"
+    if largest is None:
+        return f"not even without optimizer offload does this host fit: {more}, or less activation offload"
+    if p.host_fitting_fraction_fits_gpu:
+        return (f"optimizer.optimizer_offload_fraction={largest:g} (the largest that fits this host; the GPU "
+                f"fits too), or {more}")
+    return (f"no fraction fits both: this host holds at most optimizer.optimizer_offload_fraction={largest:g} and "
+            f"the GPU needs more; {more}, or more GPUs (less on each)")
+
+
 def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, str, str, str, str, str]]:
     """(rule id, key, value, rule, fix, severity) for what the plan refuses: host overflow and the
     offload-time budget are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
@@ -485,9 +523,7 @@ def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[tuple[str, 
                          f"step's peak, {p.host_bytes_per_node / GIB:.1f} GiB between steps)",
                          f"the node's peak host memory plus {p.host_margin_gib:g} GiB margin per rank must fit the "
                          f"{p.host_memory_gib:.1f} GiB {p.host_memory_source} (the kernel kills the job otherwise)",
-                         "a smaller optimizer.optimizer_offload_fraction, fewer ranks per node, or more nodes; "
-                         "free host memory if other processes hold it (--host-margin-gib to change the margin)",
-                         "error"))
+                         _host_fit_fix(p), "error"))
     if step_time_budget_s is not None and p.offload_time_lower_bound_s > step_time_budget_s:
         problems.append(("memory/offload-time-budget", "optimizer.optimizer_offload_fraction",
                          f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B parameters offloaded per rank)",

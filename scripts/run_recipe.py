@@ -115,7 +115,7 @@ def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, s
 
 def _auto_fraction(cfg, num_gpus: int, plan_options: dict) -> float | None:
     """Resolve optimizer.optimizer_offload_fraction=auto, or say why nothing fits."""
-    from recipes.memory import GIB, smallest_fitting_fraction, what_would_fit
+    from recipes.memory import GIB, largest_host_fitting_fraction, smallest_fitting_fraction, what_would_fit
 
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **plan_options)
     if fraction is None:
@@ -124,6 +124,14 @@ def _auto_fraction(cfg, num_gpus: int, plan_options: dict) -> float | None:
               f"the plan needs {fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
               f"{fitting.gpu_memory_gib:g} GiB per GPU."
               + ("\n  What would fit: " + "\n  or ".join(options) if options else ""), file=sys.stderr)
+        return None
+    if fitting.fits_host is False:
+        largest, _ = largest_host_fitting_fraction(cfg, num_gpus, **plan_options)
+        print(f"optimizer.optimizer_offload_fraction=auto: nothing fits both: the GPU needs fraction {fraction:g} or "
+              f"more, and the {fitting.host_memory_gib:.1f} GiB {fitting.host_memory_source} of host memory hold "
+              + ("no optimizer offload at all" if largest is None else f"fraction {largest:g} at most")
+              + f" (the first optimizer step's peak plus {fitting.host_margin_gib:g} GiB per rank). Fix: fewer ranks "
+              "per node or more nodes, or more GPUs (less on each).", file=sys.stderr)
         return None
     print(f"optimizer.optimizer_offload_fraction=auto -> {fraction:g} (smallest fraction in steps of 0.05 "
           f"that fits: {fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "

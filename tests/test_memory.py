@@ -125,6 +125,31 @@ def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(
             == int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * seven.offloaded_params_per_rank))
 
 
+def test_host_fit_fix_names_the_largest_fraction_the_host_holds(built):
+    from recipes.memory import plan_with_recommendation
+
+    cfg = apply_overrides(built("qwen3_30b_a3b_proxy_pretrain_config"), ["model.num_layers=8"])
+    refused = plan_with_recommendation(cfg, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=124.4)
+    largest = refused.host_fitting_fraction
+    assert refused.fits_host is False and 0 < largest < 1 and refused.host_fitting_fraction_fits_gpu
+    fix = next(p for p in plan_problems(refused, None) if p[0] == "memory/host-fit")[4]
+    assert fix.startswith(f"optimizer.optimizer_offload_fraction={largest:g} (the largest that fits this host")
+    assert plan(cfg, 1, fraction=largest, host_memory_gib=124.4).fits_host
+    assert not plan(cfg, 1, fraction=round(largest + 0.05, 2), host_memory_gib=124.4).fits_host
+
+
+def test_auto_says_when_no_fraction_fits_both_gpu_and_host(capsys):
+    import run_recipe
+
+    args = ["--recipe", "qwen3_8b_pretrain_config", "--dry-run", "--num-gpus", "1", "-tp", "1", "-sl", "2048",
+            "-gb", "2", "--gpu-memory-gib", "110", "-of", "auto"]
+    assert run_recipe.main([*args, "--host-memory-gib", "500"]) == 0  # the GPU alone: some fraction fits
+    capsys.readouterr()
+    assert run_recipe.main([*args, "--host-memory-gib", "40"]) == 2
+    err = capsys.readouterr().err
+    assert "auto: nothing fits both: the GPU needs fraction" in err and "40.0 GiB given (--host-memory-gib)" in err
+
+
 def test_a_refused_launch_records_why_in_its_out_dir(tmp_path, capsys):
     import run_recipe
     import sweep_offload
