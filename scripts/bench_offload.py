@@ -132,7 +132,9 @@ def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dic
         step = summary["step_time_s"]
         traffic = summary.get("offload_traffic")
         limits = floor(traffic, baseline_step, host) if (traffic and base and host and "d2h_gbps" in host) else {}
-        delta = max_abs_delta(base["losses"], summary["losses"]) if base else None
+        deltas = ([max_abs_delta(base["losses"], losses) for losses in summary.get("repeat_losses", [summary["losses"]])]
+                  if base else [])
+        delta = max((d for d in deltas if d is not None), default=None)
         row.update(
             cpu_threads_per_rank=summary.get("cpu_threads_per_rank"),
             overlap=summary.get("overlap_cpu_optimizer_d2h_h2d"),
@@ -151,8 +153,32 @@ def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dic
         )
         if result.get("same_run_as"):
             row["same_run_as"] = result["same_run_as"]
+        if result.get("runs", 1) > 1:
+            row.update(runs=result["runs"], step_time_spread=result["step_time_spread"])
         rows.append(row)
     return rows, parity
+
+
+def merge_repeats(runs: list[dict]) -> dict:
+    """One result for a configuration's repeated runs: the median over all their steady-state steps (as
+    for the baseline), the spread of the runs' own medians, the per-part medians of the breakdown, the
+    worst loss and memory. A failed repeat fails the configuration, with its reason."""
+    import statistics
+
+    if len(runs) == 1:
+        return runs[0]
+    failed = next((k for k, r in enumerate(runs) if "summary" not in r), None)
+    if failed is not None:
+        return {"fraction": runs[0]["fraction"], "reason": f"run {failed + 1} of {len(runs)}: "
+                                                           f"{runs[failed].get('reason', 'unknown')}"}
+    summaries = [r["summary"] for r in runs]
+    step, spread = baseline_step_time(runs)
+    parts = [s.get("offload_breakdown") or {} for s in summaries]
+    breakdown = {key: statistics.median(p[key] for p in parts if key in p) for key in parts[0]} or None
+    merged = {**summaries[0], "step_time_s": step, "offload_breakdown": breakdown,
+              "peak_allocated_gib": max(s["peak_allocated_gib"] for s in summaries),
+              "repeat_losses": [s["losses"] for s in summaries]}
+    return {"fraction": runs[0]["fraction"], "summary": merged, "runs": len(runs), "step_time_spread": spread}
 
 
 def baseline_step_time(baselines: list[dict]) -> tuple[float | None, float | None]:
@@ -188,6 +214,13 @@ def _f(value, digits: int = 3, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _runs_note(row: dict) -> str:
+    """After a repeated configuration's step time: how many runs, how far apart their medians lie."""
+    if row.get("runs", 1) <= 1:
+        return ""
+    return f" ({row['runs']} runs, {_f(100 * row['step_time_spread'], 0, '%')} apart)"
+
+
 def _yes_no(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
@@ -208,7 +241,8 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
         lines.append(
             f"| {r['fraction']:g} | {r['variant']}{' (= ' + r['same_run_as'] + ' run)' if r.get('same_run_as') else ''} | "
             f"{r.get('cpu_threads_per_rank', '-')} | "
-            f"{'-' if r.get('overlap') is None else ('on' if r['overlap'] else 'off')} | {_f(r['step_time_s'])} | "
+            f"{'-' if r.get('overlap') is None else ('on' if r['overlap'] else 'off')} | {_f(r['step_time_s'])}"
+            f"{_runs_note(r)} | "
             f"{_f(r['slowdown_vs_baseline'], 2, 'x')} | {_f(r.get('floor_s'))} | {_f(r.get('floor_slowdown'), 2, 'x')} | "
             f"{_f(r.get('over_floor_s'))} | {_f(b.get('d2h_s'))} | {_f(b.get('cpu_optimizer_s'))} | "
             f"{_f(b.get('h2d_s'))} | {_f(b.get('optimizer_step_s'))} | {_f(r.get('max_abs_loss_delta'), 4)} | "
@@ -247,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="GPUs (ranks on this node) for every run (default: the recipe's own count)")
     parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
                         help="identical no-offload runs for the loss noise floor (default 2)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+                        help="run every configuration R times, in R interleaved rounds (baselines spread over "
+                             "them), and report the median over all their steady-state steps with the spread of "
+                             "the runs (default 1). Identical runs of the H200 differed by up to 31%%: repeats "
+                             "tell a real difference from that")
     parser.add_argument("--host-json", type=Path, metavar="FILE",
                         help="host measurements from an earlier measure_host.py run (default: measure now)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
@@ -264,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(names)}")
     if args.num_gpus is not None and args.num_gpus < 1:
         parser.error(f"--num-gpus expects at least 1 GPU, got {args.num_gpus}")
+    if args.repeats < 1:
+        parser.error(f"--repeats expects at least 1 run per configuration, got {args.repeats}")
     owned = [o for o in args.overrides if key_of(o) in (*OWNED_KEYS, OVERLAP_KEY)]
     if owned:
         parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")
@@ -275,25 +316,33 @@ def main(argv: list[str] | None = None) -> int:
     cores = host.get("cores") or len(available_cores())  # the host the runs ran on (a reassembly may run elsewhere)
     configs = configurations(cores)
     gpus = ["--num-gpus", str(args.num_gpus)] if args.num_gpus else []
-    baselines = [run(args.recipe, 0.0, args.out / ("baseline" + (f"-repeat{k}" if k else "")), args.overrides, gpus,
-                     args.resume, args.timeout) for k in range(args.baseline_runs)]
     same = tuned_same_as(configs, args.num_gpus or recipe.num_gpus, cores) if "tuned" in chosen else None
     shared = same in chosen
     if shared:  # run that configuration first: the tuned row reuses it
         chosen.remove(same)
         chosen.insert(0, same)
+    rounds = args.repeats
+    baselines, repeats = [], {}  # repeats: (fraction, name) -> that configuration's runs, one per round
+    for k in range(rounds):  # rounds interleave the configurations, so slow drift of the machine hits all alike
+        for b in range(k, args.baseline_runs, rounds):
+            baselines.append(run(args.recipe, 0.0, args.out / ("baseline" + (f"-repeat{b}" if b else "")),
+                                 args.overrides, gpus, args.resume, args.timeout))
+        for fraction in fractions:
+            for name in chosen:
+                if name == "tuned" and shared:
+                    continue
+                config = configs[name]
+                run_dir = args.out / (f"fraction-{fraction:g}-{name}" + (f"-repeat{k}" if k else ""))
+                repeats.setdefault((fraction, name), []).append(
+                    run(args.recipe, fraction, run_dir, [*args.overrides, *config["overrides"]],
+                        [*gpus, *config["args"]], args.resume, args.timeout))
     results = []
     for fraction in fractions:
-        done = {}
         for name in chosen:
-            config = configs[name]
             if name == "tuned" and shared:
-                done[name] = {**done[same], "same_run_as": same}
+                results.append((name, {**merge_repeats(repeats[(fraction, same)]), "same_run_as": same}))
             else:
-                run_dir = args.out / f"fraction-{fraction:g}-{name}"
-                done[name] = run(args.recipe, fraction, run_dir, [*args.overrides, *config["overrides"]],
-                                 [*gpus, *config["args"]], args.resume, args.timeout)
-            results.append((name, done[name]))
+                results.append((name, merge_repeats(repeats[(fraction, name)])))
 
     rows, parity = build_rows(results, baselines, host, configs)
     verdicts = goals(rows)

@@ -304,3 +304,38 @@ def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(fo
     assert table(copy / "offload_overhead.md") == table(committed / "offload_overhead.md")
     rows = lambda path: json.loads(path.read_text())["rows"]
     assert rows(copy / "offload_overhead.json") == rows(committed / "offload_overhead.json")
+
+
+def test_repeated_runs_pool_their_steps_and_show_their_spread():
+    configs = bench_offload.configurations(16)
+    baselines = [_result(0.0, 0.5, [3.0, 2.0], steps=[9.0, 0.5, 0.5])]
+    first = _result(1.0, 0.8, [3.0, 2.001], steps=[9.0, 0.8, 0.8])
+    second = _result(1.0, 1.0, [3.0, 2.004], steps=[9.0, 1.0, 1.0])
+    second["summary"]["offload_breakdown"] = {"d2h_s": 0.1, "cpu_optimizer_s": 0.5, "h2d_s": 0.1, "optimizer_step_s": 0.55}
+    merged = bench_offload.merge_repeats([first, second])
+    assert merged["runs"] == 2 and merged["summary"]["step_time_s"] == pytest.approx(0.9)  # median of 0.8, 0.8, 1, 1
+    assert merged["step_time_spread"] == pytest.approx(0.2 / 0.9)
+    assert merged["summary"]["offload_breakdown"]["cpu_optimizer_s"] == pytest.approx(0.4)
+    rows, parity = bench_offload.build_rows([("overlap-chunked", merged)], baselines, HOST, configs)
+    assert rows[0]["runs"] == 2 and rows[0]["max_abs_loss_delta"] == pytest.approx(0.004)  # the worse repeat
+    assert "| 0.900 (2 runs, 22% apart) | 1.80x |" in bench_offload.markdown(rows, parity, [], "t")
+    failed = bench_offload.merge_repeats([first, {"fraction": 1.0, "reason": "CUDA out of memory"}])
+    assert failed == {"fraction": 1.0, "reason": "run 2 of 2: CUDA out of memory"}
+    assert bench_offload.merge_repeats([first]) is first  # one run: the row is that run's, as before
+
+
+def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
+    order = []
+
+    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s):
+        order.append(run_dir.name)
+        return _result(fraction, 0.5 + fraction, [3.0, 2.0])
+
+    monkeypatch.setattr(bench_offload, "run", fake_run)
+    bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5",
+                        "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--host-json",
+                        str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
+    assert order == ["baseline", "fraction-0.5-overlap-chunked", "fraction-0.5-stock-all-cores",
+                     "baseline-repeat1", "fraction-0.5-overlap-chunked-repeat1", "fraction-0.5-stock-all-cores-repeat1"]
+    rows = json.loads((tmp_path / "offload_overhead.json").read_text())["rows"]
+    assert {r["variant"]: r["runs"] for r in rows} == {"overlap-chunked": 2, "stock-all-cores": 2, "tuned": 2}

@@ -24,14 +24,12 @@ for phase in "$@"; do
       $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
         --out "$runs/moe-sweep" train.train_iters=8 ;;
     moe-sweep-deep)
-      # The deepest MoE proxy whose whole sweep fits this host. The planner (scripts/plan_offload.py) puts
-      # 9 layers (6.2B parameters) at 113 GiB of host memory at fraction 1.0, but it reads host RSS a few
-      # percent low (planner-accuracy.md) and a 6.6B dense model was killed by this 125 GiB host at 1.0; so
-      # 8 layers (5.6B, ~100 GiB planned). One baseline: the 4-layer sweep measured the noise floor
-      # (0.0003), below the seed's 0.001. Third session: fractions 0-0.75 ran (docs/benchmarks/
-      # moe-proxy-sweep-deep/); fraction 1 did not. On a fresh machine the finished runs are copied in
-      # and kept (--resume), and the overlap stays off as the tuning of that session set it (the current
-      # tuning would chunk it), so only fraction 1 runs, comparable with the others.
+      # 8 layers (5.6B parameters): the deepest whose whole sweep the planner of the time fitted on this host
+      # (~100 GiB at 1.0 between steps). One baseline: the 4-layer sweep measured the noise floor (0.0003).
+      # Third session: fractions 0-0.75 ran (docs/benchmarks/moe-proxy-sweep-deep/). Fourth session: the
+      # finished runs were copied in and kept (--resume; the overlap kept off as that tuning set it) and
+      # fraction 1 ran: killed by the host in its first optimizer step (docs/benchmarks/host-peak/). The
+      # planner now counts that peak, so fraction 1 is refused before launch (its row says so).
       [ -d "$runs/moe-sweep-deep" ] || cp -r docs/benchmarks/moe-proxy-sweep-deep "$runs/moe-sweep-deep"
       $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --fractions 0,0.25,0.5,0.75,1 \
         --out "$runs/moe-sweep-deep" --resume --baseline-runs 1 model.num_layers=8 train.train_iters=8 \
@@ -91,11 +89,18 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --host-json "$(host_json)" --fractions 1 --baseline-runs 1 \
         --configs stock-all-cores,overlap-on,overlap-chunked train.train_iters=10 ;;
     bench-dense-tuned)
-      # NOT RUN YET. The current tuning (overlap in 8 chunks; tuned reuses the overlap-chunked run with one
-      # rank) against stock at 0.25/0.5/0.75 on the dense proxy, two baselines for the step-time spread.
+      # Fourth session (docs/benchmarks/offload-overhead/dense-1b-tuned/): the current tuning (overlap in
+      # 8 chunks; tuned reuses the overlap-chunked run with one rank) against stock at 0.25/0.5/0.75 on
+      # the dense proxy, two baselines for the step-time spread.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense-tuned" --resume \
         --host-json "$(host_json)" --fractions 0.25,0.5,0.75 --configs stock-all-cores,overlap-chunked,tuned \
         train.train_iters=10 ;;
+    bench-dense-repeats)
+      # NOT RUN YET. Whether the chunked tuning changes the whole step at 25% and 50%, past the run-to-run
+      # spread that table 4 met (identical baselines 31% apart): three interleaved rounds (~10 min).
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense-repeats" --resume \
+        --host-json "$(host_json)" --fractions 0.25,0.5 --configs stock-all-cores,overlap-chunked,tuned --repeats 3 \
+        --baseline-runs 3 train.train_iters=10 ;;
     bench-moe)
       # Second session (docs/benchmarks/offload-overhead/moe-proxy/): the configurations of the time on the
       # Qwen3-30B-A3B proxy (4 layers, 128 experts), fraction 1 only (device time).
@@ -103,8 +108,8 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --host-json "$runs/host/host.json" --fractions 1 --configs stock-all-cores,overlap-on --baseline-runs 1 \
         train.train_iters=6 ;;
     bench-moe-tuned)
-      # NOT RUN YET. The current tuning against stock on the MoE proxy at 0.25 and 1, 10 steps (the 6-step
-      # runs had not reached steady state).
+      # Fourth session (docs/benchmarks/offload-overhead/moe-proxy-tuned/): the current tuning against
+      # stock on the MoE proxy at 0.25 and 1, 10 steps (the 6-step runs had not reached steady state).
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe-tuned" \
         --resume --host-json "$(host_json)" --fractions 0.25,1 --configs stock-all-cores,overlap-chunked,tuned \
         --baseline-runs 1 train.train_iters=10 ;;
