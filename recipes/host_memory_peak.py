@@ -19,7 +19,8 @@ GIB = 1024**3
 NODE_SAMPLE_INTERVAL_S = 0.2  # the peak above lasted ~10 s; the kill came within ~2 s of the rise
 
 
-def _status_kib(field: str, path: str = "/proc/self/status") -> int | None:
+def proc_kib(field: str, path: str = "/proc/self/status") -> int | None:
+    """A ``Field:  N kB`` line of a Linux /proc file (this process's status by default), or None."""
     try:
         for line in Path(path).read_text().splitlines():
             if line.startswith(field + ":"):
@@ -31,13 +32,13 @@ def _status_kib(field: str, path: str = "/proc/self/status") -> int | None:
 
 def rss_high_water_bytes() -> int | None:
     """The most resident memory this process has held since it started (Linux VmHWM), or None."""
-    kib = _status_kib("VmHWM")
+    kib = proc_kib("VmHWM")
     return None if kib is None else kib * 1024
 
 
 def node_used_bytes() -> int | None:
     """Memory in use on this node: MemTotal - MemAvailable (Linux /proc/meminfo), or None."""
-    total, available = _status_kib("MemTotal", "/proc/meminfo"), _status_kib("MemAvailable", "/proc/meminfo")
+    total, available = proc_kib("MemTotal", "/proc/meminfo"), proc_kib("MemAvailable", "/proc/meminfo")
     return None if total is None or available is None else (total - available) * 1024
 
 

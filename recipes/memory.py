@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recipes.host_memory_peak import proc_kib
 from recipes.offload_floor import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS, HOST_BYTES_PER_OFFLOADED_PARAM,
                                    offload_time_lower_bound)
 from recipes.offload_timing import traffic_of
@@ -436,13 +437,8 @@ def format_plan(p: Plan) -> str:
 
 def host_memory_available_gib() -> float | None:
     """MemAvailable of this machine (the node a launch runs on), or None where unknown."""
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 / GIB
-    except OSError:
-        pass
-    return None
+    kib = proc_kib("MemAvailable", "/proc/meminfo")
+    return None if kib is None else kib * 1024 / GIB
 
 
 def gpu_memory_gib_here() -> float | None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recipes.host_memory_peak import rss_high_water_bytes
+from recipes.host_memory_peak import proc_kib, rss_high_water_bytes
 from recipes.offload_timing import BREAKDOWN_FIELDS
 
 GIB = 1024**3
@@ -25,13 +25,7 @@ GIB = 1024**3
 
 def host_rss_bytes() -> int:
     """Resident set size of this process (Linux /proc; 0 where unavailable)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return (proc_kib("VmRSS") or 0) * 1024
 
 
 def pinned_host_bytes() -> int | None:
