@@ -77,13 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offload-tuning", choices=TUNINGS, default="tuned",
                         help="tuned (default): for optimizer offload, CPU threads per rank, D2H/H2D overlap on in "
                              f"{TUNED_OVERLAP_CHUNKS} chunks (measured fastest), pinned host buffers, except keys you "
-                             "set; stock: the config "
-                             "as the "
-                             "recipe and your overrides made it, threads as the launcher set them (the library's "
-                             "behaviour)")
+                             "set; stock: the config as the recipe and your overrides made it, threads as the "
+                             "launcher set them (the library's behaviour)")
     parser.add_argument("--overlap-chunks", type=_at_least_one("chunk"), metavar="K",
                         help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
-                             f"size instead of one CPU optimizer per tensor (default when tuned: {TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
+                             f"size instead of one CPU optimizer per tensor (default when tuned: "
+                             f"{TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
                              "stock: the library's per tensor; recipes/offload_pipelining.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
