@@ -169,7 +169,8 @@ def stage_tensors(cfg, stage: int) -> list[Tensor]:
     return dense + expert + small + embeddings
 
 
-def _dtype_bytes(dtype: Any) -> int:
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a torch dtype (4 where it is not one)."""
     return getattr(dtype, "itemsize", None) or 4
 
 
@@ -262,8 +263,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     grad_bytes = 4 if getattr(cfg.ddp, "grad_reduce_in_fp32", True) else 2
     # HybridDeviceOptimizer ignores the precision-aware dtypes (rule optimizer-offload/precision-aware-ignored)
     precision_aware = opt.use_precision_aware_optimizer and not (opt.optimizer_cpu_offload or fraction > 0)
-    main_bytes = _dtype_bytes(opt.main_params_dtype) if precision_aware else 4
-    moment_bytes = _dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
+    main_bytes = dtype_bytes(opt.main_params_dtype) if precision_aware else 4
+    moment_bytes = dtype_bytes(opt.exp_avg_dtype) + dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
 
     stages = []
     for stage in range(pp):

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from recipes.derive import get_path, show
+from recipes.memory import dtype_bytes  # the planner's bytes per element: one notion of "below fp32"
 
 # Mechanism names, as shown to users (the README's offload table groups by these).
 OPTIMIZER = "optimizer offload"
@@ -147,7 +148,7 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _lower_precision_states(ctx: Context) -> bool:
-    return any(_dtype_name(getattr(ctx.opt, name)) not in ("float32", "fp32") for name in PRECISION_AWARE_DTYPES)
+    return any(dtype_bytes(getattr(ctx.opt, name)) < 4 for name in PRECISION_AWARE_DTYPES)
 
 
 def _act_offload(ctx: Context) -> bool:
