@@ -22,8 +22,8 @@ from overrides.coerce import CoerceError, coerce, field_types
 from overrides.errors import OverrideError, OverrideErrors
 from overrides.grammar import ADD, CHANGE, DELETE, FORCE_ADD, ParsedOverride, parse
 from overrides.suggest import suggest
-from recipes.derive import show
-from recipes.rules import range_violations
+from mbridge_offload.facts.config_tree import show
+from mbridge_offload.validation.rules import range_violations
 
 log = logging.getLogger("mbridge_offload")
 

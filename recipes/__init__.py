@@ -7,13 +7,13 @@ Importing this package is cheap; Megatron loads when a recipe or transform is fi
 """
 
 # (``derive`` and ``validate`` share their module's name, so they are imported from the module:
-# ``from recipes.validate import validate``.)
+# ``from mbridge_offload.validation.validate import validate``.)
 _LAZY = {
     "with_optimizer_offload": "recipes.offload",
     "without_optimizer_offload": "recipes.offload",
     "with_activation_offload": "recipes.offload",
     "with_fine_grained_offload": "recipes.offload",
-    "RULES": "recipes.rules",
+    "RULES": "mbridge_offload.validation.rules",
 }
 
 __all__ = [*_LAZY, "get_recipe", "RECIPES"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from recipes.derive import derive
-from recipes.rules import range_violations
+from mbridge_offload.validation.rules import range_violations
 
 
 def _number(name: str, value, whole: bool = False):
@@ -39,7 +39,7 @@ def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = False):
     ``overlap`` overlaps the D2H gradient / H2D parameter copies with the CPU optimizer step. Off by
     default: the library's overlap (one CPU optimizer per tensor) measured slower than none in one
     H200 session; what pays is overlap in a few chunks, which run_recipe.py's tuning turns on at
-    launch (recipes/offload_tuning.py, recipes/offload_pipelining.py).
+    launch (mbridge_offload/runtime/offload_tuning.py, mbridge_offload/runtime/chunked_overlap.py).
     """
     fraction = float(_number("fraction", fraction))
     return _derive_in_range(cfg, {

@@ -12,15 +12,15 @@ each configuration in a fresh process:
   node running one rank gets;
 - stock, 1 thread: the same with 1 CPU thread, what torchrun gives each rank of a node running several;
 - overlap on: stock, all cores, with D2H/H2D overlap on (what the overlap switch alone does);
-- overlap chunked: overlap on, in 8 chunks (``--overlap-chunks 8``, recipes/offload_pipelining.py);
-- tuned: run_recipe.py's offload tuning (recipes/offload_tuning.py, CPU threads per rank). When the
+- overlap chunked: overlap on, in 8 chunks (``--overlap-chunks 8``, mbridge_offload/runtime/chunked_overlap.py);
+- tuned: run_recipe.py's offload tuning (mbridge_offload/runtime/offload_tuning.py, CPU threads per rank). When the
   recipe runs one rank per node, tuned resolves to exactly one of the configurations above (today
   overlap chunked: all cores, overlap on in 8 chunks, pinned buffers): its row then reuses that run,
   marked ``same_run_as``.
 
 Writes DIR/offload_overhead.json (rows: fraction, config, cpu_threads_per_rank, step_time_s,
 slowdown_vs_baseline, floor_s, the per-step breakdown, loss delta), DIR/offload_overhead.md, and
-every run's folder. The floor (recipes/offload_floor.py) is the best step time the bytes of that
+every run's folder. The floor (mbridge_offload/planning/cost_model.py) is the best step time the bytes of that
 fraction allow on this host; the goals of the performance issue are checked against it.
 """
 
@@ -32,12 +32,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overrides.grammar import key_of  # noqa: E402
-from recipes.cpu_threads import available_cores  # noqa: E402
-from sweep_offload import (  # noqa: E402
+from overrides.grammar import key_of
+from mbridge_offload.facts.cores import available_cores
+from sweep_offload import (
     OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, parse_fractions, recorded, run_one)
 
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
@@ -49,7 +47,7 @@ MEASURE_HOST = Path(__file__).resolve().parent / "measure_host.py"
 def configurations(cores: int) -> dict[str, dict]:
     """name: how run_recipe.py is called for it (extra arguments, overrides), what it stands for, and, for
     the fixed ones, the settings it runs with on one rank (to know when tuned is the same run)."""
-    from recipes.offload_tuning import TUNED_OVERLAP_CHUNKS
+    from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS
 
     stock = ["--offload-tuning", "stock"]
     chunks = str(TUNED_OVERLAP_CHUNKS)
@@ -82,7 +80,7 @@ def configurations(cores: int) -> dict[str, dict]:
 def tuned_same_as(configs: dict[str, dict], ranks_on_node: int, cores: int) -> str | None:
     """The configuration tuned resolves to with one rank per node (it then gets every core), if any: one
     run serves both rows. With several ranks the tuning splits the cores, which no fixed one does."""
-    from recipes.offload_tuning import TUNED_KEYS, TUNED_OVERLAP_CHUNKS
+    from mbridge_offload.runtime.offload_tuning import TUNED_KEYS, TUNED_OVERLAP_CHUNKS
 
     if ranks_on_node != 1:
         return None
@@ -114,7 +112,7 @@ def run(recipe: str, fraction: float, run_dir: Path, overrides: list[str], args:
 
 def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dict | None,
                configs: dict[str, dict]) -> tuple[list[dict], dict]:
-    from recipes.offload_floor import floor
+    from mbridge_offload.planning.cost_model import floor
 
     base = baselines[0].get("summary") if baselines else None
     baseline_step, spread = baseline_step_time(baselines)

@@ -4,7 +4,7 @@ memory bandwidth, and the speed of the CPU Adam at several thread counts.
 
     uv run scripts/measure_host.py --json host.json
 
-The floor model (recipes/offload_floor.py) prices each offloaded step with these numbers;
+The floor model (mbridge_offload/planning/cost_model.py) prices each offloaded step with these numbers;
 scripts/bench_offload.py runs this first. Without a GPU only the CPU side is measured.
 """
 
@@ -15,7 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else None
 
-    from recipes.offload_floor import measure_host
+    from mbridge_offload.planning.cost_model import measure_host
 
     host = measure_host(threads, args.size_mib)
     text = json.dumps(host, indent=2)

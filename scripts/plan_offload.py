@@ -16,19 +16,18 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
-from recipes import registry  # noqa: E402
-from recipes.memory import AUTO_OVERRIDE as AUTO  # noqa: E402
-from recipes.memory import add_plan_arguments  # noqa: E402
-from recipes.notices import quiet_import_notices  # noqa: E402
+from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
+from recipes import registry
+from mbridge_offload.planning.memory import AUTO_OVERRIDE as AUTO
+from mbridge_offload.planning.memory import add_plan_arguments
+from mbridge_offload.facts.import_notices import quiet_import_notices
 
 
 def compare_rows(sweep_dir: Path) -> list[dict]:
     """Planned vs measured peak GPU memory for every run of a sweep folder (same overrides)."""
     from overrides import apply_overrides
-    from recipes.memory import GIB, plan
+    from mbridge_offload.planning.memory import GIB, plan
 
     sweep = json.loads((sweep_dir / "sweep.json").read_text())
     cfg = apply_overrides(registry.get(sweep["recipe"]).build(), sweep["overrides"])
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_import_notices()
     from overrides import OverrideErrors, apply_overrides
-    from recipes.memory import format_plan, plan_kwargs, plan_problems, plan_with_recommendation, smallest_fitting_fraction
+    from mbridge_offload.planning.memory import format_plan, plan_kwargs, plan_problems, plan_with_recommendation, smallest_fitting_fraction
 
     overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
     auto = AUTO in overrides

@@ -19,17 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-# Runs as a file (``uv run scripts/run_recipe.py``): make the project's packages importable even
-# without an installed project. Only light modules are imported before arguments are checked.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from overrides.grammar import key_of  # noqa: E402
-from overrides.short_flags import SHORT_FLAGS, dest, to_overrides  # noqa: E402
-from recipes import registry  # noqa: E402
-from recipes.memory import AUTO_OVERRIDE as AUTO  # noqa: E402
-from recipes.memory import add_plan_arguments  # noqa: E402
-from recipes.notices import quiet_import_notices  # noqa: E402
-from recipes.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS, chunks_line, tune_offload  # noqa: E402
+from overrides.grammar import key_of
+from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
+from recipes import registry
+from mbridge_offload.planning.memory import AUTO_OVERRIDE as AUTO
+from mbridge_offload.planning.memory import add_plan_arguments
+from mbridge_offload.facts.import_notices import quiet_import_notices
+from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS, chunks_line, tune_offload
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -83,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
                              f"size instead of one CPU optimizer per tensor (default when tuned: "
                              f"{TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
-                             "stock: the library's per tensor; recipes/offload_pipelining.py)")
+                             "stock: the library's per tensor; mbridge_offload/runtime/chunked_overlap.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -96,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cpu_threads(text: str):
-    from recipes.cpu_threads import parse_request
+    from mbridge_offload.runtime.cpu_threads import parse_request
 
     try:
         return parse_request(text)
@@ -114,7 +111,7 @@ def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, s
 
 def _auto_fraction(cfg, num_gpus: int, plan_options: dict) -> float | None:
     """Resolve optimizer.optimizer_offload_fraction=auto, or say why nothing fits."""
-    from recipes.memory import GIB, largest_host_fitting_fraction, smallest_fitting_fraction, what_would_fit
+    from mbridge_offload.planning.memory import GIB, largest_host_fitting_fraction, smallest_fitting_fraction, what_would_fit
 
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **plan_options)
     if fraction is None:
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print(registry.listing())
         return EXIT_OK
     if args.rules:
-        from recipes.rules import rules_markdown
+        from mbridge_offload.validation.rules import rules_markdown
 
         print(rules_markdown())
         return EXIT_OK
@@ -167,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     quiet_import_notices()
     from overrides import OverrideErrors, apply_overrides
-    from recipes.describe import config_diff, format_diff, offload_summary, topology
-    from recipes.validate import validate
+    from mbridge_offload.describe import config_diff, format_diff, offload_summary, topology
+    from mbridge_offload.validation.validate import validate
 
-    from recipes.memory import format_plan, plan_kwargs, plan_problems, plan_with_recommendation
-    from recipes.validate import Problem, Report
+    from mbridge_offload.planning.memory import format_plan, plan_kwargs, plan_problems, plan_with_recommendation
+    from mbridge_offload.validation.problem import Problem, Report
 
     plan_options = plan_kwargs(args, launching=not args.dry_run)
     auto = AUTO in overrides
@@ -233,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     if args.dry_run:
         return EXIT_OK
-    from recipes.launch import launch
+    from mbridge_offload.runtime.launch import launch
 
     out_dir = args.out or Path("runs") / recipe.name
     return launch(cfg, recipe.name, num_gpus, out_dir.resolve(), argv, cpu_threads=cpu_threads,

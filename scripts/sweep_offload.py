@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from overrides.grammar import key_of  # noqa: E402
+from overrides.grammar import key_of
 
 SEED_PARITY = 0.001  # the seed's criterion: max |loss delta| vs baseline
 FRACTION_KEY = "optimizer.optimizer_offload_fraction"
@@ -150,7 +149,7 @@ def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], 
                 max_abs_loss_delta=delta,
                 peak_host_rss_gib=summary["peak_host_rss_gib"],
                 peak_pinned_host_gib=summary["peak_pinned_host_gib"],
-                # inside-step peaks, where the host runs out (recipes/host_memory_peak.py); older runs lack them
+                # inside-step peaks, where the host runs out (mbridge_offload/runtime/host_memory.py); older runs lack them
                 peak_node_host_used_gib=summary.get("peak_node_host_used_gib"),
                 loss_parity_seed=None if delta is None else delta < SEED_PARITY,
                 loss_parity_noise_floor=None if delta is None else delta <= tolerance,

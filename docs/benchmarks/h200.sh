@@ -83,7 +83,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --host-json "$runs/host/host.json" --configs stock-all-cores,stock-1-thread,overlap-on train.train_iters=10 ;;
     bench-chunked)
       # Third session (docs/benchmarks/offload-overhead/dense-1b-chunked/): overlap in 8 chunks
-      # (recipes/offload_pipelining.py) against stock and per-tensor overlap at 100% on the dense proxy, all
+      # (mbridge_offload/runtime/chunked_overlap.py) against stock and per-tensor overlap at 100% on the dense proxy, all
       # in one session (own baseline).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-chunked" --resume \
         --host-json "$(host_json)" --fractions 1 --baseline-runs 1 \

@@ -1,0 +1,49 @@
+"""What every check of this project reports: a ``Problem`` (key, value, rule, fix) and the ``Report``
+of one command. Rules of the rule table, the planner's checks and upstream's translated errors all
+produce the same type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    value: str
+    rule: str
+    fix: str
+    severity: str = "error"
+    rule_id: str = ""
+    source: str = "plugin"  # "plugin" (rule table) or "upstream" (ConfigContainer.validate)
+
+    def format(self) -> str:
+        tag = self.rule_id or self.source
+        return (f"{self.severity.upper():7} [{tag}] {self.key} = {self.value}\n"
+                f"        rule: {self.rule}\n"
+                f"        fix:  {self.fix}")
+
+
+@dataclass(frozen=True)
+class Report:
+    num_gpus: int
+    problems: tuple[Problem, ...]
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def format(self) -> str:
+        n_err, n_warn = len(self.errors), len(self.warnings)
+        head = (f"Validation for {self.num_gpus} GPU{'s' if self.num_gpus != 1 else ''}: "
+                f"{'OK' if self.ok else 'FAILED'} ({n_err} error{'s' if n_err != 1 else ''}, "
+                f"{n_warn} warning{'s' if n_warn != 1 else ''})")
+        return "\n".join([head] + ["  " + p.format() for p in self.errors + self.warnings])

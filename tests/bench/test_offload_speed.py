@@ -1,0 +1,341 @@
+"""Offload speed: the tuning run_recipe applies, the per-step breakdown in the metrics, the floor
+model, and bench_offload.py's rows, table and goal verdicts (CPU parts; the H200 runs are recorded
+in docs/benchmarks/offload-overhead/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_offload  # noqa: E402
+import run_recipe  # noqa: E402
+
+from mbridge_offload.planning.cost_model import floor, measure_host  # noqa: E402
+from mbridge_offload.runtime.offload_tuning import TUNED_KEYS, tune_offload  # noqa: E402
+
+OVERLAP = "optimizer.overlap_cpu_optimizer_d2h_h2d"
+
+
+def _offloaded(recipe, fraction=1.0, overlap=True):
+    from overrides import apply_overrides
+
+    return apply_overrides(recipe("qwen3_1b_proxy_pretrain_config"), [
+        "optimizer.optimizer_cpu_offload=True", f"optimizer.optimizer_offload_fraction={fraction}",
+        f"{OVERLAP}={overlap}"])
+
+
+def test_tuning_pipelines_the_overlap_in_chunks_and_keeps_what_the_user_set(recipe):
+    from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS
+
+    cfg = _offloaded(recipe, overlap=False)
+    tuned, lines, chunks = tune_offload(cfg)
+    assert tuned.optimizer.overlap_cpu_optimizer_d2h_h2d is True  # measured fastest on the H200, in chunks
+    assert chunks == TUNED_OVERLAP_CHUNKS == 8
+    assert cfg.optimizer.overlap_cpu_optimizer_d2h_h2d is False  # the input is untouched
+    assert any(line.startswith(f"{OVERLAP}=True (tuned") for line in lines)
+    assert "optimizer.pin_cpu_grads=True (already)" in lines
+    assert any(line.startswith("D2H/H2D overlap in 8 chunks") and "tuned" in line for line in lines)
+    kept, lines, chunks = tune_offload(cfg, {OVERLAP})
+    assert kept.optimizer.overlap_cpu_optimizer_d2h_h2d is False and chunks is None  # no overlap: nothing to chunk
+    assert f"{OVERLAP}=False (set by you, kept)" in lines
+    assert len(lines) == len(TUNED_KEYS)
+    mine, lines, chunks = tune_offload(cfg, (), overlap_chunks=3)
+    assert chunks == 3 and any("3 chunks" in line and "set by you" in line for line in lines)
+
+
+def test_tuning_leaves_a_config_without_optimizer_offload_alone(recipe):
+    cfg = recipe("qwen3_1b_proxy_pretrain_config")
+    same, lines, chunks = tune_offload(cfg)
+    assert same is cfg and lines == [] and chunks is None
+
+
+def test_dry_run_shows_the_tuning_and_stock_keeps_the_config(capsys):
+    args = ["--recipe", "qwen3_1b_proxy_pretrain_config", "--dry-run", "-of", "0.5", "--offload-tuning"]
+    assert run_recipe.main([*args, "tuned"]) == 0
+    out = capsys.readouterr().out
+    assert "Offload speed tuning" in out and f"{OVERLAP}=True (tuned" in out and "overlap in 8 chunks" in out
+    assert f"{OVERLAP}: False -> True" in out
+    assert run_recipe.main([*args, "tuned", f"{OVERLAP}=False"]) == 0
+    out = capsys.readouterr().out
+    assert f"{OVERLAP}=False (set by you, kept)" in out and "chunks" not in out
+    assert run_recipe.main(["--recipe", "qwen3_1b_proxy_optimizer_offload_config", "--dry-run"]) == 0
+    assert "Offload speed tuning" in capsys.readouterr().out
+    assert run_recipe.main([*args, "stock"]) == 0
+    assert "Offload speed tuning" not in capsys.readouterr().out
+
+
+HOST = {"cores": 16, "host_memory_gbps": {"1": 10.0, "16": 100.0}, "cpu_adam_gbps": {"1": 7.0, "16": 70.0},
+        "d2h_gbps": 50.0, "h2d_gbps": 40.0, "device_memory_gbps": 2800.0}
+TRAFFIC = {"offloaded_params": 10**9, "d2h_bytes": 4 * 10**9, "h2d_bytes": 4 * 10**9,
+           "cpu_optimizer_bytes": 28 * 10**9}
+
+
+def test_floor_prices_the_slowest_part_at_the_best_measured_rate():
+    limits = floor(TRAFFIC, baseline_step_s=0.5, host=HOST)
+    assert limits["d2h_s"] == pytest.approx(0.08) and limits["h2d_s"] == pytest.approx(0.1)
+    # Adam's 28 GB through host memory at the best 100 GB/s; the copies are DMA, priced on the links
+    assert limits["host_memory_s"] == pytest.approx(0.28)
+    assert limits["gpu_adam_saved_s"] == pytest.approx(0.01)
+    assert limits["floor_s"] == pytest.approx(0.5 - 0.01 + 0.28)
+    assert limits["adam_floor_s"] == pytest.approx(0.5 - 0.01 + 0.4)  # 28 GB at the measured 70 GB/s
+    assert limits["floor_slowdown"] == pytest.approx(0.77 / 0.5)
+    assert limits["host_memory_total_s"] is None  # not measured in HOST: that term is left out
+    # measured: all 36 GB through host memory at 100 GB/s binds over the cores' 28 GB at 100 GB/s
+    total = floor(TRAFFIC, 0.5, {**HOST, "host_memory_total_gbps": 100.0})
+    assert total["host_memory_total_s"] == pytest.approx(0.36) and total["floor_s"] == pytest.approx(0.5 - 0.01 + 0.36)
+    copy_bound = floor({**TRAFFIC, "cpu_optimizer_bytes": 10**9}, 0.5, HOST)
+    assert copy_bound["floor_s"] == pytest.approx(0.5 - 10**9 / 2.8e12 + 0.1)  # then H2D bounds it
+
+
+def test_measure_host_reports_the_cpu_side_without_a_gpu():
+    import torch
+
+    host = measure_host([1], size_mib=8)
+    assert host["cores"] >= 1 and set(host["host_memory_gbps"]) >= {"1"}
+    assert all(v > 0 for v in [*host["host_memory_gbps"].values(), *host["cpu_adam_gbps"].values()])
+    assert ("d2h_gbps" in host) == torch.cuda.is_available()
+
+
+def _write_steps(folder: Path, steps: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.rank0.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+
+
+def _step(i, step_time, optimizer=None, loss=1.0):
+    record = {"step": i, "step_time_s": step_time, "loss": loss, "peak_allocated_gib": 10.0,
+              "peak_reserved_gib": 11.0, "host_rss_gib": 5.0, "pinned_host_gib": 1.0}
+    if optimizer is not None:
+        record.update(offload_d2h_s=0.05, offload_cpu_optimizer_s=optimizer - 0.02, offload_h2d_s=0.04,
+                      offload_gpu_optimizer_s=0.0, offload_optimizer_step_s=optimizer)
+    return record
+
+
+def test_summary_has_the_steady_state_breakdown(tmp_path):
+    from mbridge_offload.runtime.metrics import format_summary, summarize
+
+    steps = [_step(i, 2.0 if i == 1 else 1.0, optimizer=0.4 if i > 3 else 0.9) for i in range(1, 10)]
+    steps[0]["offload_traffic"] = TRAFFIC
+    _write_steps(tmp_path, steps)
+    summary = summarize(tmp_path)
+    breakdown = summary["offload_breakdown"]
+    assert breakdown["optimizer_step_s"] == pytest.approx(0.4)  # warm-up steps excluded
+    assert breakdown["cpu_optimizer_s"] == pytest.approx(0.38)
+    assert breakdown["rest_of_step_s"] == pytest.approx(0.6)
+    assert summary["offload_traffic"] == TRAFFIC
+    table = format_summary(summary)
+    assert "CPU optimizer (Adam)" in table and "0.380 s" in table
+
+
+def test_summary_without_offload_has_no_breakdown(tmp_path):
+    from mbridge_offload.runtime.metrics import format_summary, summarize
+
+    _write_steps(tmp_path, [_step(i, 1.0) for i in range(1, 7)])
+    summary = summarize(tmp_path)
+    assert summary["offload_breakdown"] is None and summary["offload_traffic"] is None
+    assert "CPU optimizer" not in format_summary(summary)
+
+
+def _result(fraction, step_time, losses, traffic=TRAFFIC, threads=16, overlap=True, steps=None):
+    return {"fraction": fraction, "summary": {
+        "step_time_s": step_time, "losses": losses, "step_times_s": steps or [9.0, step_time, step_time],
+        "warmup_steps_excluded": 1, "peak_allocated_gib": 20.0 - 8 * fraction,
+        "offload_traffic": traffic if fraction else None, "cpu_threads_per_rank": threads,
+        "overlap_cpu_optimizer_d2h_h2d": overlap,
+        "offload_breakdown": {"d2h_s": 0.08, "cpu_optimizer_s": 0.3, "h2d_s": 0.1, "optimizer_step_s": 0.35}}}
+
+
+def test_bench_rows_compare_with_the_baseline_and_the_floor():
+    configs = bench_offload.configurations(16)
+    # the baseline step time pools both runs' steady-state steps (0.45, 0.55, 0.5, 0.5 -> 0.5)
+    baselines = [_result(0.0, 0.5, [3.0, 2.0], steps=[9.0, 0.45, 0.55]),
+                 _result(0.0, 0.55, [3.0, 2.002], steps=[9.0, 0.5, 0.5])]
+    chunked = _result(1.0, 0.9, [3.0, 2.01])
+    results = [("stock-1-thread", _result(1.0, 2.4, [3.0, 2.0005], threads=1, overlap=False)),
+               ("overlap-chunked", chunked), ("tuned", {**chunked, "same_run_as": "overlap-chunked"}),
+               ("tuned", {"fraction": 0.25, "reason": "CUDA out of memory"})]
+    rows, parity = bench_offload.build_rows(results, baselines, HOST, configs)
+    assert parity["noise_floor_max_abs_delta"] == pytest.approx(0.002)
+    assert parity["baseline_step_time_s"] == pytest.approx(0.5)
+    assert parity["baseline_step_time_spread"] == pytest.approx(0.1)
+    stock, _, tuned, failed = rows
+    assert stock["config"] == "stock" and stock["cpu_threads_per_rank"] == 1 and stock["overlap"] is False
+    assert stock["slowdown_vs_baseline"] == pytest.approx(4.8)
+    assert stock["floor_s"] == pytest.approx(0.77) and stock["over_floor_s"] == pytest.approx(2.4 - 0.77)
+    assert stock["loss_parity_noise_floor"] is True
+    assert tuned["config"] == "tuned" and tuned["same_run_as"] == "overlap-chunked"
+    assert tuned["loss_parity_noise_floor"] is False  # 0.01 > the 0.002 noise floor
+    assert failed["ok"] is False and failed["reason"] == "CUDA out of memory"
+    verdicts = bench_offload.goals(rows)
+    assert verdicts == [{"fraction": 1.0, "goal_slowdown": 1.25, "tuned_slowdown": pytest.approx(1.8),
+                         "floor_slowdown": pytest.approx(1.54), "met": False, "possible_on_this_host": False}]
+    table = bench_offload.markdown(rows, parity, verdicts, "t")
+    assert "| 1 | stock-1-thread | 1 | off | 2.400 | 4.80x | 0.770 | 1.54x |" in table
+    assert "| 1 | tuned (= overlap-chunked run) | 16 | on | 0.900 | 1.80x |" in table
+    assert "the floor alone is 1.54x on this host" in table and "no: CUDA out of memory" in table
+    assert "their own medians differ by 10.0%" in table
+
+
+def test_bench_goal_met_below_the_floor_names_the_baseline_spread():
+    rows = [{"fraction": 0.25, "config": "tuned", "variant": "tuned", "ok": True, "step_time_s": 0.5,
+             "slowdown_vs_baseline": 0.95, "floor_slowdown": 1.1}]
+    verdicts = bench_offload.goals(rows)
+    assert verdicts[0]["met"] is True and verdicts[0]["possible_on_this_host"] is False
+    parity = {"baseline_runs": 2, "noise_floor_max_abs_delta": None, "tolerance_used": 0.001,
+              "baseline_step_time_s": 0.53, "baseline_step_time_spread": 0.07}
+    table = bench_offload.markdown(rows, parity, verdicts, "t")
+    assert "inside the run-to-run spread of the baseline's step time (7% between identical runs)" in table
+
+
+def test_tuned_reuses_the_run_of_its_configuration_only_with_one_rank_per_node():
+    configs = bench_offload.configurations(16)
+    assert bench_offload.tuned_same_as(configs, 1, 16) == "overlap-chunked"
+    assert bench_offload.tuned_same_as(configs, 8, 16) is None  # the tuning splits the cores between 8 ranks
+    assert bench_offload.tuned_same_as(configs, 1, 32) is None  # tuned would use 32 threads
+    assert configs["stock-all-cores"]["overrides"] == [f"{OVERLAP}=False"]
+    assert configs["overlap-chunked"]["overrides"] == [f"{OVERLAP}=True"]
+    assert configs["overlap-chunked"]["args"][-2:] == ["--overlap-chunks", "8"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--configs", "fast"], [f"{OVERLAP}=True"], ["optimizer.optimizer_offload_fraction=0.5"], ["--num-gpus", "0"],
+])
+def test_bench_refuses_what_it_sets_itself(args, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "host.json").exists()
+
+
+def test_chunks_split_the_tensors_in_order_by_size():
+    from mbridge_offload.runtime.chunked_overlap import chunk_of_each_tensor
+
+    assert chunk_of_each_tensor([10, 20, 30, 40], 2) == [0, 0, 0, 1]
+    assert chunk_of_each_tensor([10, 20, 30, 40], 4) == [0, 0, 1, 2]
+    assert chunk_of_each_tensor([5, 5], 8) == [0, 4]
+    assert chunk_of_each_tensor([7, 1, 1], 1) == [0, 0, 0]
+
+
+def _groups(seed: int = 0):
+    import torch
+
+    torch.manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (300, 50, 200, 120, 10)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return [{"params": params[:3], "lr": 1e-2, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8},
+            {"params": params[3:], "lr": 1e-2, "weight_decay": 0.0, "betas": (0.9, 0.95), "eps": 1e-8}], params
+
+
+def test_chunked_optimizers_do_the_same_arithmetic_as_one_per_tensor():
+    import torch
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    from mbridge_offload.runtime.chunked_overlap import chunked_optimizer_builder
+
+    per_tensor_groups, per_tensor_params = _groups()
+    chunked_groups, chunked_params = _groups()
+    per_tensor = HybridDeviceOptimizer.build_cpu_optimizer_list(torch.optim.AdamW, per_tensor_groups)
+    chunked = chunked_optimizer_builder(2)(torch.optim.AdamW, chunked_groups)
+    assert len(per_tensor) == 5 and len(chunked) == 2
+    in_order = [p for o in chunked for g in o.param_groups for p in g["params"]]
+    assert [id(p) for p in in_order] == [id(p) for p in chunked_params]  # each tensor once, in order
+    assert [g["weight_decay"] for o in chunked for g in o.param_groups] == [0.1, 0.1, 0.0]
+    for _ in range(3):
+        for optimizer in (*per_tensor, *chunked):
+            optimizer.step()
+    for a, b in zip(per_tensor_params, chunked_params):
+        assert torch.equal(a, b)
+
+
+def test_use_chunked_overlap_replaces_the_library_builder_for_this_process():
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    from mbridge_offload.runtime.chunked_overlap import use_chunked_overlap
+
+    original = HybridDeviceOptimizer.__dict__["build_cpu_optimizer_list"]
+    try:
+        use_chunked_overlap(8)
+        assert HybridDeviceOptimizer.build_cpu_optimizer_list.__name__ == "build_cpu_optimizer_list"
+        assert HybridDeviceOptimizer.__dict__["build_cpu_optimizer_list"] is not original
+    finally:
+        HybridDeviceOptimizer.build_cpu_optimizer_list = original
+
+
+def test_overlap_chunks_needs_the_overlap_on(capsys):
+    args = ["--recipe", "qwen3_1b_proxy_pretrain_config", "--dry-run", "-of", "1", "--overlap-chunks", "8"]
+    assert run_recipe.main([*args, f"{OVERLAP}=False"]) == 2  # tuned, but the user turned the overlap off
+    err = capsys.readouterr().err
+    assert "optimizer.overlap_cpu_optimizer_d2h_h2d=False" in err and "Fix: add" in err
+    assert run_recipe.main([*args, "--offload-tuning", "stock"]) == 2  # stock keeps the recipe's overlap off
+    capsys.readouterr()
+    assert run_recipe.main([*args, "--offload-tuning", "stock", f"{OVERLAP}=True"]) == 0
+    out = capsys.readouterr().out
+    assert "Offload speed settings:" in out and "overlap in 8 chunks of about equal size (--overlap-chunks)" in out
+    assert run_recipe.main(args) == 0  # tuned turns the overlap on; the chunks asked for are kept
+    assert "8 chunks of about equal size (--overlap-chunks, set by you, kept)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        run_recipe.main([*args[:-1], "0"])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("folder", ["dense-1b", "dense-1b-chunked", "moe-proxy", "dense-1b-tuned",
+                                    "moe-proxy-tuned"])
+def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(folder, tmp_path):
+    """The committed tables are reassembled from the H200 run folders (--resume, nothing runs): a change
+    to the floor model or the rows must show in them."""
+    import shlex
+    import shutil
+
+    committed = ROOT / "docs" / "benchmarks" / "offload-overhead" / folder
+    command = json.loads((committed / "offload_overhead.json").read_text())["command"]
+    argv = shlex.split(command)[3:]  # after "uv run scripts/bench_offload.py"
+    copy = tmp_path / folder
+    shutil.copytree(committed, copy)
+    argv[argv.index("--out") + 1] = str(copy)
+    argv[argv.index("--host-json") + 1] = str(ROOT / argv[argv.index("--host-json") + 1])
+    bench_offload.main(argv)
+    table = lambda path: path.read_text().split("\n", 1)[1]  # without the command line
+    assert table(copy / "offload_overhead.md") == table(committed / "offload_overhead.md")
+    rows = lambda path: json.loads(path.read_text())["rows"]
+    assert rows(copy / "offload_overhead.json") == rows(committed / "offload_overhead.json")
+
+
+def test_repeated_runs_pool_their_steps_and_show_their_spread():
+    configs = bench_offload.configurations(16)
+    baselines = [_result(0.0, 0.5, [3.0, 2.0], steps=[9.0, 0.5, 0.5])]
+    first = _result(1.0, 0.8, [3.0, 2.001], steps=[9.0, 0.8, 0.8])
+    second = _result(1.0, 1.0, [3.0, 2.004], steps=[9.0, 1.0, 1.0])
+    second["summary"]["offload_breakdown"] = {"d2h_s": 0.1, "cpu_optimizer_s": 0.5, "h2d_s": 0.1, "optimizer_step_s": 0.55}
+    merged = bench_offload.merge_repeats([first, second])
+    assert merged["runs"] == 2 and merged["summary"]["step_time_s"] == pytest.approx(0.9)  # median of 0.8, 0.8, 1, 1
+    assert merged["step_time_spread"] == pytest.approx(0.2 / 0.9)
+    assert merged["summary"]["offload_breakdown"]["cpu_optimizer_s"] == pytest.approx(0.4)
+    rows, parity = bench_offload.build_rows([("overlap-chunked", merged)], baselines, HOST, configs)
+    assert rows[0]["runs"] == 2 and rows[0]["max_abs_loss_delta"] == pytest.approx(0.004)  # the worse repeat
+    assert "| 0.900 (2 runs, 22% apart) | 1.80x |" in bench_offload.markdown(rows, parity, [], "t")
+    failed = bench_offload.merge_repeats([first, {"fraction": 1.0, "reason": "CUDA out of memory"}])
+    assert failed == {"fraction": 1.0, "reason": "run 2 of 2: CUDA out of memory"}
+    assert bench_offload.merge_repeats([first]) is first  # one run: the row is that run's, as before
+
+
+def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
+    order = []
+
+    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s):
+        order.append(run_dir.name)
+        return _result(fraction, 0.5 + fraction, [3.0, 2.0])
+
+    monkeypatch.setattr(bench_offload, "run", fake_run)
+    bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5",
+                        "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--host-json",
+                        str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
+    assert order == ["baseline", "fraction-0.5-overlap-chunked", "fraction-0.5-stock-all-cores",
+                     "baseline-repeat1", "fraction-0.5-overlap-chunked-repeat1", "fraction-0.5-stock-all-cores-repeat1"]
+    rows = json.loads((tmp_path / "offload_overhead.json").read_text())["rows"]
+    assert {r["variant"]: r["runs"] for r in rows} == {"overlap-chunked": 2, "stock-all-cores": 2, "tuned": 2}

@@ -1,0 +1,103 @@
+"""Composition in Python: transforms are pure, state only their deltas, commute, log each change once."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+
+from recipes import (with_activation_offload, with_fine_grained_offload, with_optimizer_offload,
+                     without_optimizer_offload)
+from mbridge_offload.describe import config_diff
+
+DENSE = "qwen3_1b_proxy_pretrain_config"
+MOE = "qwen3_30b_a3b_proxy_pretrain_config"
+
+
+def test_transforms_never_mutate_their_argument(built):
+    cfg = built(DENSE)
+    before = copy.deepcopy(cfg)
+    with_optimizer_offload(cfg, fraction=0.3, overlap=False)
+    with_activation_offload(cfg, num_layers=4)
+    with_fine_grained_offload(cfg, modules=["core_attn"])
+    without_optimizer_offload(cfg)
+    assert config_diff(before, cfg) == []
+
+
+def test_each_transform_states_only_its_deltas(built):
+    cfg = built(DENSE)
+    changed = {key for key, _, _ in config_diff(cfg, with_optimizer_offload(cfg, fraction=0.25))}
+    assert changed == {"optimizer.optimizer_cpu_offload", "optimizer.optimizer_offload_fraction"}
+    changed = {key for key, _, _ in config_diff(cfg, with_optimizer_offload(cfg, fraction=0.25, overlap=True))}
+    assert changed == {"optimizer.optimizer_cpu_offload", "optimizer.optimizer_offload_fraction",
+                       "optimizer.overlap_cpu_optimizer_d2h_h2d"}
+    changed = {key for key, _, _ in config_diff(cfg, with_activation_offload(cfg, num_layers=3))}
+    assert changed == {"model.cpu_offloading", "model.cpu_offloading_num_layers"}
+    changed = {key for key, _, _ in config_diff(cfg, with_fine_grained_offload(cfg, modules=["core_attn"]))}
+    assert changed == {"model.fine_grained_activation_offloading", "model.offload_modules",
+                       "env_vars.NVTE_CPU_OFFLOAD_V1"}
+
+
+@pytest.mark.parametrize("name", [DENSE, MOE])
+def test_transforms_commute(built, name):
+    cfg = built(name)
+    a = lambda c: with_optimizer_offload(c, fraction=0.75, overlap=True)  # noqa: E731
+    b = lambda c: with_activation_offload(c, num_layers=1, weights=True)  # noqa: E731
+    f = lambda c: with_fine_grained_offload(c, modules=["core_attn", "attn_proj"], fraction=0.5)  # noqa: E731
+    assert config_diff(a(b(cfg)), b(a(cfg))) == []
+    assert config_diff(a(f(cfg)), f(a(cfg))) == []
+    assert config_diff(b(f(cfg)), f(b(cfg))) == []
+
+
+def test_each_change_is_logged_once_in_words(built, caplog):
+    cfg = built(DENSE)
+    with caplog.at_level(logging.INFO, logger="mbridge_offload"):
+        once = with_optimizer_offload(cfg, fraction=0.5, overlap=True)
+        with_optimizer_offload(once, fraction=0.5, overlap=True)  # nothing changes: nothing logged
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "optimizer.optimizer_cpu_offload: False -> True (optimizer offload: 50% of optimizer states on the CPU)",
+        "optimizer.optimizer_offload_fraction: 0.0 -> 0.5 (optimizer offload: 50% of optimizer states on the CPU)",
+        "optimizer.overlap_cpu_optimizer_d2h_h2d: False -> True (optimizer offload: 50% of optimizer states on the CPU)",
+    ]
+
+
+def test_transform_arguments_are_checked_against_the_rule_table(built, caplog):
+    cfg = built(DENSE)
+    with caplog.at_level(logging.INFO, logger="mbridge_offload"):
+        with pytest.raises(ValueError, match="optimizer.optimizer_offload_fraction=1.5: must be a number from 0 to 1"):
+            with_optimizer_offload(cfg, fraction=1.5)
+        with pytest.raises(ValueError, match=r"0 <= cpu_offloading_num_layers < model.num_layers"):
+            with_activation_offload(cfg, num_layers=16)
+        with pytest.raises(ValueError, match="each module must be one of"):
+            with_fine_grained_offload(cfg, modules=["expert_fc2"])
+    assert caplog.records == []  # a refused transform logs nothing
+    with pytest.raises(TypeError):
+        with_optimizer_offload(cfg, fraction="0.5")
+    with pytest.raises(TypeError):
+        with_fine_grained_offload(cfg, modules="expert_fc1")
+    assert with_activation_offload(cfg, num_layers=15).model.cpu_offloading_num_layers == 15
+
+
+def test_sweep_in_python(built):
+    """Users sweep fractions by composing: every config differs from the base only in the fraction."""
+    base = built(DENSE)
+    configs = {f: with_optimizer_offload(base, fraction=f) for f in (0.25, 0.5, 0.75, 1.0)}
+    for fraction, cfg in configs.items():
+        assert cfg.optimizer.optimizer_offload_fraction == fraction
+    assert base.optimizer.optimizer_cpu_offload is False
+
+
+def test_readme_python_example_runs(capsys):
+    """The README's composition example, executed as written."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)  # noqa: S102
+    assert "Validation for 1 GPU: OK" in capsys.readouterr().out
+    assert namespace["moe"].model.fine_grained_activation_offloading
+    assert sorted(namespace["sweep"]) == [0.25, 0.5, 0.75, 1.0]

@@ -1,0 +1,54 @@
+"""The inside-step host peaks the metrics keep (mbridge_offload/runtime/host_memory.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mbridge_offload.facts.units import GIB
+from mbridge_offload.runtime.host_memory import NodeUsedPeak, node_used_bytes, rss_high_water_bytes
+
+linux_proc = pytest.mark.skipif(node_used_bytes() is None, reason="needs Linux /proc")
+
+
+@linux_proc
+def test_rss_high_water_keeps_a_peak_that_is_gone():
+    before = rss_high_water_bytes()
+    block = bytearray(512 * 1024**2)
+    block[::4096] = b"\x01" * len(block[::4096])  # touch every page: resident now
+    held = rss_high_water_bytes()
+    del block
+    assert held - before > 256 * 1024**2 or before > 512 * 1024**2
+    # freed, and still the high-water mark (the kernel's RSS counters are approximate by a few pages)
+    assert rss_high_water_bytes() >= held - 16 * 1024**2
+
+
+@linux_proc
+def test_node_used_is_this_node_s_memory():
+    assert 0 < node_used_bytes() / GIB < 100_000
+
+
+def test_node_peak_keeps_a_rise_that_lasted_between_step_ends():
+    # readings of MemTotal - MemAvailable as the H200's 7-layer run gave them, one per sample (GiB):
+    # the rise inside the first optimizer step, then back down before the step ends
+    readings = iter([79.3, 94.4, 116.0, 116.1, 95.6, 95.6])
+    done = threading.Event()
+
+    def read():
+        value = next(readings, None)
+        if value is None:
+            done.set()
+            return int(95.6 * GIB)
+        return int(value * GIB)
+
+    sampler = NodeUsedPeak(interval_s=0.001, read=read).start()
+    assert done.wait(5)
+    sampler.stop()
+    assert sampler.peak_bytes() == int(116.1 * GIB)
+
+
+def test_node_peak_without_proc_is_none():
+    sampler = NodeUsedPeak(interval_s=0.001, read=lambda: None).start()
+    sampler.stop()
+    assert sampler.peak_bytes() is None

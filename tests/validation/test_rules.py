@@ -1,0 +1,210 @@
+"""Every rule of the rule table has a case where it applies and holds, and one where it is broken.
+
+Each case starts from a real recipe, sets a few keys, and checks the rule table through the same
+``check_rules`` the validator uses. A broken rule must come back with its key, value, rule and fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from megatron.bridge.training.config import FaultToleranceConfig
+
+from mbridge_offload.facts.config_tree import set_path
+from mbridge_offload.validation.rules import RULES, RULES_BY_ID, Context, rules_markdown
+from mbridge_offload.validation.validate import check_rules
+
+DENSE = "qwen3_1b_proxy_pretrain_config"  # 16 layers, 16 heads, 8 query groups
+DENSE_OPT = "qwen3_1b_proxy_optimizer_offload_config"
+DENSE_ACT = "qwen3_1b_proxy_activation_offload_config"
+MOE = "qwen3_30b_a3b_pretrain_config"  # 48 layers, 128 experts, TP2 PP2 EP4, 16 GPUs
+MOE_FG = "qwen3_30b_a3b_proxy_fine_grained_offload_config"
+FT = FaultToleranceConfig()
+
+
+def case(recipe, passing, failing, gpus=(1, 1), passing_ctx=None, failing_ctx=None):
+    return dict(recipe=recipe, passing=passing, failing=failing, gpus=gpus,
+                passing_ctx=passing_ctx or {}, failing_ctx=failing_ctx or {})
+
+
+FG_DENSE = {"model.fine_grained_activation_offloading": True, "env_vars.NVTE_CPU_OFFLOAD_V1": "1"}
+NO_MODULES = {"has_module": lambda name: False}
+ALL_MODULES = {"has_module": lambda name: True}
+
+CASES = {
+    "optimizer-offload/fraction-range": case(DENSE_OPT, {"optimizer.optimizer_offload_fraction": 0.3},
+                                             {"optimizer.optimizer_offload_fraction": 1.5}),
+    "optimizer-offload/distributed-optimizer": case(
+        DENSE_OPT, {"ddp.use_distributed_optimizer": False},
+        {"optimizer.use_distributed_optimizer": False, "ddp.use_distributed_optimizer": False}),
+    "optimizer-offload/optimizer-kind": case(DENSE_OPT, {"optimizer.optimizer": "sgd"}, {"optimizer.optimizer": "muon"}),
+    "optimizer-offload/decoupled-weight-decay": case(DENSE_OPT, {}, {"optimizer.decoupled_weight_decay": False}),
+    "optimizer-offload/fraction-zero": case(DENSE_OPT, {"optimizer.optimizer_offload_fraction": 0.05},
+                                            {"optimizer.optimizer_offload_fraction": 0.0}),
+    "optimizer-offload/fraction-ignored": case(DENSE, {"optimizer.optimizer_offload_fraction": 0.0},
+                                               {"optimizer.optimizer_offload_fraction": 0.5}),
+    "optimizer-offload/overlap-ignored": case(DENSE, {"optimizer.overlap_cpu_optimizer_d2h_h2d": False},
+                                              {"optimizer.overlap_cpu_optimizer_d2h_h2d": True}),
+    "optimizer-offload/precision-aware-ignored": case(
+        DENSE_OPT, {"optimizer.use_precision_aware_optimizer": True},
+        {"optimizer.use_precision_aware_optimizer": True, "optimizer.exp_avg_dtype": torch.bfloat16,
+         "optimizer.exp_avg_sq_dtype": torch.bfloat16}),
+    "activation-offload/num-layers-range": case(DENSE_ACT, {"model.cpu_offloading_num_layers": 15},
+                                                {"model.cpu_offloading_num_layers": 16}),
+    "activation-offload/pipeline-parallel": case(DENSE_ACT, {}, {"model.pipeline_model_parallel_size": 2}, gpus=(1, 2)),
+    "activation-offload/recompute": case(DENSE_ACT, {}, {"model.recompute_granularity": "full",
+                                                         "model.recompute_method": "uniform",
+                                                         "model.recompute_num_layers": 1}),
+    "activation-offload/cuda-graphs": case(DENSE_ACT, {}, {"model.cuda_graph_impl": "transformer_engine"}),
+    "activation-offload/not-with-fine-grained": case(
+        DENSE_ACT, {}, {**FG_DENSE, "model.offload_modules": ["core_attn"]}),
+    "activation-offload/offloads-something": case(
+        DENSE_ACT, {"model.cpu_offloading_activations": False, "model.cpu_offloading_weights": True},
+        {"model.cpu_offloading_activations": False, "model.cpu_offloading_weights": False}),
+    "activation-offload/transformer-engine": case(DENSE_ACT, {}, {"model.transformer_impl": "local"}),
+    "activation-offload/paged-stash": case(DENSE_ACT, {}, {"model.moe_paged_stash": True}),
+    "fine-grained/modules-known": case(MOE_FG, {"model.offload_modules": ["core_attn", "attn_proj"]},
+                                       {"model.offload_modules": ["expert_fc2"]}),
+    "fine-grained/fraction-range": case(MOE_FG, {"model.activation_offload_fraction": 0.5},
+                                        {"model.activation_offload_fraction": -0.1}),
+    "fine-grained/min-tensor-size": case(MOE_FG, {"model.min_offloaded_tensor_size": 0},
+                                         {"model.min_offloaded_tensor_size": -1}),
+    "fine-grained/pp-balance": case(MOE_FG, {"model.delta_offload_bytes_across_pp_ranks": 4096},
+                                    {"model.delta_offload_bytes_across_pp_ranks": -5}),
+    "fine-grained/modules-given": case(MOE_FG, {}, {"model.offload_modules": []}),
+    "fine-grained/transformer-engine": case(MOE_FG, {}, {"model.transformer_impl": "local"}),
+    "fine-grained/attn-proj-needs-core-attn": case(MOE_FG, {"model.offload_modules": ["core_attn", "attn_proj"]},
+                                                   {"model.offload_modules": ["attn_proj"]}),
+    "fine-grained/moe-modules-need-experts": case(DENSE, {**FG_DENSE, "model.offload_modules": ["core_attn"]},
+                                                  {**FG_DENSE, "model.offload_modules": ["expert_fc1"]}),
+    "fine-grained/fused-group-mlp": case(
+        MOE_FG, {"model.offload_modules": ["fused_group_mlp"], "model.use_transformer_engine_op_fuser": True},
+        {"model.offload_modules": ["fused_group_mlp", "moe_act"], "model.use_transformer_engine_op_fuser": True}),
+    "fine-grained/not-inside-moe-recompute": case(
+        MOE_FG, {"model.recompute_granularity": "selective", "model.recompute_modules": ["core_attn"]},
+        {"model.recompute_granularity": "selective", "model.recompute_modules": ["moe"]}),
+    "fine-grained/cuda-graphs": case(MOE_FG, {"model.cuda_graph_impl": "transformer_engine"},
+                                     {"model.cuda_graph_impl": "local", "model.offload_modules": ["core_attn"]}),
+    "fine-grained/nvte-cpu-offload-v1": case(MOE_FG, {}, {"env_vars": {}}),
+    "parallel/world-size": case(MOE, {}, {}, gpus=(16, 6)),
+    "parallel/layers-per-stage": case(MOE, {"model.pipeline_model_parallel_size": 4},
+                                      {"model.pipeline_model_parallel_size": 5}, gpus=(16, 20)),
+    "parallel/global-batch": case(MOE, {"train.global_batch_size": 8}, {"train.global_batch_size": 6}, gpus=(16, 16)),
+    "parallel/heads-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 8},
+                                  {"model.tensor_model_parallel_size": 16}, gpus=(8, 16)),
+    "parallel/experts-per-ep": case(MOE, {"model.expert_model_parallel_size": 8},
+                                    {"model.expert_model_parallel_size": 3}, gpus=(16, 12)),
+    "parallel/expert-grid": case(MOE, {}, {"model.expert_model_parallel_size": 16}, gpus=(16, 16)),
+    "parallel/ep-needs-experts": case(DENSE, {"model.expert_model_parallel_size": 2, "model.num_moe_experts": 8},
+                                      {"model.expert_model_parallel_size": 2}, gpus=(2, 2)),
+    "parallel/seq-length-match": case(DENSE, {"model.seq_length": 1024, "dataset.seq_length": 1024},
+                                      {"dataset.seq_length": 1024}),
+    "parallel/seq-length-cp": case(DENSE, {"model.context_parallel_size": 2},
+                                   {"model.context_parallel_size": 2, "model.seq_length": 2050,
+                                    "dataset.seq_length": 2050}, gpus=(2, 2)),
+    "env/transformer-engine": case(DENSE, {}, {}, failing_ctx={"te_version": None}),
+    "env/apex-gradient-accumulation-fusion": case(
+        DENSE, {"model.gradient_accumulation_fusion": True}, {"model.gradient_accumulation_fusion": True},
+        passing_ctx=ALL_MODULES, failing_ctx=NO_MODULES),
+    "env/nvidia-resiliency-ext": case(DENSE, {"ft": FT}, {"ft": FT}, passing_ctx=ALL_MODULES, failing_ctx=NO_MODULES),
+    "env/fast-hadamard-transform": case(
+        DENSE, {"model.experimental_attention_variant": "dsa"}, {"model.experimental_attention_variant": "dsa"},
+        passing_ctx=ALL_MODULES, failing_ctx=NO_MODULES),
+}
+
+
+def _problems(recipe, spec, which):
+    cfg = recipe(spec["recipe"])
+    for key, value in spec[which].items():
+        set_path(cfg, key, value)
+    gpus = spec["gpus"][0 if which == "passing" else 1]
+    ctx = Context(cfg, gpus, environ={}, **spec[f"{which}_ctx"])
+    return ctx, check_rules(ctx)
+
+
+def test_every_rule_has_a_passing_and_a_failing_case():
+    assert set(CASES) == set(RULES_BY_ID)
+
+
+# Rules whose trigger is the violation itself (e.g. "moe in recompute_modules while offloading MoE
+# modules"): their passing case is the neighbouring valid setting, where the rule does not apply.
+PASS_BY_NOT_APPLYING = {
+    "optimizer-offload/fraction-ignored", "optimizer-offload/overlap-ignored",
+    "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
+}
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_passes(recipe, rule_id):
+    ctx, problems = _problems(recipe, CASES[rule_id], "passing")
+    rule = RULES_BY_ID[rule_id]
+    assert rule.applies(ctx) != (rule_id in PASS_BY_NOT_APPLYING), "the passing case must exercise the rule"
+    assert rule_id not in {p.rule_id for p in problems}
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fails_with_key_value_rule_and_fix(recipe, rule_id):
+    ctx, problems = _problems(recipe, CASES[rule_id], "failing")
+    found = [p for p in problems if p.rule_id == rule_id]
+    assert found, f"{rule_id} not reported; got {[p.rule_id for p in problems]}"
+    problem = found[0]
+    rule = RULES_BY_ID[rule_id]
+    assert problem.key == rule.key and problem.rule == rule.text
+    assert problem.value and problem.fix and problem.severity == rule.severity
+
+
+def test_num_layers_range_is_strictly_below_num_layers(recipe):
+    """Megatron Core enforces 0 <= n < num_layers: n = num_layers - 1 is allowed, -1 is not."""
+    rule = RULES_BY_ID["activation-offload/num-layers-range"]
+    for n, ok in ((0, True), (15, True), (16, False), (-1, False)):
+        cfg = recipe(DENSE_ACT)
+        cfg.model.cpu_offloading_num_layers = n
+        assert rule.holds(Context(cfg, 1, environ={})) is ok, n
+
+
+def test_shell_value_of_nvte_wins_over_the_recipe(recipe):
+    cfg = recipe(MOE_FG)
+    ok = Context(cfg, 1, environ={})
+    overridden = Context(cfg, 1, environ={"NVTE_CPU_OFFLOAD_V1": "0"})
+    assert "fine-grained/nvte-cpu-offload-v1" not in {p.rule_id for p in check_rules(ok)}
+    problems = {p.rule_id: p for p in check_rules(overridden)}
+    assert "export NVTE_CPU_OFFLOAD_V1=1" in problems["fine-grained/nvte-cpu-offload-v1"].fix
+
+
+def test_fixes_are_overrides_that_resolve_the_problem(recipe):
+    """Pasting the fix of a parallelism problem makes that problem go away."""
+    from overrides import apply_overrides
+
+    cfg = recipe(MOE)
+    cfg.train.global_batch_size = 6
+    problem = next(p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id == "parallel/global-batch")
+    fixed = apply_overrides(cfg, problem.fix.split())
+    assert "parallel/global-batch" not in {p.rule_id for p in check_rules(Context(fixed, 16, environ={}))}
+
+
+def test_rules_table_names_every_rule_and_readme_carries_it():
+    from pathlib import Path
+
+    table = rules_markdown()
+    for rule in RULES:
+        assert rule.text in table
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert table in readme, "README's rule table is stale: paste `run_recipe.py --rules` into it"
+
+
+def test_precision_aware_states_under_offload_are_flagged_fixed_and_planned_as_fp32(recipe):
+    from overrides import apply_overrides
+    from mbridge_offload.planning.memory import plan
+
+    lower = ["optimizer.use_precision_aware_optimizer=True", "optimizer.exp_avg_dtype=bfloat16",
+             "optimizer.exp_avg_sq_dtype=bfloat16"]
+    offloaded = apply_overrides(recipe(DENSE_OPT), lower)
+    problem = next(p for p in check_rules(Context(offloaded, 1, environ={}))
+                   if p.rule_id == "optimizer-offload/precision-aware-ignored")
+    assert problem.severity == "warning" and "exp_avg_dtype=bfloat16" in problem.value
+    fixed = apply_overrides(offloaded, problem.fix.split("  ")[0].split())
+    assert "optimizer-offload/precision-aware-ignored" not in {p.rule_id for p in check_rules(Context(fixed, 1, environ={}))}
+    # the plan counts what HybridDeviceOptimizer keeps (fp32 m and v), and the bf16 states where there is no offload
+    assert plan(offloaded, 1).offloaded_bytes_host_per_rank == plan(fixed, 1).offloaded_bytes_host_per_rank
+    on_gpu = apply_overrides(recipe(DENSE), lower)
+    assert plan(on_gpu, 1).optimizer_bytes_gpu < plan(recipe(DENSE), 1).optimizer_bytes_gpu
