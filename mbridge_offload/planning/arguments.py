@@ -1,0 +1,54 @@
+"""The planner's command-line options, shared by plan_offload.py and run_recipe.py, and the plan()
+keyword arguments they give. Light on purpose: scripts import it to build their parser before the
+slow Megatron import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mbridge_offload.planning.capacity import gpu_memory_gib_here, host_memory_available_gib
+from mbridge_offload.planning.cost_model import H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS
+from mbridge_offload.planning.memory_plan import (DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MARGIN_GIB, DEFAULT_MARGIN_GIB,
+                                                  HOST_MEMORY_AVAILABLE_NOW, HOST_MEMORY_GIVEN)
+
+
+def add_plan_arguments(parser) -> None:
+    """The planner's options, shared by plan_offload.py and run_recipe.py."""
+    group = parser.add_argument_group("memory plan")
+    group.add_argument("--gpu-memory-gib", type=float, metavar="G",
+                       help="GPU memory per device (default: this GPU's, else 80 for an H100 80GB)")
+    group.add_argument("--host-memory-gib", type=float, metavar="H",
+                       help="host memory per node (default: not checked for a plan or dry run; "
+                            "this machine's MemAvailable when launching)")
+    group.add_argument("--gpus-per-node", type=int, metavar="N", help="ranks per node (default min(GPUs, 8))")
+    group.add_argument("--margin-gib", type=float, default=DEFAULT_MARGIN_GIB, metavar="M",
+                       help=f"GPU memory kept free for workspace and fragmentation (default {DEFAULT_MARGIN_GIB:g})")
+    group.add_argument("--host-margin-gib", type=float, default=DEFAULT_HOST_MARGIN_GIB, metavar="M",
+                       help="host memory kept free per offloading rank beyond the planned peak of the first optimizer "
+                            f"step, for what the H200 measurements do not cover (default {DEFAULT_HOST_MARGIN_GIB:g})")
+    group.add_argument("--host-link-gbps", type=float, default=DEFAULT_HOST_LINK_GBPS, metavar="B",
+                       help=f"host<->GPU bandwidth per direction in GB/s (default {DEFAULT_HOST_LINK_GBPS:g}, PCIe Gen5 x16)")
+    group.add_argument("--host-memory-gbps", type=float, default=H200_HOST_MEMORY_GBPS, metavar="B",
+                       help=f"host memory bandwidth per node in GB/s that the cores reach, which the CPU Adam of all "
+                            f"its ranks shares (default {H200_HOST_MEMORY_GBPS:g}, the project's 16-core H200 host; "
+                            "scripts/measure_host.py measures yours)")
+    group.add_argument("--host-memory-total-gbps", type=float, default=H200_HOST_MEMORY_TOTAL_GBPS, metavar="B",
+                       help="host memory bandwidth per node in GB/s for all traffic, the copies' DMA with the cores' "
+                            f"work (default {H200_HOST_MEMORY_TOTAL_GBPS:g}, the best measured on the H200 host; "
+                            "scripts/measure_host.py measures yours as host_memory_total_gbps)")
+    group.add_argument("--step-time-budget-s", type=float, metavar="S",
+                       help="refuse when the offload work alone (copies and CPU Adam) needs longer than S seconds "
+                            "per step")
+
+
+def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
+    """Planner options from the command line. The host is only checked against this machine's
+    memory when launching here; a plan for another node checks it when --host-memory-gib is given."""
+    gpu = args.gpu_memory_gib or gpu_memory_gib_here() or 80.0
+    host, source = args.host_memory_gib, HOST_MEMORY_GIVEN
+    if host is None and launching:
+        host, source = host_memory_available_gib(), HOST_MEMORY_AVAILABLE_NOW
+    return dict(gpu_memory_gib=gpu, host_memory_gib=host, host_memory_source=source, margin_gib=args.margin_gib,
+                host_margin_gib=args.host_margin_gib, host_memory_total_gbps=args.host_memory_total_gbps,
+                host_link_gbps=args.host_link_gbps, gpus_per_node=args.gpus_per_node,
+                host_memory_gbps=args.host_memory_gbps)

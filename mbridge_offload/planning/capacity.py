@@ -1,0 +1,24 @@
+"""The memory of the machine this runs on: what a plan made here checks against by default."""
+
+from __future__ import annotations
+
+from mbridge_offload.facts.proc import proc_kib
+from mbridge_offload.facts.units import GIB
+
+
+def host_memory_available_gib() -> float | None:
+    """MemAvailable of this machine (the node a launch runs on), or None where unknown."""
+    kib = proc_kib("MemAvailable", "/proc/meminfo")
+    return None if kib is None else kib * 1024 / GIB
+
+
+def gpu_memory_gib_here() -> float | None:
+    """Memory of this machine's first GPU, or None without a usable one."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    except Exception:  # noqa: BLE001  (no usable CUDA: the caller's default applies)
+        pass
+    return None

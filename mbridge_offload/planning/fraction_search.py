@@ -1,0 +1,102 @@
+"""Searching the offload fraction: the smallest the GPU fits, the largest the host holds, and what else
+would fit when no fraction does. Fractions are tried in steps of 0.05, each with a whole plan."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+from mbridge_offload.facts.config_tree import set_path
+from mbridge_offload.facts.units import GIB
+from mbridge_offload.planning.memory_plan import Plan, plan
+
+AUTO_STEP = 0.05
+AUTO_OVERRIDE = "optimizer.optimizer_offload_fraction=auto"  # resolved by the planner
+
+
+def _fractions(descending: bool = False) -> list[float]:
+    """0, 0.05, ..., 1 (rounded, so that they print as typed)."""
+    steps = range(int(round(1 / AUTO_STEP)) + 1)
+    return [round(i * AUTO_STEP, 2) for i in (reversed(steps) if descending else steps)]
+
+
+def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan]:
+    """The smallest fraction (steps of 0.05) whose plan fits the GPU with the margin."""
+    last = None
+    for fraction in _fractions():
+        last = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+        if last.fits_gpu:
+            return fraction, last
+    return None, last
+
+
+def largest_host_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan | None]:
+    """The largest fraction (steps of 0.05) whose host peak fits the node, with its plan."""
+    for fraction in _fractions(descending=True):
+        candidate = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+        if candidate.fits_host is not False:
+            return candidate.fraction, candidate
+    return None, None
+
+
+def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
+    """Changes that make a plan fit when no offload fraction does (each checked with the planner)."""
+
+    def what_if(deltas: dict):  # a changed copy, not logged: nothing is applied to the user's config
+        changed = copy.deepcopy(cfg)
+        for key, value in deltas.items():
+            set_path(changed, key, value)
+        return changed
+
+    m = cfg.model
+    options = []
+    tries = [
+        (f"{num_gpus * 2} GPUs (--num-gpus {num_gpus * 2}, twice the data parallelism)", cfg, num_gpus * 2),
+    ]
+    if m.num_layers % (m.pipeline_model_parallel_size * 2) == 0:
+        tries.append((f"model.pipeline_model_parallel_size={m.pipeline_model_parallel_size * 2} "
+                      f"with --num-gpus {num_gpus * 2}",
+                      what_if({"model.pipeline_model_parallel_size": m.pipeline_model_parallel_size * 2}),
+                      num_gpus * 2))
+    if cfg.train.micro_batch_size > 1:
+        tries.append(("train.micro_batch_size=1", what_if({"train.micro_batch_size": 1}),
+                      num_gpus))
+    if m.pipeline_model_parallel_size == 1 and not m.cpu_offloading and not m.fine_grained_activation_offloading:
+        tries.append((f"activation offload: model.cpu_offloading=True model.cpu_offloading_num_layers={m.num_layers - 1}",
+                      what_if({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1}),
+                      num_gpus))
+    for text, candidate, gpus in tries:
+        fraction, _ = smallest_fitting_fraction(candidate, gpus, **kwargs)
+        if fraction is not None:
+            options.append(f"{text} (then fits at fraction {fraction:g})")
+    return options
+
+
+def recommend(cfg, num_gpus: int, **kwargs) -> str:
+    """The smallest fitting fraction in words, or what would fit when none does."""
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **kwargs)
+    if fraction is None:
+        options = what_would_fit(cfg, num_gpus, **kwargs)
+        return ("does not fit even with all optimizer states on the CPU"
+                + (": try " + "; or ".join(options) if options else ""))
+    if fraction == 0.0:
+        return "fits without optimizer offload"
+    if fitting.fits_host is False:
+        return (f"the GPU needs optimizer offload fraction {fraction:g} or more, and the host holds less "
+                "(see memory/host-fit)")
+    return (f"smallest optimizer offload fraction that fits: {fraction:g} "
+            f"({fitting.total_bytes_gpu / GIB:.1f} GiB of {fitting.gpu_memory_gib:g} GiB with "
+            f"{fitting.margin_gib:g} GiB margin)")
+
+
+def plan_with_recommendation(cfg, num_gpus: int, fraction: float | None = None, **kwargs) -> Plan:
+    """plan() plus its recommendation (the smallest fitting fraction, or what would fit), and, where the
+    host does not fit, the largest fraction it holds."""
+    result = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+    result = dataclasses.replace(result, recommendation=recommend(cfg, num_gpus, **kwargs))
+    if result.fits_host is False:
+        largest, at_largest = largest_host_fitting_fraction(cfg, num_gpus, **kwargs)
+        result = dataclasses.replace(
+            result, host_fit_searched=True, host_fitting_fraction=largest,
+            host_fitting_fraction_fits_gpu=None if at_largest is None else at_largest.fits_gpu)
+    return result

@@ -1,0 +1,215 @@
+"""The memory plan of a config: per-GPU and host memory of the worst rank, before anything is queued.
+
+The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (docs/benchmarks/):
+
+- Parameters per rank and stage: tensors.py. Activations: activations.py.
+- GPU state = bf16 weights (2 B) + gradient buffer (4 B with ``grad_reduce_in_fp32``, else 2 B)
+  + optimizer state. The distributed optimizer shards the optimizer state of dense parameters over
+  DP x CP and of expert parameters over the expert-data-parallel group. Its fp32 main parameters
+  stay on the GPU under offload; Adam's m and v (8 B) move to the host for offloaded parameters.
+- Which parameters are offloaded follows Megatron Core's ``HybridDeviceOptimizer``: it walks the
+  optimizer's parameters in order (tensors.py) and offloads whole tensors until the offloaded share
+  reaches the fraction, so a large last tensor can overshoot (measured: 0.75 offloads everything on the
+  dense proxy because the embedding comes last).
+- Host per offloaded parameter: m and v (8 B, pageable) plus pinned fp32 copies of the parameter
+  and its gradient (8 B), each pinned tensor rounded up to a power of two by PyTorch's caching host
+  allocator; plus a fixed base per process. That is the steady state. The node's memory peaks above it
+  inside the first optimizer step, by a measured 5.1 B per offloaded parameter; the host check uses that
+  peak, since a host overflow is a SIGKILL.
+- The pipeline stage with the most GPU bytes is the worst rank; the plan reports it, and each stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mbridge_offload.facts.dtypes import dtype_bytes
+from mbridge_offload.facts.offload_bytes import traffic_of
+from mbridge_offload.facts.parallel import ParallelSizes
+from mbridge_offload.facts.units import GIB
+from mbridge_offload.planning.activations import activation_bytes, offloaded_layer_bytes
+from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
+                                                 offload_time_lower_bound)
+from mbridge_offload.planning.tensors import Tensor, stage_tensors
+
+BASE_GPU_BYTES = int(0.5 * GIB)  # CUDA context, NCCL and library workspaces outside the model
+BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process before offload
+DEFAULT_MARGIN_GIB = 4.0  # allocator fragmentation and workspace the model does not count
+# The node's used memory peaks inside the first optimizer step, above the steady state the rest of the
+# host model counts. Measured on the H200 (docs/benchmarks/host-peak/): the 7-layer MoE proxy at fraction 1
+# (4.98B parameters offloaded, overlap off) held 114.6 GiB of the node (above the 1.4 GiB in use before
+# it started) for ~10 s of its first step, against 91.1 GiB planned between steps: 23.6 GiB more, 5.1 B
+# per offloaded parameter, up to 22 GiB of it outside any process's RSS; the steps after held 94.2 GiB.
+# The 8-layer proxy (5.61B, 101.9 GiB planned between steps, 128.5 GiB at this peak) was killed by the
+# 125.8 GiB host in that step. Which allocation makes the transient is not identified, so this is a
+# measured rate, applied with overlap on too (not measured there).
+FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM = 5.1
+# Host memory per offloading rank kept free beyond that peak: for what the measurements above do not
+# cover (other processes, another stack or allocator); a host overflow is a SIGKILL, not an error message.
+DEFAULT_HOST_MARGIN_GIB = 4.0
+DEFAULT_HOST_LINK_GBPS = 50.0  # PCIe Gen5 x16, practical pinned copy rate per direction
+HOST_MEMORY_GIVEN = "given (--host-memory-gib)"
+HOST_MEMORY_AVAILABLE_NOW = "available on this node now (MemAvailable)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """GPU memory of one rank of one pipeline stage (what the plan shows per stage)."""
+
+    stage: int
+    params: int
+    state_bytes_gpu: int
+    activation_bytes_gpu: int
+    total_bytes_gpu: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The plan of the worst rank. The field order is the order of ``plan_offload.py --json``."""
+
+    num_gpus: int
+    fraction: float
+    gpu_memory_gib: float
+    host_memory_gib: float | None
+    margin_gib: float
+    host_margin_gib: float  # per offloading rank, counted in the host check
+    params_per_rank: int
+    optimizer_params_per_rank: int
+    offloaded_params_per_rank: int
+    weights_bytes_gpu: int
+    grads_bytes_gpu: int
+    optimizer_bytes_gpu: int
+    state_bytes_gpu: int
+    activation_bytes_gpu: int
+    total_bytes_gpu: int
+    offloaded_bytes_host_per_rank: int
+    pinned_bytes_host_per_rank: int
+    host_bytes_per_node: int  # steady state, between steps
+    host_peak_bytes_per_node: int  # inside the first optimizer step: what the host check uses
+    ranks_per_node: int
+    transfer_bytes_per_step: int
+    transfer_time_lower_bound_s: float
+    host_link_gbps: float
+    offload_time_lower_bound_s: float  # per step: the link or the node's host memory, whichever is slower
+    offload_time_bound_by: str
+    host_memory_gbps: float
+    host_memory_total_gbps: float
+    fits_gpu: bool
+    fits_host: bool | None
+    host_memory_source: str = HOST_MEMORY_GIVEN  # where host_memory_gib came from, for the messages
+    # set by plan_with_recommendation when the host does not fit: the largest fraction (steps of 0.05)
+    # whose peak fits it, and whether the GPU fits at that fraction (None: no fraction fits the host)
+    host_fit_searched: bool = False
+    host_fitting_fraction: float | None = None
+    host_fitting_fraction_fits_gpu: bool | None = None
+    recommendation: str = ""
+    notes: tuple[str, ...] = ()
+    stages: tuple[StagePlan, ...] = ()  # per pipeline stage
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StageState:
+    """Everything plan() counts for one rank of one stage; the worst stage's make the Plan."""
+
+    stage_plan: StagePlan
+    optimizer_params: int  # this rank's shard of the optimizer's parameters
+    offloaded_params: int
+    optimizer_bytes_gpu: int
+    pinned_bytes_host: int
+
+
+def _pow2(nbytes: int) -> int:
+    """PyTorch's caching host allocator rounds each pinned block up to a power of two."""
+    return 1 << max(0, math.ceil(math.log2(max(nbytes, 1))))
+
+
+def _offloaded(shards: list[tuple[Tensor, int]], fraction: float) -> list[tuple[Tensor, int]]:
+    """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached."""
+    total = sum(n for _, n in shards)
+    threshold = total * fraction
+    done, out = 0, []
+    for tensor, n in shards:
+        if done < threshold:
+            out.append((tensor, n))
+            done += n
+    return out
+
+
+def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
+         host_memory_gib: float | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
+         host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None,
+         host_memory_gbps: float = H200_HOST_MEMORY_GBPS, host_margin_gib: float = DEFAULT_HOST_MARGIN_GIB,
+         host_memory_total_gbps: float = H200_HOST_MEMORY_TOTAL_GBPS,
+         host_memory_source: str = HOST_MEMORY_GIVEN) -> Plan:
+    """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's)."""
+    m, opt = cfg.model, cfg.optimizer
+    if fraction is None:
+        fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0
+    sizes = ParallelSizes.of(m, num_gpus)
+    distributed = bool(opt.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer)
+    grad_bytes = 4 if getattr(cfg.ddp, "grad_reduce_in_fp32", True) else 2
+    # HybridDeviceOptimizer ignores the precision-aware dtypes (rule optimizer-offload/precision-aware-ignored)
+    precision_aware = opt.use_precision_aware_optimizer and not (opt.optimizer_cpu_offload or fraction > 0)
+    main_bytes = dtype_bytes(opt.main_params_dtype) if precision_aware else 4
+    moment_bytes = dtype_bytes(opt.exp_avg_dtype) + dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
+
+    def optimizer_shards(tensor: Tensor) -> int:
+        if not distributed:
+            return 1
+        return sizes.expert_optimizer_shards if tensor.kind == "expert" else sizes.dense_optimizer_shards
+
+    stages = []
+    for stage in range(sizes.pp):
+        tensors = stage_tensors(cfg, stage)
+        params = sum(t.numel for t in tensors)
+        shards = [(t, math.ceil(t.numel / optimizer_shards(t))) for t in tensors]
+        offloaded = _offloaded(shards, fraction) if fraction > 0 else []
+        shard_params = sum(n for _, n in shards)
+        off_params = sum(n for _, n in offloaded)
+        optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
+        state = 2 * params + grad_bytes * params + optimizer
+        activations = activation_bytes(cfg, stage)
+        pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
+        stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
+                               total_bytes_gpu=state + activations + BASE_GPU_BYTES)
+        stages.append(_StageState(stage_plan=stage_plan, optimizer_params=shard_params, offloaded_params=off_params,
+                                  optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
+    worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
+    params, off_params = worst.stage_plan.params, worst.offloaded_params
+    activation_pinned = offloaded_layer_bytes(cfg)  # layer-level activation offload, pinned
+    pinned = worst.pinned_bytes_host + activation_pinned
+    host_off = off_params * moment_bytes + pinned
+    ranks_per_node = gpus_per_node or min(num_gpus, 8)
+    host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
+    host_peak = host_node + ranks_per_node * int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * off_params)
+    total = worst.stage_plan.total_bytes_gpu
+    transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
+    # The speed model of the offload floor (cost_model.py): links per rank, host memory per node.
+    bound = offload_time_lower_bound(traffic_of(off_params), host_link_gbps, host_link_gbps, host_memory_gbps,
+                                     ranks_per_node, host_memory_total_gbps)
+    host_margin = host_margin_gib if pinned else 0.0  # the unplanned memory is pinned memory of offload
+    return Plan(
+        num_gpus=num_gpus, fraction=fraction, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
+        margin_gib=margin_gib, host_margin_gib=host_margin, params_per_rank=params,
+        optimizer_params_per_rank=worst.optimizer_params, offloaded_params_per_rank=off_params,
+        weights_bytes_gpu=2 * params, grads_bytes_gpu=grad_bytes * params,
+        optimizer_bytes_gpu=worst.optimizer_bytes_gpu, state_bytes_gpu=worst.stage_plan.state_bytes_gpu,
+        activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, total_bytes_gpu=total,
+        offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned, host_bytes_per_node=host_node,
+        host_peak_bytes_per_node=host_peak, ranks_per_node=ranks_per_node, transfer_bytes_per_step=transfer,
+        transfer_time_lower_bound_s=max(bound["d2h_s"], bound["h2d_s"]),  # both directions run at once
+        host_link_gbps=host_link_gbps, offload_time_lower_bound_s=bound["lower_bound_s"],
+        offload_time_bound_by=bound["bound_by"], host_memory_gbps=host_memory_gbps,
+        host_memory_total_gbps=host_memory_total_gbps,
+        fits_gpu=total + margin_gib * GIB <= gpu_memory_gib * GIB,
+        fits_host=(None if host_memory_gib is None else
+                   host_peak + ranks_per_node * host_margin * GIB <= host_memory_gib * GIB),
+        host_memory_source=host_memory_source,
+        notes=(("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
+               if not distributed and fraction > 0 else ()),
+        stages=tuple(s.stage_plan for s in stages))

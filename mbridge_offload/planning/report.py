@@ -1,0 +1,91 @@
+"""A plan in words: the table ``format_plan`` prints, and the problems the plan refuses a launch for."""
+
+from __future__ import annotations
+
+from mbridge_offload.facts.units import GIB
+from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
+from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
+from mbridge_offload.planning.memory_plan import Plan
+from mbridge_offload.validation.problem import Problem
+
+FRACTION_KEY = "optimizer.optimizer_offload_fraction"
+
+
+def format_plan(p: Plan) -> str:
+    def g(n: int) -> str:
+        return f"{n / GIB:.2f} GiB"
+
+    rows = [
+        ("optimizer offload fraction", f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B of "
+                                       f"{p.optimizer_params_per_rank / 1e9:.3f}B sharded parameters offloaded)"),
+        ("parameters on the worst rank", f"{p.params_per_rank / 1e9:.3f}B"),
+        ("GPU: weights + grads + optimizer", f"{g(p.weights_bytes_gpu)} + {g(p.grads_bytes_gpu)} + "
+                                             f"{g(p.optimizer_bytes_gpu)} = {g(p.state_bytes_gpu)}"),
+        ("GPU: activations (peak)", g(p.activation_bytes_gpu)),
+        ("GPU: total (+0.5 GiB context)", f"{g(p.total_bytes_gpu)} of {p.gpu_memory_gib:g} GiB, margin "
+                                          f"{p.margin_gib:g} GiB: {'fits' if p.fits_gpu else 'DOES NOT FIT'}"),
+        ("host: offloaded per rank", f"{g(p.offloaded_bytes_host_per_rank)} ({g(p.pinned_bytes_host_per_rank)} pinned)"),
+        ("host: per node", f"{g(p.host_bytes_per_node)} between steps, {g(p.host_peak_bytes_per_node)} at the "
+                           f"first optimizer step's peak, for {p.ranks_per_node} rank(s)"
+                           + ("" if p.fits_host is None else
+                              f" of {p.host_memory_gib:g} GiB, margin {p.host_margin_gib:g} GiB per rank: "
+                              f"{'fits' if p.fits_host else 'DOES NOT FIT'}")),
+        ("host link per step", f"{p.transfer_bytes_per_step / 1e9:.2f} GB, >= {p.transfer_time_lower_bound_s:.3f} s "
+                               f"at {p.host_link_gbps:g} GB/s"),
+        ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} "
+                                  f"({HOST_BYTES_PER_OFFLOADED_PARAM} B of CPU Adam per offloaded parameter x "
+                                  f"{p.ranks_per_node} rank(s) through the cores' {p.host_memory_gbps:g} GB/s of host "
+                                  f"memory, and with the copies through {p.host_memory_total_gbps:g} GB/s in all; "
+                                  f"copies at {p.host_link_gbps:g} GB/s per link)"),
+        ("recommendation", p.recommendation),
+    ]
+    if len(p.stages) > 1:
+        rows.insert(5, ("GPU per pipeline stage", ", ".join(
+            f"stage {s.stage}: {s.total_bytes_gpu / GIB:.1f} GiB" for s in p.stages)))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows + [("note", n) for n in p.notes])
+
+
+def _host_fit_fix(p: Plan) -> str:
+    more = ("fewer ranks per node or more nodes; free host memory if other processes hold it "
+            "(--host-margin-gib to change the margin)")
+    largest = p.host_fitting_fraction
+    if not p.host_fit_searched:  # a plan made without plan_with_recommendation's search
+        return f"a smaller {FRACTION_KEY}, {more}"
+    if largest is None:
+        return f"not even without optimizer offload does this host fit: {more}, or less activation offload"
+    if p.host_fitting_fraction_fits_gpu:
+        return (f"{FRACTION_KEY}={largest:g} (the largest that fits this host; the GPU "
+                f"fits too), or {more}")
+    return (f"no fraction fits both: this host holds at most {FRACTION_KEY}={largest:g} and "
+            f"the GPU needs more; {more}, or more GPUs (less on each)")
+
+
+def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[Problem]:
+    """What the plan refuses, as problems of source "planner": host overflow and the offload-time budget
+    are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
+    problems = []
+    if p.fits_host is False:
+        problems.append(Problem(
+            rule_id="memory/host-fit", key=FRACTION_KEY,
+            value=(f"{p.fraction:g} ({p.host_peak_bytes_per_node / GIB:.1f} GiB per node at the first optimizer "
+                   f"step's peak, {p.host_bytes_per_node / GIB:.1f} GiB between steps)"),
+            rule=(f"the node's peak host memory plus {p.host_margin_gib:g} GiB margin per rank must fit the "
+                  f"{p.host_memory_gib:.1f} GiB {p.host_memory_source} (the kernel kills the job otherwise)"),
+            fix=_host_fit_fix(p), severity="error", source="planner"))
+    if step_time_budget_s is not None and p.offload_time_lower_bound_s > step_time_budget_s:
+        problems.append(Problem(
+            rule_id="memory/offload-time-budget", key=FRACTION_KEY,
+            value=f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B parameters offloaded per rank)",
+            rule=(f"the offload work needs at least {p.offload_time_lower_bound_s:.3f} s per step, bound by "
+                  f"{p.offload_time_bound_by} ({p.host_link_gbps:g} GB/s link, {p.host_memory_gbps:g} GB/s host "
+                  f"memory for {p.ranks_per_node} rank(s)), over the {step_time_budget_s:g} s budget"),
+            fix=f"a smaller {FRACTION_KEY}, fewer ranks per node, or a larger --step-time-budget-s",
+            severity="error", source="planner"))
+    if not p.fits_gpu:
+        problems.append(Problem(
+            rule_id="memory/gpu-fit", key=FRACTION_KEY,
+            value=f"{p.fraction:g} ({p.total_bytes_gpu / GIB:.1f} GiB predicted)",
+            rule=f"predicted GPU memory plus {p.margin_gib:g} GiB margin exceeds {p.gpu_memory_gib:g} GiB",
+            fix=p.recommendation or AUTO_OVERRIDE, severity="warning", source="planner"))
+    return problems

@@ -1,0 +1,84 @@
+"""plan(): the seed's Qwen3-30B-A3B numbers, the H200 measurements, HybridDeviceOptimizer's split, the host
+check's first-step peak and the offload-time bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from overrides import apply_overrides
+from mbridge_offload.planning import GIB, Plan, plan
+from mbridge_offload.planning.memory_plan import FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM
+
+
+def test_seed_numbers(built):
+    """TP2 PP2 EP4 on 16 GPUs: 47.2 GB allocated at baseline; 3.8/7.6/11.6/15.3 GB saved (within 10%)."""
+    cfg = built("qwen3_30b_a3b_pretrain_config")
+    base = plan(cfg, 16, fraction=0.0).state_bytes_gpu / 1e9
+    assert base == pytest.approx(47.2, rel=0.10)
+    for fraction, saved in ((0.25, 3.8), (0.5, 7.6), (0.75, 11.6), (1.0, 15.3)):
+        assert base - plan(cfg, 16, fraction=fraction).state_bytes_gpu / 1e9 == pytest.approx(saved, rel=0.10)
+
+
+def test_greedy_split_overshoots_like_hybrid_device_optimizer(built):
+    """Measured on the H200: 0.75 offloads everything on the dense proxy (the embedding comes last)."""
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    assert plan(cfg, 1, fraction=0.75).offloaded_params_per_rank == plan(cfg, 1, fraction=1.0).offloaded_params_per_rank
+    assert plan(cfg, 1, fraction=0.5).offloaded_params_per_rank < plan(cfg, 1, fraction=0.75).offloaded_params_per_rank
+
+
+def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(built):
+    # docs/benchmarks/host-peak/: on the H200 (124.4 GiB available) the 7-layer MoE proxy at fraction 1
+    # trained, its node peaking at 114.6 GiB in the first optimizer step; the 8-layer one was killed there
+    moe = built("qwen3_30b_a3b_proxy_pretrain_config")
+
+    def at(layers: int):
+        cfg = apply_overrides(moe, [f"model.num_layers={layers}"])
+        return plan(cfg, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=124.4)
+
+    seven, eight = at(7), at(8)
+    assert seven.fits_host and abs(seven.host_peak_bytes_per_node / GIB - 114.6) < 1.0
+    assert not eight.fits_host
+    # the plan between steps alone (the earlier guard) let the 8-layer run start
+    assert eight.host_bytes_per_node / GIB + 4 <= 124.4
+    assert (seven.host_peak_bytes_per_node - seven.host_bytes_per_node
+            == int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * seven.offloaded_params_per_rank))
+
+
+def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    one = plan(cfg, 1, fraction=1.0, host_memory_gbps=121.3)
+    n = one.offloaded_params_per_rank
+    assert one.offload_time_bound_by == "host memory"
+    assert one.offload_time_lower_bound_s == pytest.approx(28 * n / 121.3e9)
+    assert one.transfer_time_lower_bound_s == pytest.approx(4 * n / 50e9)
+    # the same 1.1B parameters per rank with 8 ranks on a node: 8x the host-memory time
+    eight = plan(cfg, 8, fraction=1.0, host_memory_gbps=121.3, gpus_per_node=8)
+    per_rank = eight.offloaded_params_per_rank
+    assert eight.offload_time_lower_bound_s == pytest.approx(8 * 28 * per_rank / 121.3e9)
+    # the copies count against the total host memory bandwidth: a small total binds
+    crowded = plan(cfg, 1, fraction=1.0, host_memory_gbps=121.3, host_memory_total_gbps=100.0)
+    assert crowded.offload_time_bound_by == "host memory with the copies"
+    assert crowded.offload_time_lower_bound_s == pytest.approx(36 * n / 100e9)
+    # a fast host memory leaves the link as the bound
+    fast = plan(cfg, 1, fraction=1.0, host_memory_gbps=10_000, host_memory_total_gbps=10_000)
+    assert fast.offload_time_bound_by in ("the D2H link", "the H2D link")
+    assert fast.offload_time_lower_bound_s == pytest.approx(fast.transfer_time_lower_bound_s)
+
+
+def test_the_plan_adds_up_and_is_frozen(built):
+    """The worst rank's GPU total is its state, activations and the fixed context; the state is its weights,
+    gradients and optimizer; the JSON is the plan's fields, stage records as objects."""
+    p = plan(built("qwen3_30b_a3b_pretrain_config"), 16, fraction=0.5)
+    assert p.state_bytes_gpu == p.weights_bytes_gpu + p.grads_bytes_gpu + p.optimizer_bytes_gpu
+    assert p.total_bytes_gpu == p.state_bytes_gpu + p.activation_bytes_gpu + int(0.5 * GIB)
+    assert p.weights_bytes_gpu == 2 * p.params_per_rank  # bf16
+    data = p.to_json()
+    assert list(data) == [f.name for f in dataclasses.fields(Plan)]
+    assert data["stages"][0] == dataclasses.asdict(p.stages[0])
+    assert set(data["stages"][0]) >= {"stage", "total_bytes_gpu"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.fraction = 1.0
+    with pytest.raises(TypeError):
+        Plan(16, 0.5)  # built by keyword only
