@@ -6,23 +6,44 @@ Handles what a pip-installed stack breaks, for the user:
   ``sys.exit(1)``. ``use_prebuilt_dataset_helper()`` skips the build when the compiled helper imports.
 - APEX-only settings (``gradient_accumulation_fusion``) are off in every recipe and refused by the
   validator when APEX is missing.
+
+Several GPUs without a launcher (``--num-gpus N``): the config is prepared and validated once, here;
+``relaunch_under_torchrun`` hands it to the ranks in a file of the run folder, and each rank
+(mbridge_offload/runtime/rank_entry.py) trains it with ``train``, the same function one process runs.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
-from mbridge_offload.describe import offload_summary, topology
+from mbridge_offload.runtime.run_outcome import FAILURE_FILE, write_failure
 
 EXIT_OK, EXIT_FAILED = 0, 1
+HANDOFF_FILE = "prepared_run.pkl"  # in the run folder: the validated config for the ranks torchrun starts
+RANK_ENTRY = "mbridge_offload.runtime.rank_entry"
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How to run a validated config, besides the config itself."""
+
+    recipe_name: str
+    num_gpus: int
+    out_dir: Path
+    cpu_threads: str | int  # "auto", "launcher" or a thread count (mbridge_offload/runtime/cpu_threads.py)
+    tuning_lines: tuple[str, ...]  # what the offload tuning set, for the run's header
+    overlap_chunks: int | None  # the D2H/H2D overlap in this many chunks (None: the library's per tensor)
+    topology: str  # the parallel layout in words, for the run's header
+    offload_lines: tuple[str, ...]  # the offload settings in words, one line per mechanism
 
 
 def use_prebuilt_dataset_helper() -> bool:
@@ -74,21 +95,20 @@ def single_process_env() -> None:
         os.environ.setdefault(name, value)
 
 
-def run_header(cfg, recipe_name: str, num_gpus: int, out_dir: Path, threads_reason: str,
-               tuning_lines: list[str] = ()) -> str:
+def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
     import torch
 
-    lines = [f"Training {recipe_name} ({topology(cfg, num_gpus)}), {cfg.train.train_iters} steps, "
+    lines = [f"Training {settings.recipe_name} ({settings.topology}), {cfg.train.train_iters} steps, "
              f"global batch {cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}, "
              f"seq {cfg.model.seq_length}"]
-    lines += [f"  {line}" for line in offload_summary(cfg)]
-    lines += [f"  speed: {line}" for line in tuning_lines]
+    lines += [f"  {line}" for line in settings.offload_lines]
+    lines += [f"  speed: {line}" for line in settings.tuning_lines]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
     if warning:
         lines.append(f"  WARNING: {warning}")
-    lines.append(f"  metrics: {out_dir}/metrics.rank*.jsonl, summary: {out_dir}/summary.json")
+    lines.append(f"  metrics: {settings.out_dir}/metrics.rank*.jsonl, summary: {settings.out_dir}/summary.json")
     return "\n".join(lines)
 
 
@@ -120,11 +140,6 @@ def _first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else ""
 
 
-def _write_failure(out_dir: Path, reason: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "failure.json").write_text(json.dumps({"reason": reason}, indent=2) + "\n")
-
-
 def tune_cpu_threads(cfg, request) -> str:
     """Threads (and cores) for this rank's CPU optimizer; returns the reason shown to the user."""
     from mbridge_offload.runtime.cpu_threads import apply_threads, plan_threads
@@ -137,8 +152,41 @@ def tune_cpu_threads(cfg, request) -> str:
     return plan.reason
 
 
-def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str], cpu_threads="auto",
-           tuning_lines: list[str] = (), overlap_chunks: int | None = None) -> int:
+def write_handoff(cfg, settings: LaunchSettings) -> Path:
+    """The validated config and its launch settings, in a file of the run folder for the ranks to load."""
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.out_dir / HANDOFF_FILE
+    with path.open("wb") as f:
+        pickle.dump({"cfg": cfg, "settings": settings}, f)
+    return path
+
+
+def read_handoff(path: Path):
+    """(config, LaunchSettings) as ``write_handoff`` left them."""
+    with Path(path).open("rb") as f:
+        handoff = pickle.load(f)
+    return handoff["cfg"], handoff["settings"]
+
+
+def torchrun_command(handoff: Path, num_gpus: int) -> list[str]:
+    """torchrun, one process per GPU, each starting the rank entry point on the handed-off config."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_gpus}",
+            "-m", RANK_ENTRY, str(handoff)]
+
+
+def relaunch_under_torchrun(cfg, settings: LaunchSettings) -> int:
+    """One command for N GPUs: the ranks train the config validated here, without preparing it again."""
+    from mbridge_offload.runtime.cpu_threads import USER_OMP_ENV
+
+    command = torchrun_command(write_handoff(cfg, settings), settings.num_gpus)
+    print("launching: " + " ".join(command), flush=True)
+    # torchrun sets OMP_NUM_THREADS=1 when it is unset: tell the ranks what the user had set.
+    env = {**os.environ, USER_OMP_ENV: os.environ.get("OMP_NUM_THREADS", "")}
+    return subprocess.call(command, env=env)
+
+
+def launch(cfg, settings: LaunchSettings) -> int:
+    """Train ``cfg`` here: as this one process, as this rank of a launcher, or under torchrun."""
     import torch
 
     if not torch.cuda.is_available():
@@ -146,38 +194,37 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
               "Run the same command on a GPU node (under torchrun for several GPUs), or add --dry-run.",
               file=sys.stderr)
         return EXIT_FAILED
-    how = launch_mode(num_gpus, torch.cuda.device_count(), os.environ)
+    how = launch_mode(settings.num_gpus, torch.cuda.device_count(), os.environ)
     if how not in ("single", "torchrun", "launcher"):
         print(how, file=sys.stderr)
         return EXIT_FAILED
     if how == "torchrun":
-        # One command for N GPUs: re-run this very command under torchrun, one process per GPU.
-        script = Path(__file__).resolve().parent.parent / "scripts" / "run_recipe.py"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={num_gpus}", str(script), *argv, "--out", str(out_dir)]
-        print("launching: " + " ".join(command), flush=True)
-        from mbridge_offload.runtime.cpu_threads import USER_OMP_ENV
+        return relaunch_under_torchrun(cfg, settings)
+    return train(cfg, settings)
 
-        # torchrun sets OMP_NUM_THREADS=1 when it is unset: tell the ranks what the user had set.
-        env = {**os.environ, USER_OMP_ENV: os.environ.get("OMP_NUM_THREADS", "")}
-        return subprocess.call(command, env=env)
+
+def train(cfg, settings: LaunchSettings) -> int:
+    """This process's part of the training: the whole of it alone, or one rank's under a launcher."""
+    import torch
+
+    out_dir = settings.out_dir
     single_process_env()
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     use_prebuilt_dataset_helper()
-    threads_reason = tune_cpu_threads(cfg, cpu_threads)
-    if overlap_chunks:
+    threads_reason = tune_cpu_threads(cfg, settings.cpu_threads)
+    if settings.overlap_chunks:
         from mbridge_offload.runtime.chunked_overlap import use_chunked_overlap
 
-        use_chunked_overlap(overlap_chunks)  # described in tuning_lines
+        use_chunked_overlap(settings.overlap_chunks)  # described in tuning_lines
     from recipes.derive import derive
     from mbridge_offload.runtime.metrics import format_summary, make_callback, write_summary
 
     cfg = derive(cfg, {"logger.tensorboard_dir": str(out_dir / "tb")}, why="run output folder")
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "failure.json").unlink(missing_ok=True)
-        print(run_header(cfg, recipe_name, num_gpus, out_dir, threads_reason, tuning_lines), flush=True)
+        (out_dir / FAILURE_FILE).unlink(missing_ok=True)
+        print(run_header(cfg, settings, threads_reason), flush=True)
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
@@ -187,21 +234,22 @@ def launch(cfg, recipe_name: str, num_gpus: int, out_dir: Path, argv: list[str],
     except torch.OutOfMemoryError as error:
         first_line = _first_line(error)
         reason = first_line if first_line.startswith("CUDA out of memory") else f"CUDA out of memory: {first_line}"
-        _write_failure(out_dir, reason)
+        write_failure(out_dir, reason)
         print(f"rank {rank}: {reason}\n  Try a larger optimizer.optimizer_offload_fraction, activation offload, "
               "a smaller micro batch or more GPUs.", file=sys.stderr)
         return EXIT_FAILED
     except Exception as error:  # noqa: BLE001  (record why, then let the user see the traceback)
-        _write_failure(out_dir, f"{type(error).__name__}: {_first_line(error)}")
+        write_failure(out_dir, f"{type(error).__name__}: {_first_line(error)}")
         traceback.print_exc()
         return EXIT_FAILED
     if rank == 0:
         _wait_for_ranks(out_dir, world)
         summary = write_summary(out_dir, {
-            "recipe": recipe_name, "num_gpus": num_gpus, "cpu_threads_per_rank": torch.get_num_threads(),
+            "recipe": settings.recipe_name, "num_gpus": settings.num_gpus,
+            "cpu_threads_per_rank": torch.get_num_threads(),
             "optimizer_cpu_offload": cfg.optimizer.optimizer_cpu_offload,
             "optimizer_offload_fraction": cfg.optimizer.optimizer_offload_fraction,
             "overlap_cpu_optimizer_d2h_h2d": cfg.optimizer.overlap_cpu_optimizer_d2h_h2d,
-            "overlap_chunks": overlap_chunks})
+            "overlap_chunks": settings.overlap_chunks})
         print(f"Run summary ({out_dir}):\n{format_summary(summary)}", flush=True)
     return EXIT_OK
