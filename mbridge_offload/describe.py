@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterator
 
-from mbridge_offload.facts.config_tree import same_value, show
+from mbridge_offload.facts.config_tree import same_value, show, walk
+from mbridge_offload.facts.parallel import ParallelSizes
 
 
 def offload_summary(cfg: Any) -> list[str]:
@@ -36,23 +36,18 @@ def offload_summary(cfg: Any) -> list[str]:
 
 def topology(cfg: Any, num_gpus: int) -> str:
     m = cfg.model
-    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
-    dp = f"DP{num_gpus // mp}" if num_gpus % mp == 0 else "DP?"
+    sizes = ParallelSizes.of(m, num_gpus)
+    dp = "DP?" if sizes.dp is None else f"DP{sizes.dp}"
     return (f"{num_gpus} GPU{'s' if num_gpus != 1 else ''}: TP{m.tensor_model_parallel_size} "
             f"PP{m.pipeline_model_parallel_size} CP{m.context_parallel_size} {dp} "
             f"EP{m.expert_model_parallel_size} ETP{m.expert_tensor_parallel_size}")
 
 
-def _leaves(node: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
-    if dataclasses.is_dataclass(node) and depth < 4:
-        for f in dataclasses.fields(node):
-            if not f.name.startswith("_"):
-                yield from _leaves(getattr(node, f.name, None), f"{prefix}{f.name}.", depth + 1)
-    elif isinstance(node, dict) and depth < 4 and prefix.rstrip(".").rsplit(".", 1)[-1] == "env_vars":
-        for k, v in node.items():
-            yield f"{prefix}{k}", v
-    elif not callable(node) or isinstance(node, type):
-        yield prefix.rstrip("."), node
+def _leaves(cfg: Any) -> Iterator[tuple[str, Any]]:
+    """(key, value) of every setting four levels deep, ``env_vars`` entries included; not functions."""
+    for key, value, is_section in walk(cfg, levels=4, into_dict=lambda key: key.rsplit(".", 1)[-1] == "env_vars"):
+        if not is_section and (not callable(value) or isinstance(value, type)):
+            yield key, value
 
 
 def config_diff(before: Any, after: Any) -> list[tuple[str, Any, Any]]:

@@ -22,8 +22,8 @@ from overrides.coerce import CoerceError, coerce, field_types
 from overrides.errors import OverrideError, OverrideErrors
 from overrides.grammar import ADD, CHANGE, DELETE, FORCE_ADD, ParsedOverride, parse
 from overrides.suggest import suggest
-from mbridge_offload.facts.config_tree import show
-from mbridge_offload.validation.rules import range_violations
+from mbridge_offload.facts.config_tree import public_fields, show
+from mbridge_offload.facts.key_ranges import range_violations
 
 log = logging.getLogger("mbridge_offload")
 
@@ -47,7 +47,7 @@ def _unknown(root: Any, ov: ParsedOverride, upto: int, node: Any) -> _Refused:
     parts = ov.key.split(".")
     typed = ".".join(parts[: upto + 1])
     if dataclasses.is_dataclass(node):
-        siblings = [f.name for f in dataclasses.fields(node) if not f.name.startswith("_")]
+        siblings = [f.name for f in public_fields(node)]
         where = type(node).__name__
     else:
         siblings = [str(k) for k in node]
@@ -60,7 +60,7 @@ def _unknown(root: Any, ov: ParsedOverride, upto: int, node: Any) -> _Refused:
 
 
 def _field(node: Any, name: str) -> dataclasses.Field | None:
-    return next((f for f in dataclasses.fields(node) if f.name == name and not f.name.startswith("_")), None)
+    return next((f for f in public_fields(node) if f.name == name), None)
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -186,10 +186,11 @@ def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
             errors.append(OverrideError(ov.text, ov.key, refused.message, refused.fix))
             continue
         changes.append((ov.key, old, value))
-    # Range and choice rules of the rule table, on the final values (so override order never matters).
-    for rule, value, fix in range_violations(new, first_text):
-        if not any(e.key == rule.key for e in errors):
-            errors.append(OverrideError(first_text[rule.key], rule.key, f"{value}: {rule.text}", fix))
+    # The admissible values of the keys overridden, on the final values (so override order never matters).
+    for key_range, value, fix in range_violations(new, first_text):
+        if not any(e.key == key_range.key for e in errors):
+            errors.append(OverrideError(text=first_text[key_range.key], key=key_range.key,
+                                        message=f"{value}: {key_range.text}", fix=fix))
     if errors:
         raise OverrideErrors(errors)
     for key, old, value in changes:

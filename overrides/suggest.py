@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-from typing import Any, Iterator
+from typing import Any
 
-
-def dotted_keys(node: Any, prefix: str = "", depth: int = 0) -> Iterator[str]:
-    """Every dotted key of a config (dataclass fields and dict entries), three levels deep."""
-    if depth > 3:
-        return
-    if dataclasses.is_dataclass(node):
-        names = [f.name for f in dataclasses.fields(node) if not f.name.startswith("_")]
-        children = ((name, getattr(node, name, None)) for name in names)
-    elif isinstance(node, dict):
-        children = ((str(k), v) for k, v in node.items())
-    else:
-        return
-    for name, child in children:
-        key = prefix + name
-        yield key
-        yield from dotted_keys(child, key + ".", depth + 1)
+from mbridge_offload.facts.config_tree import walk
 
 
 def suggest(typed_key: str, root: Any, siblings: list[str], limit: int = 3) -> list[str]:
@@ -33,7 +17,7 @@ def suggest(typed_key: str, root: Any, siblings: list[str], limit: int = 3) -> l
             for name in difflib.get_close_matches(leaf, siblings, n=limit, cutoff=0.6)]
     near += [prefix + "." + name if prefix else name for name in siblings
              if len(leaf) >= 4 and (leaf in name or name in leaf) and (prefix + "." + name if prefix else name) not in near]
-    all_keys = list(dotted_keys(root))
+    all_keys = [key for key, _, _ in walk(root, levels=4)]  # dataclass fields and dict entries
     leaves = {}
     for key in all_keys:
         leaves.setdefault(key.rsplit(".", 1)[-1], []).append(key)

@@ -6,14 +6,14 @@
 Importing this package is cheap; Megatron loads when a recipe or transform is first used.
 """
 
-# (``derive`` and ``validate`` share their module's name, so they are imported from the module:
-# ``from mbridge_offload.validation.validate import validate``.)
+# (``derive`` shares its module's name, so it is imported from the module: ``from recipes.derive import
+# derive``. The validator and its rule table sit above recipes: ``from mbridge_offload.validation import
+# validate, RULES``.)
 _LAZY = {
     "with_optimizer_offload": "recipes.offload",
     "without_optimizer_offload": "recipes.offload",
     "with_activation_offload": "recipes.offload",
     "with_fine_grained_offload": "recipes.offload",
-    "RULES": "mbridge_offload.validation.rules",
 }
 
 __all__ = [*_LAZY, "get_recipe", "RECIPES"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from recipes.derive import derive
-from mbridge_offload.validation.rules import range_violations
+from mbridge_offload.facts.key_ranges import range_violations
 
 
 def _number(name: str, value, whole: bool = False):
@@ -22,12 +22,12 @@ def _number(name: str, value, whole: bool = False):
 
 
 def _derive_in_range(cfg, deltas, why):
-    """derive(), refusing values that break a range rule of the rule table (named in the error)."""
+    """derive(), refusing values outside a key's admissible range (the same ranges the validator checks)."""
 
     def check(new_cfg):
         broken = range_violations(new_cfg, deltas.keys())
         if broken:
-            raise ValueError("; ".join(f"{rule.key}={value}: {rule.text}" for rule, value, _ in broken))
+            raise ValueError("; ".join(f"{key_range.key}={value}: {key_range.text}" for key_range, value, _ in broken))
 
     return derive(cfg, deltas, why, check=check)
 

@@ -5,20 +5,16 @@ in docs/benchmarks/offload-overhead/)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from mbridge_offload.bench import overhead
+from mbridge_offload.cli import bench_offload, run_recipe
+from mbridge_offload.planning.cost_model import floor
+from mbridge_offload.runtime.offload_tuning import TUNED_KEYS, tune_offload
 
-import bench_offload  # noqa: E402
-import run_recipe  # noqa: E402
-
-from mbridge_offload.planning.cost_model import floor, measure_host  # noqa: E402
-from mbridge_offload.runtime.offload_tuning import TUNED_KEYS, tune_offload  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 OVERLAP = "optimizer.overlap_cpu_optimizer_d2h_h2d"
 
 
@@ -93,15 +89,6 @@ def test_floor_prices_the_slowest_part_at_the_best_measured_rate():
     assert copy_bound["floor_s"] == pytest.approx(0.5 - 10**9 / 2.8e12 + 0.1)  # then H2D bounds it
 
 
-def test_measure_host_reports_the_cpu_side_without_a_gpu():
-    import torch
-
-    host = measure_host([1], size_mib=8)
-    assert host["cores"] >= 1 and set(host["host_memory_gbps"]) >= {"1"}
-    assert all(v > 0 for v in [*host["host_memory_gbps"].values(), *host["cpu_adam_gbps"].values()])
-    assert ("d2h_gbps" in host) == torch.cuda.is_available()
-
-
 def _write_steps(folder: Path, steps: list[dict]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.rank0.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
@@ -151,7 +138,7 @@ def _result(fraction, step_time, losses, traffic=TRAFFIC, threads=16, overlap=Tr
 
 
 def test_bench_rows_compare_with_the_baseline_and_the_floor():
-    configs = bench_offload.configurations(16)
+    configs = overhead.configurations(16)
     # the baseline step time pools both runs' steady-state steps (0.45, 0.55, 0.5, 0.5 -> 0.5)
     baselines = [_result(0.0, 0.5, [3.0, 2.0], steps=[9.0, 0.45, 0.55]),
                  _result(0.0, 0.55, [3.0, 2.002], steps=[9.0, 0.5, 0.5])]
@@ -159,7 +146,7 @@ def test_bench_rows_compare_with_the_baseline_and_the_floor():
     results = [("stock-1-thread", _result(1.0, 2.4, [3.0, 2.0005], threads=1, overlap=False)),
                ("overlap-chunked", chunked), ("tuned", {**chunked, "same_run_as": "overlap-chunked"}),
                ("tuned", {"fraction": 0.25, "reason": "CUDA out of memory"})]
-    rows, parity = bench_offload.build_rows(results, baselines, HOST, configs)
+    rows, parity = overhead.build_rows(results, baselines, HOST, configs)
     assert parity["noise_floor_max_abs_delta"] == pytest.approx(0.002)
     assert parity["baseline_step_time_s"] == pytest.approx(0.5)
     assert parity["baseline_step_time_spread"] == pytest.approx(0.1)
@@ -171,10 +158,10 @@ def test_bench_rows_compare_with_the_baseline_and_the_floor():
     assert tuned["config"] == "tuned" and tuned["same_run_as"] == "overlap-chunked"
     assert tuned["loss_parity_noise_floor"] is False  # 0.01 > the 0.002 noise floor
     assert failed["ok"] is False and failed["reason"] == "CUDA out of memory"
-    verdicts = bench_offload.goals(rows)
+    verdicts = overhead.goals(rows)
     assert verdicts == [{"fraction": 1.0, "goal_slowdown": 1.25, "tuned_slowdown": pytest.approx(1.8),
                          "floor_slowdown": pytest.approx(1.54), "met": False, "possible_on_this_host": False}]
-    table = bench_offload.markdown(rows, parity, verdicts, "t")
+    table = overhead.markdown(rows, parity, verdicts, "t")
     assert "| 1 | stock-1-thread | 1 | off | 2.400 | 4.80x | 0.770 | 1.54x |" in table
     assert "| 1 | tuned (= overlap-chunked run) | 16 | on | 0.900 | 1.80x |" in table
     assert "the floor alone is 1.54x on this host" in table and "no: CUDA out of memory" in table
@@ -184,19 +171,19 @@ def test_bench_rows_compare_with_the_baseline_and_the_floor():
 def test_bench_goal_met_below_the_floor_names_the_baseline_spread():
     rows = [{"fraction": 0.25, "config": "tuned", "variant": "tuned", "ok": True, "step_time_s": 0.5,
              "slowdown_vs_baseline": 0.95, "floor_slowdown": 1.1}]
-    verdicts = bench_offload.goals(rows)
+    verdicts = overhead.goals(rows)
     assert verdicts[0]["met"] is True and verdicts[0]["possible_on_this_host"] is False
     parity = {"baseline_runs": 2, "noise_floor_max_abs_delta": None, "tolerance_used": 0.001,
               "baseline_step_time_s": 0.53, "baseline_step_time_spread": 0.07}
-    table = bench_offload.markdown(rows, parity, verdicts, "t")
+    table = overhead.markdown(rows, parity, verdicts, "t")
     assert "inside the run-to-run spread of the baseline's step time (7% between identical runs)" in table
 
 
 def test_tuned_reuses_the_run_of_its_configuration_only_with_one_rank_per_node():
-    configs = bench_offload.configurations(16)
-    assert bench_offload.tuned_same_as(configs, 1, 16) == "overlap-chunked"
-    assert bench_offload.tuned_same_as(configs, 8, 16) is None  # the tuning splits the cores between 8 ranks
-    assert bench_offload.tuned_same_as(configs, 1, 32) is None  # tuned would use 32 threads
+    configs = overhead.configurations(16)
+    assert overhead.tuned_same_as(configs, 1, 16) == "overlap-chunked"
+    assert overhead.tuned_same_as(configs, 8, 16) is None  # the tuning splits the cores between 8 ranks
+    assert overhead.tuned_same_as(configs, 1, 32) is None  # tuned would use 32 threads
     assert configs["stock-all-cores"]["overrides"] == [f"{OVERLAP}=False"]
     assert configs["overlap-chunked"]["overrides"] == [f"{OVERLAP}=True"]
     assert configs["overlap-chunked"]["args"][-2:] == ["--overlap-chunks", "8"]
@@ -307,21 +294,21 @@ def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(fo
 
 
 def test_repeated_runs_pool_their_steps_and_show_their_spread():
-    configs = bench_offload.configurations(16)
+    configs = overhead.configurations(16)
     baselines = [_result(0.0, 0.5, [3.0, 2.0], steps=[9.0, 0.5, 0.5])]
     first = _result(1.0, 0.8, [3.0, 2.001], steps=[9.0, 0.8, 0.8])
     second = _result(1.0, 1.0, [3.0, 2.004], steps=[9.0, 1.0, 1.0])
     second["summary"]["offload_breakdown"] = {"d2h_s": 0.1, "cpu_optimizer_s": 0.5, "h2d_s": 0.1, "optimizer_step_s": 0.55}
-    merged = bench_offload.merge_repeats([first, second])
+    merged = overhead.merge_repeats([first, second])
     assert merged["runs"] == 2 and merged["summary"]["step_time_s"] == pytest.approx(0.9)  # median of 0.8, 0.8, 1, 1
     assert merged["step_time_spread"] == pytest.approx(0.2 / 0.9)
     assert merged["summary"]["offload_breakdown"]["cpu_optimizer_s"] == pytest.approx(0.4)
-    rows, parity = bench_offload.build_rows([("overlap-chunked", merged)], baselines, HOST, configs)
+    rows, parity = overhead.build_rows([("overlap-chunked", merged)], baselines, HOST, configs)
     assert rows[0]["runs"] == 2 and rows[0]["max_abs_loss_delta"] == pytest.approx(0.004)  # the worse repeat
-    assert "| 0.900 (2 runs, 22% apart) | 1.80x |" in bench_offload.markdown(rows, parity, [], "t")
-    failed = bench_offload.merge_repeats([first, {"fraction": 1.0, "reason": "CUDA out of memory"}])
+    assert "| 0.900 (2 runs, 22% apart) | 1.80x |" in overhead.markdown(rows, parity, [], "t")
+    failed = overhead.merge_repeats([first, {"fraction": 1.0, "reason": "CUDA out of memory"}])
     assert failed == {"fraction": 1.0, "reason": "run 2 of 2: CUDA out of memory"}
-    assert bench_offload.merge_repeats([first]) is first  # one run: the row is that run's, as before
+    assert overhead.merge_repeats([first]) is first  # one run: the row is that run's, as before
 
 
 def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
@@ -331,7 +318,7 @@ def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
         order.append(run_dir.name)
         return _result(fraction, 0.5 + fraction, [3.0, 2.0])
 
-    monkeypatch.setattr(bench_offload, "run", fake_run)
+    monkeypatch.setattr(overhead, "run", fake_run)
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5",
                         "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--host-json",
                         str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])

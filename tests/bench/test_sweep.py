@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import sweep_offload  # noqa: E402
+from mbridge_offload.bench import sweep
+from mbridge_offload.runtime.run_outcome import recorded
 
 
 def _result(fraction, step, peak, losses):
@@ -20,24 +18,24 @@ def _result(fraction, step, peak, losses):
 
 
 def test_fractions_parse_sorted_unique_and_in_range():
-    assert sweep_offload.parse_fractions("1,0,0.5,0.5") == [0.0, 0.5, 1.0]
+    assert sweep.parse_fractions("1,0,0.5,0.5") == [0.0, 0.5, 1.0]
     for bad in ("abc", "1.5", "-0.1", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            sweep_offload.parse_fractions(bad)
+            sweep.parse_fractions(bad)
 
 
 def test_hydra_multirun_alias_and_owned_keys():
-    fractions, rest = sweep_offload.split_overrides(
+    fractions, rest = sweep.split_overrides(
         ["optimizer.optimizer_offload_fraction=0,0.5,1", "train.train_iters=5"])
     assert fractions == [0.0, 0.5, 1.0] and rest == ["train.train_iters=5"]
     with pytest.raises(SystemExit, match="set by the sweep"):
-        sweep_offload.split_overrides(["optimizer.optimizer_cpu_offload=True"])
+        sweep.split_overrides(["optimizer.optimizer_cpu_offload=True"])
 
 
 def test_fraction_zero_turns_offload_off():
-    assert sweep_offload.fraction_overrides(0.0) == [
+    assert sweep.fraction_overrides(0.0) == [
         "optimizer.optimizer_cpu_offload=False", "optimizer.optimizer_offload_fraction=0.0"]
-    assert sweep_offload.fraction_overrides(0.25) == [
+    assert sweep.fraction_overrides(0.25) == [
         "optimizer.optimizer_cpu_offload=True", "optimizer.optimizer_offload_fraction=0.25"]
 
 
@@ -47,21 +45,21 @@ def test_rows_parity_and_failed_runs():
     half = _result(0.5, 1.0, 30.0, [10.0, 9.001, 8.0025])
     far = _result(1.0, 2.0, 20.0, [10.0, 9.5, 8.0])
     oom = {"fraction": 0.75, "reason": "CUDA out of memory: Tried to allocate 2 GiB"}
-    rows, parity = sweep_offload.build_rows([base, half, oom, far], [base, repeat])
+    rows, parity = sweep.build_rows([base, half, oom, far], [base, repeat])
     by = {r["fraction"]: r for r in rows}
     assert parity["noise_floor_max_abs_delta"] == pytest.approx(0.003)
     assert by[0.5]["slowdown_vs_baseline"] == 2.0 and by[0.5]["memory_saved_gib"] == 10.0
     assert by[0.5]["loss_parity_noise_floor"] and not by[0.5]["loss_parity_seed"]
     assert not by[1.0]["loss_parity_noise_floor"]
     assert by[0.75]["ok"] is False and "out of memory" in by[0.75]["reason"]
-    table = sweep_offload.markdown(rows, parity, "t")
+    table = sweep.markdown(rows, parity, "t")
     assert "no: CUDA out of memory" in table and "| 0.5 | 1.000 | 2.00x |" in table
 
 
 def test_plot_is_written(tmp_path):
-    rows, _ = sweep_offload.build_rows([_result(0.0, 0.5, 40.0, [1.0]), _result(1.0, 1.0, 30.0, [1.0])],
+    rows, _ = sweep.build_rows([_result(0.0, 0.5, 40.0, [1.0]), _result(1.0, 1.0, 30.0, [1.0])],
                                        [_result(0.0, 0.5, 40.0, [1.0])])
-    assert sweep_offload.plot(rows, tmp_path / "p.png", "t")
+    assert sweep.plot(rows, tmp_path / "p.png", "t")
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 
@@ -129,19 +127,19 @@ def test_cpu_thread_warning(built):
 def test_recorded_results_and_no_stale_reuse(tmp_path):
     import json
 
-    assert sweep_offload.recorded(tmp_path) == {}
+    assert recorded(tmp_path) == {}
     (tmp_path / "failure.json").write_text(json.dumps({"reason": "CUDA out of memory"}))
-    assert sweep_offload.recorded(tmp_path) == {"reason": "CUDA out of memory"}
+    assert recorded(tmp_path) == {"reason": "CUDA out of memory"}
     (tmp_path / "summary.json").write_text(json.dumps({"step_time_s": 1.0}))
-    assert sweep_offload.recorded(tmp_path) == {"summary": {"step_time_s": 1.0}}
-    assert sweep_offload.recorded(tmp_path, succeeded=False) == {"reason": "CUDA out of memory"}
+    assert recorded(tmp_path) == {"summary": {"step_time_s": 1.0}}
+    assert recorded(tmp_path, succeeded=False) == {"reason": "CUDA out of memory"}
 
 
 def test_a_killed_run_is_recorded_so_resume_keeps_it(tmp_path, monkeypatch):
     # a child that the kernel's OOM killer would end the same way: SIGKILL, no chance to write anything
     child = tmp_path / "killed.py"
     child.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    monkeypatch.setattr(sweep_offload, "RUN_RECIPE", child)
-    result = sweep_offload.run_one("any_recipe", 1.0, tmp_path / "fraction-1", [], [], None)
+    monkeypatch.setattr(sweep, "RUN_RECIPE", (str(child),))
+    result = sweep.run_one("any_recipe", 1.0, tmp_path / "fraction-1", [], [], None)
     assert result["reason"] == "killed by signal 9 (SIGKILL: host memory exhausted?)"
-    assert sweep_offload.recorded(tmp_path / "fraction-1") == {"reason": result["reason"]}
+    assert recorded(tmp_path / "fraction-1") == {"reason": result["reason"]}

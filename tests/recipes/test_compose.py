@@ -94,7 +94,7 @@ def test_readme_python_example_runs(capsys):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     example = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)  # noqa: S102

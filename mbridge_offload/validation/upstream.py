@@ -1,10 +1,6 @@
-"""Validation before any launch: every rule of the rule table, then upstream ``validate()``.
-
-All problems are reported at once, each with the dotted key, its current value, the rule and a fix
-to paste. Upstream ``ConfigContainer.validate()`` (via ``runtime_config_update``) stops at its first
-error and mutates what it checks, so it runs on a copy, and its error is translated into the same
-form (and dropped when it repeats a problem the rule table already reported).
-"""
+"""Upstream ``ConfigContainer.validate()`` (via ``runtime_config_update``), run on a copy in an isolated
+process state, and its error translated into a ``Problem``: the rule of the table that states the same
+constraint (with its fix), else the config key the message is about."""
 
 from __future__ import annotations
 
@@ -14,22 +10,12 @@ import io
 import os
 import re
 import warnings
-from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Iterator, Mapping
 
-from mbridge_offload.facts.config_tree import KeyPathError, get_path, show
-from mbridge_offload.validation.problem import Problem, Report
-from mbridge_offload.validation.rules import RULES, RULES_BY_ID, Context
-
-
-def check_rules(ctx: Context) -> list[Problem]:
-    problems = []
-    for rule in RULES:
-        if rule.applies(ctx) and not rule.holds(ctx):
-            problems.append(Problem(rule.key, rule.value(ctx), rule.text, rule.fix(ctx),
-                                    rule.severity, rule.id))
-    return problems
-
+from mbridge_offload.facts.config_tree import KeyPathError, get_path, show, walk
+from mbridge_offload.validation.problem import Problem
+from mbridge_offload.validation.registry import RULES_BY_ID
+from mbridge_offload.validation.rule import Context
 
 # Upstream messages -> the rule that states the same constraint (its fix is used).
 _UPSTREAM_TO_RULE: tuple[tuple[str, str], ...] = (
@@ -67,13 +53,10 @@ _UPSTREAM_KEYS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _leaf_keys(node: Any, prefix: str = "", depth: int = 0) -> Iterator[str]:
-    if depth > 2 or not is_dataclass(node):
-        return
-    for f in fields(node):
-        key = f"{prefix}{f.name}"
-        yield key
-        yield from _leaf_keys(getattr(node, f.name, None), key + ".", depth + 1)
+def _config_fields(cfg: Any) -> Iterator[str]:
+    """The keys an upstream message may name: config fields three levels deep, the config's own
+    ``_``-prefixed state included (upstream checks it too), dict entries not."""
+    return (key for key, _, _ in walk(cfg, levels=3, into_dict=lambda key: False, private=True))
 
 
 def translate_upstream(message: str, cfg: Any, ctx: Context) -> Problem:
@@ -87,21 +70,23 @@ def translate_upstream(message: str, cfg: Any, ctx: Context) -> Problem:
                 fix = rule.fix(ctx)
             except (KeyPathError, AttributeError, TypeError, ZeroDivisionError):
                 value, fix = "?", rule.fix_text or "see the rule"
-            return Problem(rule.key, value, f"{rule.text} (upstream: {first_line})", fix, "error", rule_id, "upstream")
+            return Problem(key=rule.key, value=value, rule=f"{rule.text} (upstream: {first_line})", fix=fix,
+                           severity="error", rule_id=rule_id, source="upstream")
     key, fix = "", ""
     for pattern, upstream_key, upstream_fix in _UPSTREAM_KEYS:
         if re.search(pattern, message):
             key, fix = upstream_key, upstream_fix
             break
     if not key:  # name the longest config field that the message mentions
-        mentioned = [k for k in _leaf_keys(cfg) if re.search(rf"\b{re.escape(k.rsplit('.', 1)[-1])}\b", message)]
+        mentioned = [k for k in _config_fields(cfg) if re.search(rf"\b{re.escape(k.rsplit('.', 1)[-1])}\b", message)]
         key = max(mentioned, key=lambda k: len(k.rsplit(".", 1)[-1]), default="(config)")
         fix = f"change {key} as the rule says" if mentioned else "see the rule"
     try:
         value = show(get_path(cfg, key))
     except KeyPathError:
         value = "?"
-    return Problem(key, value, f"upstream ConfigContainer.validate(): {first_line}", fix, "error", "", "upstream")
+    return Problem(key=key, value=value, rule=f"upstream ConfigContainer.validate(): {first_line}", fix=fix,
+                   severity="error", rule_id="", source="upstream")
 
 
 @contextlib.contextmanager
@@ -136,18 +121,3 @@ def upstream_error(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> str |
         except (AssertionError, ValueError, TypeError, RuntimeError, KeyError, AttributeError) as error:
             return str(error) or type(error).__name__
     return None
-
-
-def validate(cfg: Any, num_gpus: int, environ: Mapping[str, str] | None = None,
-             upstream: bool = True) -> Report:
-    """Every problem of ``cfg`` for a run on ``num_gpus`` GPUs (nothing is modified)."""
-    ctx = Context(cfg, num_gpus, dict(os.environ if environ is None else environ))
-    problems = check_rules(ctx)
-    if upstream:
-        message = upstream_error(cfg, num_gpus, ctx.environ)
-        if message is not None:
-            translated = translate_upstream(message, cfg, ctx)
-            already = {p.rule_id for p in problems}
-            if not translated.rule_id or translated.rule_id not in already:
-                problems.append(translated)
-    return Report(num_gpus, tuple(problems))

@@ -1,0 +1,313 @@
+"""Stock vs tuned optimizer offload against the floor this host allows, behind scripts/bench_offload.py.
+
+It measures the host (mbridge_offload/cli/measure_host.py), trains the no-offload baseline and, for
+each fraction, each configuration of ``configurations`` in a fresh process (run_recipe, started as
+bench/sweep.py starts its runs), then compares every step time with the baseline and with the floor
+of mbridge_offload/planning/cost_model.py, and checks the performance issue's goals (``GOALS``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from overrides.grammar import key_of
+from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one
+from mbridge_offload.facts.cores import available_cores
+from mbridge_offload.runtime.run_outcome import recorded
+
+OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
+GOALS = {0.25: 1.05, 1.0: 1.25}  # fraction: slowdown the performance issue asks for (tuned)
+DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "overlap-chunked", "tuned")
+MEASURE_HOST = ("-m", "mbridge_offload.cli.measure_host")  # run by module name, as RUN_RECIPE
+
+
+def configurations(cores: int) -> dict[str, dict]:
+    """name: how run_recipe.py is called for it (extra arguments, overrides), what it stands for, and, for
+    the fixed ones, the settings it runs with on one rank (to know when tuned is the same run)."""
+    from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS
+
+    stock = ["--offload-tuning", "stock"]
+    chunks = str(TUNED_OVERLAP_CHUNKS)
+
+    def fixed(threads: int, overlap: bool, overlap_chunks: int | None = None) -> dict:
+        return {OVERLAP_KEY: overlap, "optimizer.pin_cpu_grads": True, "optimizer.pin_cpu_params": True,
+                "threads": threads, "overlap_chunks": overlap_chunks}
+
+    return {
+        "stock-all-cores": {"config": "stock", "args": [*stock, "--cpu-threads", str(cores)],
+                            "overrides": [f"{OVERLAP_KEY}=False"], "settings": fixed(cores, False),
+                            "means": f"library defaults (overlap off), {cores} threads: one rank on the node"},
+        "stock-1-thread": {"config": "stock", "args": [*stock, "--cpu-threads", "1"],
+                           "overrides": [f"{OVERLAP_KEY}=False"], "settings": fixed(1, False),
+                           "means": "library defaults, 1 thread: what torchrun gives each of several ranks"},
+        "overlap-on": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores)],
+                       "overrides": [f"{OVERLAP_KEY}=True"], "settings": fixed(cores, True),
+                       "means": f"library defaults with D2H/H2D overlap on (one CPU optimizer per tensor), "
+                                f"{cores} threads"},
+        "overlap-chunked": {"config": "overlap", "args": [*stock, "--cpu-threads", str(cores), "--overlap-chunks",
+                                                          chunks],
+                            "overrides": [f"{OVERLAP_KEY}=True"], "settings": fixed(cores, True, TUNED_OVERLAP_CHUNKS),
+                            "means": f"overlap on in {chunks} chunks (--overlap-chunks {chunks}), {cores} threads"},
+        "tuned": {"config": "tuned", "args": ["--offload-tuning", "tuned"], "overrides": [],
+                  "means": f"run_recipe.py's offload tuning (threads per rank, overlap in {chunks} chunks, "
+                           "pinned buffers)"},
+    }
+
+
+def tuned_same_as(configs: dict[str, dict], ranks_on_node: int, cores: int) -> str | None:
+    """The configuration tuned resolves to with one rank per node (it then gets every core), if any: one
+    run serves both rows. With several ranks the tuning splits the cores, which no fixed one does."""
+    from mbridge_offload.runtime.offload_tuning import TUNED_KEYS, TUNED_OVERLAP_CHUNKS
+
+    if ranks_on_node != 1:
+        return None
+    tuned = {key: value for key, (value, _) in TUNED_KEYS.items()}
+    tuned.update(threads=cores,
+                 overlap_chunks=TUNED_OVERLAP_CHUNKS if tuned[OVERLAP_KEY] else None)
+    return next((name for name, c in configs.items() if c.get("settings") == tuned), None)
+
+
+def measure(out: Path, timeout_s: float | None) -> dict:
+    path = out / "host.json"
+    subprocess.run([sys.executable, *MEASURE_HOST, "--json", str(path)], check=True, timeout=timeout_s,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(path.read_text())
+
+
+def run(recipe: str, fraction: float, run_dir: Path, overrides: list[str], args: list[str],
+        resume: bool, timeout_s: float | None) -> dict:
+    earlier = recorded(run_dir) if resume else {}
+    if earlier:
+        print(f"[bench] {run_dir.name}: kept from an earlier run", flush=True)
+        return {"fraction": fraction, "dir": str(run_dir), "reused": True, **earlier}
+    print(f"[bench] {run_dir.name} ...", flush=True)
+    result = run_one(recipe, fraction, run_dir, overrides, args, timeout_s)
+    print(f"[bench] {run_dir.name}: {'ok' if 'summary' in result else 'FAILED: ' + result.get('reason', '')} "
+          f"({result['wall_s']} s)", flush=True)
+    return result
+
+
+def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dict | None,
+               configs: dict[str, dict]) -> tuple[list[dict], dict]:
+    from mbridge_offload.planning.cost_model import floor
+
+    base = baselines[0].get("summary") if baselines else None
+    baseline_step, spread = baseline_step_time(baselines)
+    parity = {**baseline_parity(baselines), "baseline_step_time_s": baseline_step, "baseline_step_time_spread": spread}
+    tolerance = parity["tolerance_used"]
+    rows = []
+    for name, result in results:
+        summary = result.get("summary")
+        row = {"fraction": result["fraction"], "config": configs[name]["config"], "variant": name,
+               "ok": summary is not None}
+        if summary is None:
+            row.update(step_time_s=None, slowdown_vs_baseline=None, floor_s=None, reason=result.get("reason"))
+            rows.append(row)
+            continue
+        step = summary["step_time_s"]
+        traffic = summary.get("offload_traffic")
+        limits = floor(traffic, baseline_step, host) if (traffic and base and host and "d2h_gbps" in host) else {}
+        deltas = ([max_abs_delta(base["losses"], losses) for losses in summary.get("repeat_losses", [summary["losses"]])]
+                  if base else [])
+        delta = max((d for d in deltas if d is not None), default=None)
+        row.update(
+            cpu_threads_per_rank=summary.get("cpu_threads_per_rank"),
+            overlap=summary.get("overlap_cpu_optimizer_d2h_h2d"),
+            step_time_s=step,
+            slowdown_vs_baseline=step / baseline_step if base else None,
+            floor_s=limits.get("floor_s"),
+            floor_slowdown=limits.get("floor_slowdown"),
+            adam_floor_s=limits.get("adam_floor_s"),
+            over_floor_s=(step - limits["floor_s"]) if limits else None,
+            breakdown=summary.get("offload_breakdown"),
+            traffic=traffic,
+            floor_parts=limits or None,
+            peak_allocated_gib=summary["peak_allocated_gib"],
+            max_abs_loss_delta=delta,
+            loss_parity_noise_floor=None if delta is None else delta <= tolerance,
+        )
+        if result.get("same_run_as"):
+            row["same_run_as"] = result["same_run_as"]
+        if result.get("runs", 1) > 1:
+            row.update(runs=result["runs"], step_time_spread=result["step_time_spread"])
+        rows.append(row)
+    return rows, parity
+
+
+def merge_repeats(runs: list[dict]) -> dict:
+    """One result for a configuration's repeated runs: the median over all their steady-state steps (as
+    for the baseline), the spread of the runs' own medians, the per-part medians of the breakdown, the
+    worst loss and memory. A failed repeat fails the configuration, with its reason."""
+    import statistics
+
+    if len(runs) == 1:
+        return runs[0]
+    failed = next((k for k, r in enumerate(runs) if "summary" not in r), None)
+    if failed is not None:
+        return {"fraction": runs[0]["fraction"], "reason": f"run {failed + 1} of {len(runs)}: "
+                                                           f"{runs[failed].get('reason', 'unknown')}"}
+    summaries = [r["summary"] for r in runs]
+    step, spread = baseline_step_time(runs)
+    parts = [s.get("offload_breakdown") or {} for s in summaries]
+    breakdown = {key: statistics.median(p[key] for p in parts if key in p) for key in parts[0]} or None
+    merged = {**summaries[0], "step_time_s": step, "offload_breakdown": breakdown,
+              "peak_allocated_gib": max(s["peak_allocated_gib"] for s in summaries),
+              "repeat_losses": [s["losses"] for s in summaries]}
+    return {"fraction": runs[0]["fraction"], "summary": merged, "runs": len(runs), "step_time_spread": spread}
+
+
+def baseline_step_time(baselines: list[dict]) -> tuple[float | None, float | None]:
+    """Median steady-state step time over every baseline run's steps pooled, and how far the runs'
+    own medians lie apart (relative): identical runs differ, and slowdowns are no finer than that."""
+    import statistics
+
+    done = [b["summary"] for b in baselines if "summary" in b]
+    pooled = [t for s in done for t in s["step_times_s"][s.get("warmup_steps_excluded", 0):]]
+    if not pooled:
+        return None, None
+    step = statistics.median(pooled)
+    medians = [s["step_time_s"] for s in done]
+    return step, (max(medians) - min(medians)) / step if len(medians) > 1 else None
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    """The performance issue's goals for the tuned runs, with what the floor says is possible."""
+    verdicts = []
+    for fraction, goal in GOALS.items():
+        row = next((r for r in rows if r["fraction"] == fraction and r["config"] == "tuned" and r["ok"]), None)
+        if row is None:
+            continue
+        floor_slowdown = row.get("floor_slowdown")
+        met = row["slowdown_vs_baseline"] <= goal
+        possible = None if floor_slowdown is None else floor_slowdown <= goal
+        verdicts.append({"fraction": fraction, "goal_slowdown": goal, "tuned_slowdown": row["slowdown_vs_baseline"],
+                         "floor_slowdown": floor_slowdown, "met": met, "possible_on_this_host": possible})
+    return verdicts
+
+
+def _f(value, digits: int = 3, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _runs_note(row: dict) -> str:
+    """After a repeated configuration's step time: how many runs, how far apart their medians lie."""
+    if row.get("runs", 1) <= 1:
+        return ""
+    return f" ({row['runs']} runs, {_f(100 * row['step_time_spread'], 0, '%')} apart)"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -> str:
+    spread = parity.get("baseline_step_time_spread")
+    runs = parity["baseline_runs"]
+    how = (f"median of the steady-state steps of {runs} identical runs; their own medians differ by "
+           f"{_f(spread and 100 * spread, 1, '%')}" if runs > 1 else
+           "median of the steady-state steps of 1 run; the run-to-run spread was not measured")
+    lines = [f"### {title}", "",
+             f"Baseline (no offload): {_f(parity.get('baseline_step_time_s'))} s per step ({how}).", "",
+             "| fraction | config | threads | overlap | step (s) | slowdown | floor (s) | floor slowdown | "
+             "over floor (s) | D2H (s) | CPU Adam (s) | H2D (s) | offloaded step (s) | max abs loss delta | parity | ok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r.get("breakdown") or {}
+        lines.append(
+            f"| {r['fraction']:g} | {r['variant']}{' (= ' + r['same_run_as'] + ' run)' if r.get('same_run_as') else ''} | "
+            f"{r.get('cpu_threads_per_rank', '-')} | "
+            f"{'-' if r.get('overlap') is None else ('on' if r['overlap'] else 'off')} | {_f(r['step_time_s'])}"
+            f"{_runs_note(r)} | "
+            f"{_f(r['slowdown_vs_baseline'], 2, 'x')} | {_f(r.get('floor_s'))} | {_f(r.get('floor_slowdown'), 2, 'x')} | "
+            f"{_f(r.get('over_floor_s'))} | {_f(b.get('d2h_s'))} | {_f(b.get('cpu_optimizer_s'))} | "
+            f"{_f(b.get('h2d_s'))} | {_f(b.get('optimizer_step_s'))} | {_f(r.get('max_abs_loss_delta'), 4)} | "
+            f"{_yes_no(r.get('loss_parity_noise_floor'))} | {'yes' if r['ok'] else 'no: ' + str(r.get('reason', ''))[:100]} |")
+    noise = parity["noise_floor_max_abs_delta"]
+    lines += ["", f"Loss parity tolerance: max(seed's {SEED_PARITY}, noise floor "
+                  f"{'not measured' if noise is None else f'{noise:.4f}'}) = {parity['tolerance_used']:.4f}."]
+    for v in verdicts:
+        if v["met"] and v["possible_on_this_host"] is False:
+            verdict = (f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: inside the run-to-run "
+                       f"spread of the baseline's step time ({_f(spread and 100 * spread, 0, '%')} between identical runs)"
+                       if spread else f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: the "
+                       "baseline's run-to-run spread (not measured: one baseline run) is the likely reason")
+        elif v["met"]:
+            verdict = "met"
+        elif v["possible_on_this_host"] is False:
+            verdict = f"not met: the floor alone is {v['floor_slowdown']:.2f}x on this host"
+        else:
+            verdict = f"not met; the floor allows {_f(v['floor_slowdown'], 2, 'x')}"
+        lines.append(f"Goal at fraction {v['fraction']:g}: tuned <= {v['goal_slowdown']:.2f}x; measured "
+                     f"{v['tuned_slowdown']:.2f}x, floor {_f(v['floor_slowdown'], 2, 'x')}: {verdict}.")
+    return "\n".join(lines) + "\n"
+
+
+def owned_overrides(overrides: list[str]) -> list[str]:
+    """The overrides of keys the benchmark sets for each run itself (refused on its command line)."""
+    return [o for o in overrides if key_of(o) in (*OWNED_KEYS, OVERLAP_KEY)]
+
+
+@dataclass(frozen=True)
+class BenchRuns:
+    results: list[tuple[str, dict]]  # (configuration, its runs merged) per fraction, in ``order``
+    baselines: list[dict]
+    configs: dict[str, dict]  # the configurations as run on this host's cores
+    order: list[str]  # the configurations chosen, in the order they ran
+
+
+def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[str], overrides: list[str],
+                  num_gpus: int | None, recipe_gpus: int, baseline_runs: int, repeats: int, host: dict,
+                  resume: bool, timeout_s: float | None) -> BenchRuns:
+    """Every run of the chosen configurations at every fraction, and the baselines, in ``repeats``
+    interleaved rounds (``--resume``: runs that finished in ``out`` are kept)."""
+    cores = host.get("cores") or len(available_cores())  # the host the runs ran on (a reassembly may run elsewhere)
+    configs = configurations(cores)
+    gpus = ["--num-gpus", str(num_gpus)] if num_gpus else []
+    chosen = list(chosen)
+    same = tuned_same_as(configs, num_gpus or recipe_gpus, cores) if "tuned" in chosen else None
+    shared = same in chosen
+    if shared:  # run that configuration first: the tuned row reuses it
+        chosen.remove(same)
+        chosen.insert(0, same)
+    baselines, runs = [], {}  # runs: (fraction, name) -> that configuration's runs, one per round
+    for k in range(repeats):  # rounds interleave the configurations, so slow drift of the machine hits all alike
+        for b in range(k, baseline_runs, repeats):
+            baselines.append(run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")),
+                                 overrides, gpus, resume, timeout_s))
+        for fraction in fractions:
+            for name in chosen:
+                if name == "tuned" and shared:
+                    continue
+                config = configs[name]
+                run_dir = out / (f"fraction-{fraction:g}-{name}" + (f"-repeat{k}" if k else ""))
+                runs.setdefault((fraction, name), []).append(
+                    run(recipe, fraction, run_dir, [*overrides, *config["overrides"]],
+                        [*gpus, *config["args"]], resume, timeout_s))
+    results = []
+    for fraction in fractions:
+        for name in chosen:
+            if name == "tuned" and shared:
+                results.append((name, {**merge_repeats(runs[(fraction, same)]), "same_run_as": same}))
+            else:
+                results.append((name, merge_repeats(runs[(fraction, name)])))
+    return BenchRuns(results=results, baselines=baselines, configs=configs, order=chosen)
+
+
+def write_overhead(out: Path, recipe: str, command: str, overrides: list[str], host: dict, runs: BenchRuns,
+                   rows: list[dict], parity: dict, verdicts: list[dict]) -> str:
+    """DIR/offload_overhead.json and offload_overhead.md; returns the markdown table."""
+    base = runs.baselines[0].get("summary") if runs.baselines else None
+    (out / "offload_overhead.json").write_text(json.dumps({
+        "recipe": recipe, "command": command, "overrides": overrides, "host": host,
+        "baseline": {"step_time_s": parity["baseline_step_time_s"],
+                     "step_time_spread": parity["baseline_step_time_spread"],
+                     "peak_allocated_gib": base and base["peak_allocated_gib"]},
+        "configs": {name: runs.configs[name]["means"] for name in runs.order}, "parity": parity, "goals": verdicts,
+        "rows": rows}, indent=2) + "\n")
+    table = markdown(rows, parity, verdicts, f"{recipe}: optimizer offload, stock vs tuned")
+    (out / "offload_overhead.md").write_text(f"Command: `{command}`\n\n{table}")
+    return table

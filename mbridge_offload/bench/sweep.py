@@ -1,0 +1,254 @@
+"""The optimizer offload sweep behind scripts/sweep_offload.py: one training per fraction, each in a
+fresh process with the same seeds and data, then speed, memory and loss parity against the fraction-0
+baseline.
+
+The baseline runs twice by default so that loss parity is judged against the measured noise floor of
+two identical runs, next to the seed's criterion (max |delta| < 0.001). Writes DIR/sweep.json,
+sweep.csv, sweep.md and sweep.png. A failed run (OOM, crash) is a row with ``ok: false`` and the
+reason; the sweep goes on. bench/overhead.py starts its runs and judges parity the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from overrides.grammar import key_of
+from mbridge_offload.runtime.run_outcome import forget_outcome, recorded, write_failure
+
+SEED_PARITY = 0.001  # the seed's criterion: max |loss delta| vs baseline
+FRACTION_KEY = "optimizer.optimizer_offload_fraction"
+OWNED_KEYS = ("optimizer.optimizer_cpu_offload", FRACTION_KEY)
+# how a run starts: the interpreter runs run_recipe by module name, so an installed package works too
+RUN_RECIPE = ("-m", "mbridge_offload.cli.run_recipe")
+
+
+def parse_fractions(text: str) -> list[float]:
+    try:
+        fractions = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"fractions must be numbers separated by commas, got {text!r}") from None
+    bad = [f for f in fractions if not 0.0 <= f <= 1.0]
+    if bad or not fractions:
+        raise argparse.ArgumentTypeError(f"fractions must be from 0 to 1, got {text!r}")
+    return sorted(set(fractions))
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[float] | None, list[str]]:
+    """Take a Hydra multirun value of the fraction out of the overrides (a welcome alias)."""
+    fractions, rest = None, []
+    for text in overrides:
+        key = key_of(text)
+        if key == FRACTION_KEY and "," in text:
+            fractions = parse_fractions(text.split("=", 1)[1])
+        elif key in OWNED_KEYS:
+            raise SystemExit(f"sweep_offload.py: {key} is set by the sweep for each run; "
+                             f"give the fractions with --fractions or {FRACTION_KEY}=a,b,c")
+        else:
+            rest.append(text)
+    return fractions, rest
+
+
+def fraction_overrides(fraction: float) -> list[str]:
+    if fraction == 0.0:  # the baseline: optimizer offload off altogether
+        return ["optimizer.optimizer_cpu_offload=False", f"{FRACTION_KEY}=0.0"]
+    return ["optimizer.optimizer_cpu_offload=True", f"{FRACTION_KEY}={fraction}"]
+
+
+def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], extra_args: list[str],
+            timeout_s: float | None) -> dict:
+    command = [sys.executable, *RUN_RECIPE, "--recipe", recipe, "--out", str(out_dir), *extra_args,
+               *overrides, *fraction_overrides(fraction)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    forget_outcome(out_dir)
+    started = time.monotonic()
+    with (out_dir / "log.txt").open("w") as log:
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        try:
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    result = {"fraction": fraction, "dir": str(out_dir), "returncode": code,
+              "wall_s": round(time.monotonic() - started, 1)}
+    result.update(recorded(out_dir, succeeded=code == 0))
+    if "summary" in result or "reason" in result:
+        return result
+    if code == "timeout":
+        result["reason"] = f"timed out after {timeout_s:.0f} s"
+    elif isinstance(code, int) and code < 0:
+        result["reason"] = (f"killed by signal {-code}" + (" (SIGKILL: host memory exhausted?)" if code == -9 else ""))
+    elif code == 2:
+        result["reason"] = "invalid configuration (see log.txt)"
+    else:
+        tail = (out_dir / "log.txt").read_text().strip().splitlines()[-1:] or [""]
+        result["reason"] = f"exit code {code}: {tail[0][:200]}"
+    # run_recipe.py records the failures it sees; a killed or timed-out run cannot, so record it here:
+    # --resume then keeps it like any other finished run instead of launching it again
+    write_failure(out_dir, result["reason"])
+    return result
+
+
+def max_abs_delta(a: list, b: list) -> float | None:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return max((abs(x - y) for x, y in pairs), default=None)
+
+
+def baseline_parity(baselines: list[dict]) -> dict:
+    """The loss-parity tolerance from the baseline runs: the noise floor between identical runs (when two
+    or more succeeded) or the seed's criterion, whichever is larger."""
+    base = baselines[0].get("summary") if baselines else None
+    noise = None
+    if len(baselines) > 1 and all("summary" in b for b in baselines):
+        noise = max(max_abs_delta(base["losses"], b["summary"]["losses"]) or 0.0 for b in baselines[1:])
+    return {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
+            "tolerance_used": max(SEED_PARITY, noise or 0.0), "baseline_runs": len(baselines)}
+
+
+def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], dict]:
+    base = baselines[0].get("summary") if baselines else None
+    parity = baseline_parity(baselines)
+    tolerance = parity["tolerance_used"]
+    rows = []
+    for result in results:
+        summary = result.get("summary")
+        row = {"fraction": result["fraction"], "ok": summary is not None}
+        if summary is None:
+            row.update(step_time_s=None, slowdown_vs_baseline=None, peak_allocated_gib=None,
+                       memory_saved_gib=None, final_loss=None, max_abs_loss_delta=None,
+                       reason=result.get("reason", "unknown"))
+        else:
+            delta = max_abs_delta(base["losses"], summary["losses"]) if base else None
+            row.update(
+                step_time_s=summary["step_time_s"],
+                slowdown_vs_baseline=(summary["step_time_s"] / base["step_time_s"]) if base else None,
+                peak_allocated_gib=summary["peak_allocated_gib"],
+                memory_saved_gib=(base["peak_allocated_gib"] - summary["peak_allocated_gib"]) if base else None,
+                final_loss=summary["final_loss"],
+                max_abs_loss_delta=delta,
+                peak_host_rss_gib=summary["peak_host_rss_gib"],
+                peak_pinned_host_gib=summary["peak_pinned_host_gib"],
+                # inside-step peaks, where the host runs out (mbridge_offload/runtime/host_memory.py); older runs lack them
+                peak_node_host_used_gib=summary.get("peak_node_host_used_gib"),
+                loss_parity_seed=None if delta is None else delta < SEED_PARITY,
+                loss_parity_noise_floor=None if delta is None else delta <= tolerance,
+            )
+        rows.append(row)
+    return rows, parity
+
+
+def _fmt(value, digits=3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _short(reason: str) -> str:
+    """The first sentence of a failure reason, for the table (sweep.json keeps all of it)."""
+    head = reason.split(". ", 2)
+    text = ". ".join(head[:2]) if reason.startswith("CUDA out of memory") else head[0]
+    return text[:120].replace("|", "/")
+
+
+def markdown(rows: list[dict], parity: dict, title: str) -> str:
+    lines = [f"### {title}", "",
+             "| fraction | step time (s) | slowdown | peak allocated (GiB) | saved (GiB) | final loss | "
+             "max abs loss delta | parity (noise floor) | ok |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        slowdown = r["slowdown_vs_baseline"]
+        lines.append(f"| {r['fraction']:g} | {_fmt(r['step_time_s'])} | "
+                     f"{'-' if slowdown is None else f'{slowdown:.2f}x'} | "
+                     f"{_fmt(r['peak_allocated_gib'], 2)} | {_fmt(r['memory_saved_gib'], 2)} | "
+                     f"{_fmt(r['final_loss'], 4)} | {_fmt(r['max_abs_loss_delta'], 4)} | "
+                     f"{_fmt(r.get('loss_parity_noise_floor'))} | "
+                     f"{'yes' if r['ok'] else 'no: ' + _short(r.get('reason', ''))} |")
+    noise = parity["noise_floor_max_abs_delta"]
+    if noise is None:
+        lines += ["", f"Noise floor: not measured (needs two successful baseline runs); parity is judged at "
+                  f"the seed's {SEED_PARITY}."]
+    else:
+        lines += ["", f"Noise floor (max |loss delta| between {parity['baseline_runs']} identical baseline runs): "
+                  f"{noise:.4f}; parity is judged at max(seed's {SEED_PARITY}, noise floor) = "
+                  f"{parity['tolerance_used']:.4f}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    done = [r for r in rows if r["ok"] and r["slowdown_vs_baseline"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["slowdown_vs_baseline"] for r in done], [r["memory_saved_gib"] for r in done], "o-")
+    for r in done:
+        ax.annotate(f"{r['fraction']:g}", (r["slowdown_vs_baseline"], r["memory_saved_gib"]),
+                    textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("slowdown vs no offload (x)")
+    ax.set_ylabel("peak GPU memory saved (GiB)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def run_sweep(recipe: str, fractions: list[float], out: Path, overrides: list[str], extra_args: list[str],
+              baseline_runs: int, timeout_s: float | None, resume: bool) -> tuple[list[dict], list[dict]]:
+    """Every fraction's run (the baseline's ``baseline_runs`` times), in order: (one result per fraction,
+    the baseline's results). With ``resume``, a run that already finished in its folder is kept."""
+    results, baselines = [], []
+    for fraction in fractions:
+        runs = baseline_runs if fraction == 0.0 else 1
+        for repeat in range(runs):
+            name = f"fraction-{fraction:g}" + (f"-repeat{repeat}" if repeat else "")
+            run_dir = out / name
+            earlier = recorded(run_dir) if resume else {}
+            if earlier:
+                result = {"fraction": fraction, "dir": str(run_dir), "wall_s": 0.0, "reused": True, **earlier}
+                print(f"[sweep] {name}: kept from an earlier run", flush=True)
+            else:
+                print(f"[sweep] {name} ...", flush=True)
+                result = run_one(recipe, fraction, run_dir, overrides, extra_args, timeout_s)
+            if not result.get("reused"):
+                status = ("ok" if "summary" in result else f"FAILED: {result.get('reason')}")
+                print(f"[sweep] {name}: {status} ({result['wall_s']} s)", flush=True)
+            if fraction == 0.0:
+                baselines.append(result)
+            if repeat == 0:
+                results.append(result)
+    return results, baselines
+
+
+def write_sweep(out: Path, recipe: str, command: str, fractions: list[float], overrides: list[str],
+                rows: list[dict], parity: dict) -> str:
+    """DIR/sweep.json, sweep.csv, sweep.md and sweep.png; returns the markdown table."""
+    title = f"{recipe}: optimizer offload sweep"
+    (out / "sweep.json").write_text(json.dumps(
+        {"recipe": recipe, "command": command, "fractions": fractions, "overrides": overrides,
+         "parity": parity, "rows": rows,
+         "host": {"cpu_count": os.cpu_count()}}, indent=2) + "\n")
+    with (out / "sweep.csv").open("w", newline="") as f:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown(rows, parity, title)
+    (out / "sweep.md").write_text(f"Command: `{command}`\n\n{table}")
+    plot(rows, out / "sweep.png", title)
+    return table

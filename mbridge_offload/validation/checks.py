@@ -1,0 +1,41 @@
+"""Validation before any launch: every rule of the rule table, then upstream ``validate()``.
+
+All problems are reported at once, each with the dotted key, its current value, the rule and a fix
+to paste. Upstream ``ConfigContainer.validate()`` stops at its first error and mutates what it
+checks, so it runs on a copy (``upstream.py``), and its error is translated into the same form (and
+dropped when it repeats a problem the rule table already reported).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from mbridge_offload.validation.problem import Problem, Report
+from mbridge_offload.validation.registry import RULES
+from mbridge_offload.validation.rule import Context
+from mbridge_offload.validation.upstream import translate_upstream, upstream_error
+
+
+def check_rules(ctx: Context) -> list[Problem]:
+    problems = []
+    for rule in RULES:
+        if rule.applies(ctx) and not rule.holds(ctx):
+            problems.append(Problem(key=rule.key, value=rule.value(ctx), rule=rule.text, fix=rule.fix(ctx),
+                                    severity=rule.severity, rule_id=rule.id))
+    return problems
+
+
+def validate(cfg: Any, num_gpus: int, environ: Mapping[str, str] | None = None,
+             upstream: bool = True) -> Report:
+    """Every problem of ``cfg`` for a run on ``num_gpus`` GPUs (nothing is modified)."""
+    ctx = Context(cfg=cfg, num_gpus=num_gpus, environ=dict(os.environ if environ is None else environ))
+    problems = check_rules(ctx)
+    if upstream:
+        message = upstream_error(cfg, num_gpus, ctx.environ)
+        if message is not None:
+            translated = translate_upstream(message, cfg, ctx)
+            already = {p.rule_id for p in problems}
+            if not translated.rule_id or translated.rule_id not in already:
+                problems.append(translated)
+    return Report(num_gpus=num_gpus, problems=tuple(problems))

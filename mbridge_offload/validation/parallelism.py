@@ -1,0 +1,131 @@
+"""Rules of the parallel grid: what the GPU count, layers, heads, experts, batch and sequence length
+must divide. Each fix is computed (the nearest valid size), so that it can be pasted as it is."""
+
+from __future__ import annotations
+
+import math
+
+from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.validation.rule import PARALLELISM, Context, Rule, always
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest(candidates: list[int], target: int) -> int:
+    return min(candidates, key=lambda c: (abs(c - target), c))
+
+
+def _grid(ctx: Context) -> str:
+    m = ctx.model
+    return (f"{m.tensor_model_parallel_size} (TP{m.tensor_model_parallel_size} x "
+            f"PP{m.pipeline_model_parallel_size} x CP{m.context_parallel_size} = {ctx.model_parallel} "
+            f"GPUs per model replica; {ctx.num_gpus} GPU{'s' if ctx.num_gpus != 1 else ''} given)")
+
+
+def _fix_world(ctx: Context) -> str:
+    mp = ctx.model_parallel
+    return (f"--num-gpus {mp * max(1, math.ceil(ctx.num_gpus / mp))}  (a multiple of {mp}), "
+            "or smaller model.tensor_model_parallel_size / pipeline / context parallel sizes")
+
+
+def _uneven_pipeline(ctx: Context) -> bool:
+    m = ctx.model
+    return any(getattr(m, name, None) for name in (
+        "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split"))
+
+
+def _fix_pp(ctx: Context) -> str:
+    pp = _nearest(_divisors(ctx.model.num_layers), ctx.model.pipeline_model_parallel_size)
+    return f"model.pipeline_model_parallel_size={pp}"
+
+
+def _batch_unit(ctx: Context) -> int:
+    return ctx.cfg.train.micro_batch_size * (ctx.dp or 1)
+
+
+def _fix_global_batch(ctx: Context) -> str:
+    unit = _batch_unit(ctx)
+    gbs = ctx.cfg.train.global_batch_size
+    return f"train.global_batch_size={max(unit, round(gbs / unit) * unit)}"
+
+
+def _fix_ep(ctx: Context) -> str:
+    decoder_ranks = ctx.num_gpus // ctx.model.pipeline_model_parallel_size
+    etp = ctx.model.expert_tensor_parallel_size
+    options = [d for d in _divisors(ctx.num_experts or 1)
+               if decoder_ranks % (d * etp) == 0] or [1]
+    return f"model.expert_model_parallel_size={_nearest(options, ctx.model.expert_model_parallel_size)}"
+
+
+def _fix_tp_heads(ctx: Context) -> str:
+    m = ctx.model
+    groups = m.num_query_groups or m.num_attention_heads
+    options = [d for d in _divisors(m.num_attention_heads) if groups % d == 0]
+    return f"model.tensor_model_parallel_size={_nearest(options, m.tensor_model_parallel_size)}"
+
+
+def _fix_seq_length_cp(ctx: Context) -> str:
+    unit = 2 * ctx.model.context_parallel_size
+    return f"--seq-length {math.ceil(ctx.model.seq_length / unit) * unit}"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(id="parallel/world-size", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
+         text="the GPU count must be a multiple of TP x PP x CP",
+         applies=always, holds=lambda c: c.dp is not None, observed=_grid,
+         fix=_fix_world, fix_text="--num-gpus <multiple of TP*PP*CP>, or smaller TP/PP/CP"),
+    Rule(id="parallel/layers-per-stage", mechanism=PARALLELISM, key="model.pipeline_model_parallel_size",
+         text="model.num_layers must be divisible by the pipeline parallel size",
+         applies=lambda c: c.model.pipeline_model_parallel_size > 1 and not _uneven_pipeline(c),
+         holds=lambda c: c.model.num_layers % c.model.pipeline_model_parallel_size == 0,
+         observed=lambda c: f"{c.model.pipeline_model_parallel_size} (model.num_layers={c.model.num_layers})",
+         fix=_fix_pp, fix_text="model.pipeline_model_parallel_size=<divisor of num_layers>"),
+    Rule(id="parallel/global-batch", mechanism=PARALLELISM, key="train.global_batch_size",
+         text="train.global_batch_size must be divisible by micro_batch_size x data-parallel size",
+         applies=lambda c: c.dp is not None, holds=lambda c: c.cfg.train.global_batch_size % _batch_unit(c) == 0,
+         observed=lambda c: (f"{c.cfg.train.global_batch_size} (micro batch {c.cfg.train.micro_batch_size} "
+                             f"x DP {c.dp} = {_batch_unit(c)})"),
+         fix=_fix_global_batch, fix_text="train.global_batch_size=<multiple of micro_batch_size*DP>"),
+    Rule(id="parallel/heads-per-tp", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
+         text="attention heads and query groups must be divisible by the tensor parallel size",
+         applies=always,
+         holds=lambda c: c.model.num_attention_heads % c.model.tensor_model_parallel_size == 0
+         and (c.model.num_query_groups or c.model.num_attention_heads) % c.model.tensor_model_parallel_size == 0,
+         observed=lambda c: (f"{c.model.tensor_model_parallel_size} (heads {c.model.num_attention_heads}, "
+                             f"query groups {c.model.num_query_groups})"),
+         fix=_fix_tp_heads, fix_text="model.tensor_model_parallel_size=<divisor of the query groups>"),
+    Rule(id="parallel/experts-per-ep", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
+         text="model.num_moe_experts must be divisible by the expert parallel size",
+         applies=lambda c: c.num_experts > 0, holds=lambda c: c.num_experts % c.model.expert_model_parallel_size == 0,
+         observed=lambda c: f"{c.model.expert_model_parallel_size} (experts {c.num_experts})",
+         fix=_fix_ep, fix_text="model.expert_model_parallel_size=<divisor of num_moe_experts>"),
+    Rule(id="parallel/expert-grid", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
+         text="EP x expert TP must divide the GPUs of one pipeline stage (GPUs / PP)",
+         applies=lambda c: c.num_experts > 0 and c.num_gpus % c.model.pipeline_model_parallel_size == 0,
+         holds=lambda c: (c.num_gpus // c.model.pipeline_model_parallel_size)
+         % (c.model.expert_model_parallel_size * c.model.expert_tensor_parallel_size) == 0,
+         observed=lambda c: (f"EP{c.model.expert_model_parallel_size} x ETP{c.model.expert_tensor_parallel_size} "
+                             f"vs {c.num_gpus // c.model.pipeline_model_parallel_size} GPUs per stage"),
+         fix=_fix_ep, fix_text="model.expert_model_parallel_size=<divisor of GPUs/PP>"),
+    Rule(id="parallel/ep-needs-experts", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
+         text="expert parallelism needs an MoE model (model.num_moe_experts set)",
+         applies=lambda c: c.model.expert_model_parallel_size > 1, holds=lambda c: c.num_experts > 0,
+         fix=fixed("model.expert_model_parallel_size=1")),
+    Rule(id="parallel/seq-length-match", mechanism=PARALLELISM, key="dataset.seq_length",
+         text="dataset.seq_length must equal model.seq_length",
+         applies=lambda c: hasattr(c.cfg.dataset, "seq_length"),
+         holds=lambda c: c.cfg.dataset.seq_length == c.model.seq_length,
+         observed=lambda c: f"{c.cfg.dataset.seq_length} (model.seq_length={c.model.seq_length})",
+         fix=lambda c: (f"dataset.seq_length={c.model.seq_length}  "
+                        f"(or set both, e.g. --seq-length {c.cfg.dataset.seq_length})"),
+         fix_text="set both model.seq_length and dataset.seq_length (--seq-length N)"),
+    Rule(id="parallel/seq-length-cp", mechanism=PARALLELISM, key="model.seq_length",
+         text="with context parallelism, seq_length must be divisible by 2 x CP",
+         applies=lambda c: c.model.context_parallel_size > 1,
+         holds=lambda c: c.model.seq_length % (2 * c.model.context_parallel_size) == 0,
+         fix=_fix_seq_length_cp, fix_text="--seq-length <multiple of 2*CP>"),
+)

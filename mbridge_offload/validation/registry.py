@@ -1,0 +1,27 @@
+"""The rule table: every rule of every concern, in the order the validator reports them, and the
+README's table generated from it (``run_recipe.py --rules``)."""
+
+from __future__ import annotations
+
+from mbridge_offload.facts.key_ranges import KEY_RANGES
+from mbridge_offload.validation import activation_offload, environment, fine_grained, optimizer_offload, parallelism
+from mbridge_offload.validation.rule import MECHANISMS, Rule
+
+RULES: tuple[Rule, ...] = (*optimizer_offload.RULES, *activation_offload.RULES, *fine_grained.RULES,
+                           *parallelism.RULES, *environment.RULES)
+
+RULES_BY_ID = {rule.id: rule for rule in RULES}
+assert len(RULES_BY_ID) == len(RULES), "rule ids must be unique"
+assert {key_range.id for key_range in KEY_RANGES} <= set(RULES_BY_ID), "every key range must be a rule of the table"
+
+
+def rules_markdown() -> str:
+    """The README's table of offload modes and constraints, generated from RULES."""
+    lines = ["| mechanism | key | rule | fix | severity |", "|---|---|---|---|---|"]
+    for mechanism in MECHANISMS:
+        for rule in RULES:
+            if rule.mechanism != mechanism:
+                continue
+            fix = rule.fix_text or rule.fix(None)  # type: ignore[arg-type]  # constant fixes ignore ctx
+            lines.append(f"| {mechanism} | `{rule.key}` | {rule.text} | `{fix}` | {rule.severity} |")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""What a rule is (``Rule``) and what it reads (``Context``), and the mechanism names shown to users.
+
+A rule names the dotted key it is about, states the rule in words, and computes a fix the user can
+paste as an override. Rules only read attributes of a config: nothing here imports anything heavy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Mapping
+
+from mbridge_offload.facts.config_tree import get_path, show
+from mbridge_offload.facts.key_ranges import KeyRange
+from mbridge_offload.facts.parallel import ParallelSizes
+from mbridge_offload.validation.installed import module_available, te_version
+
+# Mechanism names, as shown to users (the README's offload table groups by these, in this order).
+OPTIMIZER = "optimizer offload"
+ACTIVATION = "activation offload (layer-level)"
+FINE_GRAINED = "fine-grained activation offload"
+PARALLELISM = "parallelism"
+ENVIRONMENT = "environment"
+MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT)
+
+
+@dataclass
+class Context:
+    """What rules read: the config, the GPU count it is validated for, the process environment."""
+
+    cfg: Any
+    num_gpus: int
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    has_module: Callable[[str], bool] = module_available
+    te_version: str | None = "detect"  # "detect": look at what is installed; None: not installed
+
+    def get(self, key: str) -> Any:
+        return get_path(self.cfg, key)
+
+    @property
+    def model(self) -> Any:
+        return self.cfg.model
+
+    @property
+    def opt(self) -> Any:
+        return self.cfg.optimizer
+
+    @property
+    def sizes(self) -> ParallelSizes:
+        return ParallelSizes.of(self.model, self.num_gpus)
+
+    @property
+    def model_parallel(self) -> int:
+        return self.sizes.model_parallel
+
+    @property
+    def dp(self) -> int | None:
+        """Data-parallel size, or None when the GPU count does not split into the model grid."""
+        return self.sizes.dp
+
+    @property
+    def num_experts(self) -> int:
+        return self.model.num_moe_experts or 0
+
+    def env(self, name: str) -> str | None:
+        """The value a launched run will see: the shell wins over the recipe's ``env_vars``."""
+        if name in self.environ:
+            return self.environ[name]
+        value = (self.cfg.env_vars or {}).get(name)
+        return None if value is None else str(value)
+
+    @cached_property
+    def installed_te(self) -> str | None:
+        return te_version() if self.te_version == "detect" else self.te_version
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One constraint. ``holds`` is only asked when ``applies`` is true."""
+
+    id: str
+    mechanism: str
+    key: str
+    text: str
+    applies: Callable[[Context], bool]
+    holds: Callable[[Context], bool]
+    fix: Callable[[Context], str]  # a constant fix ignores the context (the docs table passes None)
+    severity: str = "error"  # "error" blocks a launch, "warning" is reported only
+    observed: Callable[[Context], str] | None = None  # the value to show, when not the key's own
+    fix_text: str = ""  # the fix in the docs table, where ``fix`` depends on the config
+
+    @classmethod
+    def of_range(cls, mechanism: str, key_range: KeyRange) -> "Rule":
+        """A key's admissible values (defined once, in facts) as a rule of the table."""
+        observed = key_range.observed
+        return cls(id=key_range.id, mechanism=mechanism, key=key_range.key, text=key_range.text,
+                   applies=always, holds=lambda ctx: key_range.holds(ctx.cfg),
+                   fix=lambda ctx: key_range.fix(None if ctx is None else ctx.cfg),
+                   observed=None if observed is None else (lambda ctx: observed(ctx.cfg)),
+                   fix_text=key_range.fix_text)
+
+    def value(self, ctx: Context) -> str:
+        if self.observed is not None:
+            return self.observed(ctx)
+        return show(ctx.get(self.key))
+
+
+def always(ctx: Context) -> bool:
+    return True
