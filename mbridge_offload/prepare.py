@@ -1,0 +1,136 @@
+"""From a recipe and a command line to a config ready to plan or launch, the same way for every command:
+
+    recipe -> overrides -> optimizer.optimizer_offload_fraction=auto -> offload tuning -> validation -> memory plan
+
+``prepare`` changes nothing outside the config it returns and prints nothing: the command that called
+it says what it found (run_recipe prints all of it, plan_offload the plan). A command line that makes
+no config to plan (an invalid override, ``auto`` where nothing fits) raises ``NotPrepared`` with the
+words for the user; a config that is made but breaks a rule is prepared, with the problems in its
+report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from overrides.grammar import key_of
+from recipes.registry import Recipe
+from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fitting_fraction, plan_problems,
+                                      plan_with_recommendation, smallest_fitting_fraction, what_would_fit)
+from mbridge_offload.runtime.offload_tuning import chunks_line, tune_offload
+from mbridge_offload.validation import Report, validate
+
+FRACTION_KEY = "optimizer.optimizer_offload_fraction"
+SWITCH_KEY = "optimizer.optimizer_cpu_offload"
+
+
+class NotPrepared(Exception):
+    """The command line makes no config to plan or launch; ``message`` says why, for the user."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Prepared:
+    recipe_name: str
+    base_cfg: Any  # the recipe as built
+    cfg: Any  # after the overrides, auto and the offload tuning: what is validated, planned and launched
+    num_gpus: int
+    num_gpus_from: str  # where the GPU count came from, in words
+    overrides: tuple[str, ...]  # as given, without optimizer.optimizer_offload_fraction=auto
+    auto_fraction: float | None  # what optimizer.optimizer_offload_fraction=auto resolved to; None: not asked
+    auto_line: str | None  # that resolution in words
+    offload_tuning: str  # "tuned" or "stock" (mbridge_offload/runtime/offload_tuning.py)
+    tuning_lines: tuple[str, ...]  # what the tuning set or kept, or the chunks asked for
+    overlap_chunks: int | None  # the D2H/H2D overlap in this many chunks (None: the library's per tensor)
+    cpu_threads: str | int  # "auto", "launcher" or a thread count, per rank
+    memory: Plan  # the memory plan of cfg, with its recommendation
+    report: Report  # the validation's problems (none when not validated), then the planner's
+
+
+def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tuple[float, str]:
+    """``optimizer.optimizer_offload_fraction=auto``: the smallest fraction (steps of 0.05) that fits the
+    GPU and the host, with a line saying so; NotPrepared, with what would fit, when none does."""
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **plan_options)
+    if fraction is None:
+        options = what_would_fit(cfg, num_gpus, **plan_options)
+        raise NotPrepared(
+            f"{AUTO_OVERRIDE}: nothing fits: even with every optimizer state on the CPU the plan needs "
+            f"{fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
+            f"{fitting.gpu_memory_gib:g} GiB per GPU."
+            + ("\n  What would fit: " + "\n  or ".join(options) if options else ""))
+    if fitting.fits_host is False:
+        largest, _ = largest_host_fitting_fraction(cfg, num_gpus, **plan_options)
+        raise NotPrepared(
+            f"{AUTO_OVERRIDE}: nothing fits both: the GPU needs fraction {fraction:g} or more, and the "
+            f"{fitting.host_memory_gib:.1f} GiB {fitting.host_memory_source} of host memory hold "
+            + ("no optimizer offload at all" if largest is None else f"fraction {largest:g} at most")
+            + f" (the first optimizer step's peak plus {fitting.host_margin_gib:g} GiB per rank). Fix: fewer ranks "
+            "per node or more nodes, or more GPUs (less on each).")
+    return fraction, (f"{AUTO_OVERRIDE} -> {fraction:g} (smallest fraction in steps of 0.05 that fits: "
+                      f"{fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
+                      f"{fitting.gpu_memory_gib:g} GiB)")
+
+
+def _apply_auto(cfg: Any, overrides: Sequence[str], fraction: float) -> Any:
+    """``cfg`` (the overrides already applied) with the fraction auto chose, and offload switched to match
+    unless the command line set the switch."""
+    from overrides import OverrideError, OverrideErrors, apply_overrides
+
+    chosen = [f"{FRACTION_KEY}={fraction:g}"]
+    given = {key_of(o): o for o in reversed(overrides)}  # the first override of each key
+    if FRACTION_KEY in given:  # auto and a value for the same key: the overrides' own words for that
+        raise OverrideErrors([OverrideError(chosen[0], FRACTION_KEY, f"given twice (first: {given[FRACTION_KEY]})",
+                                            "give each key once")])
+    if SWITCH_KEY not in given:
+        chosen.append(f"{SWITCH_KEY}={fraction > 0}")
+    return apply_overrides(cfg, chosen)
+
+
+def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus_from: str,
+            plan_options: Mapping[str, Any], offload_tuning: str = "tuned", overlap_chunks: int | None = None,
+            cpu_threads: str | int | None = None, step_time_budget_s: float | None = None,
+            validated: bool = True) -> Prepared:
+    """``recipe`` built, with ``overrides`` (Hydra grammar, ``optimizer.optimizer_offload_fraction=auto``
+    allowed), tuned for offload speed unless ``offload_tuning="stock"``, validated for ``num_gpus`` GPUs
+    (unless ``validated=False``) and planned with ``plan_options`` (planning.plan_kwargs).
+
+    ``overlap_chunks`` and ``cpu_threads`` are run_recipe's --overlap-chunks and --cpu-threads (None:
+    the tuning's choice); ``step_time_budget_s`` is the planner's offload-time gate.
+    """
+    from overrides import OverrideErrors, apply_overrides
+
+    auto = AUTO_OVERRIDE in overrides
+    overrides = tuple(o for o in overrides if o != AUTO_OVERRIDE)
+    base = recipe.build()
+    auto_fraction = auto_line = None
+    try:
+        cfg = apply_overrides(base, overrides)
+        if auto:
+            auto_fraction, auto_line = resolve_auto(cfg, num_gpus, plan_options)
+            cfg = _apply_auto(cfg, overrides, auto_fraction)
+    except OverrideErrors as errors:
+        raise NotPrepared(errors.format()) from None
+    tuning_lines = [chunks_line(overlap_chunks, "--overlap-chunks")] if overlap_chunks else []
+    chunks = overlap_chunks
+    if offload_tuning == "tuned":
+        cfg, tuning_lines, chunks = tune_offload(cfg, {key_of(o) for o in overrides}, overlap_chunks)
+    opt = cfg.optimizer
+    if overlap_chunks and not (opt.optimizer_cpu_offload and opt.overlap_cpu_optimizer_d2h_h2d):
+        raise NotPrepared(
+            f"--overlap-chunks {overlap_chunks}: chunks the D2H/H2D overlap of optimizer offload, which is off "
+            f"({SWITCH_KEY}={opt.optimizer_cpu_offload}, "
+            f"optimizer.overlap_cpu_optimizer_d2h_h2d={opt.overlap_cpu_optimizer_d2h_h2d}). Fix: add "
+            f"{SWITCH_KEY}=True optimizer.overlap_cpu_optimizer_d2h_h2d=True, or drop --overlap-chunks")
+    problems = validate(cfg, num_gpus).problems if validated else ()
+    memory = plan_with_recommendation(cfg, num_gpus, **plan_options)
+    report = Report(num_gpus=num_gpus, problems=tuple(problems) + tuple(plan_problems(memory, step_time_budget_s)))
+    return Prepared(
+        recipe_name=recipe.name, base_cfg=base, cfg=cfg, num_gpus=num_gpus, num_gpus_from=num_gpus_from,
+        overrides=overrides, auto_fraction=auto_fraction, auto_line=auto_line, offload_tuning=offload_tuning,
+        tuning_lines=tuple(tuning_lines), overlap_chunks=chunks,
+        cpu_threads=cpu_threads or ("auto" if offload_tuning == "tuned" else "launcher"), memory=memory,
+        report=report)
