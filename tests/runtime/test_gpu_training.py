@@ -6,18 +6,13 @@ Skipped without CUDA; the recorded run is in docs/benchmarks/."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 @pytest.mark.gpu
 def test_offload_sweep_keeps_parity_and_saves_memory(tmp_path):
-    import sweep_offload
+    from mbridge_offload.cli import sweep_offload
 
     code = sweep_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--fractions", "0,0.5,1",
                                "--out", str(tmp_path), "model.num_layers=4", "train.train_iters=8",

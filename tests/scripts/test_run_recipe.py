@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from mbridge_offload.cli import run_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "run_recipe.py"
-sys.path.insert(0, str(SCRIPT.parent))
-import run_recipe  # noqa: E402
 
 SEED = ["--recipe", "qwen3_30b_a3b_pretrain_config", "optimizer.optimizer_cpu_offload=True",
         "optimizer.optimizer_offload_fraction=0.5", "train.train_iters=20", "train.global_batch_size=8",

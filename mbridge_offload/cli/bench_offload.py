@@ -1,0 +1,79 @@
+"""Stock vs tuned optimizer offload, against the floor this host allows, in one invocation.
+
+Usage, the configurations and what it writes: scripts/bench_offload.py; the benchmark itself:
+mbridge_offload/bench/overhead.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from recipes import registry
+from mbridge_offload.bench import overhead
+from mbridge_offload.bench.sweep import parse_fractions
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bench_offload.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, metavar="NAME")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR")
+    parser.add_argument("--fractions", type=parse_fractions, default=[0.25, 0.5, 0.75, 1.0], metavar="F,F,...",
+                        help="optimizer offload fractions (default 0.25,0.5,0.75,1)")
+    defaults = overhead.DEFAULT_CONFIGS
+    parser.add_argument("--configs", default=",".join(defaults), metavar="NAME,...",
+                        help=f"configurations to run (default {','.join(defaults)}; also: "
+                             f"{', '.join(c for c in overhead.configurations(1) if c not in defaults)})")
+    parser.add_argument("--num-gpus", type=int, metavar="N",
+                        help="GPUs (ranks on this node) for every run (default: the recipe's own count)")
+    parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
+                        help="identical no-offload runs for the loss noise floor (default 2)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+                        help="run every configuration R times, in R interleaved rounds (baselines spread over "
+                             "them), and report the median over all their steady-state steps with the spread of "
+                             "the runs (default 1). Identical runs of the H200 differed by up to 31%%: repeats "
+                             "tell a real difference from that")
+    parser.add_argument("--host-json", type=Path, metavar="FILE",
+                        help="host measurements from an earlier measure_host.py run (default: measure now)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
+    parser.add_argument("--resume", action="store_true", help="keep runs that already finished in DIR")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    recipe = registry.get_or_exit(parser, args.recipe)
+    names = list(overhead.configurations(1))
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in names]
+    if unknown or not chosen:
+        parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(names)}")
+    if args.num_gpus is not None and args.num_gpus < 1:
+        parser.error(f"--num-gpus expects at least 1 GPU, got {args.num_gpus}")
+    if args.repeats < 1:
+        parser.error(f"--repeats expects at least 1 run per configuration, got {args.repeats}")
+    owned = overhead.owned_overrides(args.overrides)
+    if owned:
+        parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")
+    fractions = [f for f in args.fractions if f > 0]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    host = json.loads(args.host_json.read_text()) if args.host_json else overhead.measure(args.out, args.timeout)
+    print(f"[bench] host: {json.dumps(host)}", flush=True)
+    runs = overhead.run_benchmark(args.recipe, args.out, fractions, chosen, args.overrides, args.num_gpus,
+                                  recipe.num_gpus, args.baseline_runs, args.repeats, host, args.resume, args.timeout)
+    rows, parity = overhead.build_rows(runs.results, runs.baselines, host, runs.configs)
+    verdicts = overhead.goals(rows)
+    command = "uv run scripts/bench_offload.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(overhead.write_overhead(args.out, args.recipe, command, args.overrides, host, runs, rows, parity, verdicts))
+    base = runs.baselines[0].get("summary") if runs.baselines else None
+    return 0 if base and all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

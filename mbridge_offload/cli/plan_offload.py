@@ -1,0 +1,81 @@
+"""Plan GPU and host memory of a recipe before queueing it, and pick the offload fraction.
+
+Usage, examples and exit codes: scripts/plan_offload.py. The config is prepared as run_recipe prepares
+it (mbridge_offload/prepare.py), without the offload tuning and the validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
+from recipes import registry
+from mbridge_offload.facts.import_notices import quiet_import_notices
+from mbridge_offload.planning import add_plan_arguments
+
+EXIT_OK, EXIT_INVALID = 0, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="plan_offload.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", metavar="NAME")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="SWEEP_DIR",
+                        help="compare the plan with the peak memory measured by sweep_offload.py runs "
+                             "(markdown table) instead of planning one recipe")
+    parser.add_argument("--num-gpus", type=int, metavar="N", help="default: the recipe's GPU count")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_plan_arguments(parser)
+    for flag in SHORT_FLAGS:
+        parser.add_argument(*flag.flags, dest=dest(flag), type=flag.type, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    if args.compare:
+        quiet_import_notices()
+        from mbridge_offload.bench.planner_accuracy import compare_host_markdown, compare_markdown
+
+        print(compare_markdown(args.compare) + "\n\n" + compare_host_markdown(args.compare))
+        return EXIT_OK
+    if not args.recipe:
+        parser.error("--recipe NAME is required (or --compare SWEEP_DIR ...)")
+    recipe = registry.get_or_exit(parser, args.recipe)
+    num_gpus = args.num_gpus or recipe.num_gpus
+
+    quiet_import_notices()
+    from mbridge_offload.planning import format_plan, plan_kwargs
+    from mbridge_offload.prepare import NotPrepared, prepare
+
+    overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
+    try:
+        # the plan of the config as the recipe and the overrides make it: no offload tuning, no validation
+        prepared = prepare(recipe, overrides, num_gpus=num_gpus,
+                           num_gpus_from="--num-gpus" if args.num_gpus else "the recipe's GPU count",
+                           plan_options=plan_kwargs(args), offload_tuning="stock",
+                           step_time_budget_s=args.step_time_budget_s, validated=False)
+    except NotPrepared as refusal:
+        print(refusal.message, file=sys.stderr)
+        return EXIT_INVALID
+    result, problems = prepared.memory, prepared.report.problems
+    if args.json:
+        print(json.dumps({**result.to_json(), "problems": [
+            {"id": p.rule_id, "key": p.key, "value": p.value, "rule": p.rule, "fix": p.fix, "severity": p.severity}
+            for p in problems]}, indent=2))
+    else:
+        print(f"Memory plan for {recipe.name} on {num_gpus} GPU{'s' if num_gpus != 1 else ''}"
+              + (" (fraction=auto)" if prepared.auto_fraction is not None else "") + ":")
+        print(format_plan(result))
+        for p in problems:
+            print(f"  {p.severity.upper()} {p.key} = {p.value}\n        rule: {p.rule}\n        fix:  {p.fix}")
+    return EXIT_INVALID if problems else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

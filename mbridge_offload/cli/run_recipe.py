@@ -1,0 +1,189 @@
+"""The run_recipe command: build a recipe, apply the overrides, resolve auto, tune, validate and plan
+(mbridge_offload/prepare.py), print what that gave, then launch (mbridge_offload/runtime/launch.py).
+
+Usage, examples and exit codes: scripts/run_recipe.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
+from recipes import registry
+from mbridge_offload.facts.import_notices import quiet_import_notices
+from mbridge_offload.planning import add_plan_arguments
+from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _at_least_one(unit: str):
+    """An argparse type: a whole number >= 1 of ``unit`` (e.g. 'GPU'), with errors that say which."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects a whole number of {unit}s, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expects at least 1 {unit}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_recipe.py",
+        description="Build an offload recipe, apply key=value overrides, validate, then train.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="overrides use Hydra grammar: key=value, +key=value (set what is unset), ++key=value,\n"
+               "~key (reset to default), lists key=[a,b], null. Examples:\n"
+               "  optimizer.optimizer_offload_fraction=0.5  model.cpu_offloading=True\n"
+               "  'model.offload_modules=[expert_fc1,moe_act]'  ++env_vars.NVTE_CPU_OFFLOAD_V1=1\n"
+               "A dotted override wins over a short flag of the same key.",
+    )
+    parser.add_argument("--recipe", metavar="NAME", help="recipe to run (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the recipes, one line each, and exit")
+    parser.add_argument("--rules", action="store_true",
+                        help="print the validation rule table (markdown) and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved offload settings, the changes and the validation report; "
+                             "launch nothing")
+    parser.add_argument("--num-gpus", type=_at_least_one("GPU"), metavar="N",
+                        help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
+                             "else the recipe's own GPU count)")
+    parser.add_argument("--cpu-threads", default=None, type=_cpu_threads, metavar="auto|launcher|N",
+                        help="CPU optimizer threads per rank with optimizer offload: auto (the default when tuned: "
+                             "the rank's share of the node's cores, pinned; an OMP_NUM_THREADS you set wins), "
+                             "launcher (leave torchrun's setting; the default with --offload-tuning stock), or N")
+    parser.add_argument("--offload-tuning", choices=TUNINGS, default="tuned",
+                        help="tuned (default): for optimizer offload, CPU threads per rank, D2H/H2D overlap on in "
+                             f"{TUNED_OVERLAP_CHUNKS} chunks (measured fastest), pinned host buffers, except keys you "
+                             "set; stock: the config as the recipe and your overrides made it, threads as the "
+                             "launcher set them (the library's behaviour)")
+    parser.add_argument("--overlap-chunks", type=_at_least_one("chunk"), metavar="K",
+                        help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
+                             f"size instead of one CPU optimizer per tensor (default when tuned: "
+                             f"{TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
+                             "stock: the library's per tensor; mbridge_offload/runtime/chunked_overlap.py)")
+    parser.add_argument("--out", metavar="DIR", type=Path,
+                        help="run folder for metrics and summary (default: runs/<recipe>)")
+    add_plan_arguments(parser)
+    short = parser.add_argument_group("short flags for common keys")
+    for flag in SHORT_FLAGS:
+        short.add_argument(*flag.flags, dest=dest(flag), type=flag.type, metavar="N" if flag.type is int else "X",
+                           help=f"{flag.help} ({', '.join(flag.keys)})")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra-style overrides")
+    return parser
+
+
+def _cpu_threads(text: str):
+    from mbridge_offload.runtime.cpu_threads import parse_request
+
+    try:
+        return parse_request(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, str]:
+    if args.num_gpus is not None:
+        return args.num_gpus, "--num-gpus"
+    if os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"]), "WORLD_SIZE"
+    return recipe.num_gpus, "the recipe's GPU count; set --num-gpus N for another"
+
+
+def refusal_reason(errors) -> str:
+    """Why a launch was refused, in the report's words (for the run folder's failure.json)."""
+    return "refused before launch: " + "; ".join(
+        f"[{p.rule_id or p.source}] {p.key} = {p.value}: {p.rule}" for p in errors)
+
+
+def show_prepared(prepared) -> None:
+    """What run_recipe found: the settings in force, what changed from the recipe, the plan, the report."""
+    from mbridge_offload.describe import config_diff, format_diff, offload_summary, topology
+    from mbridge_offload.planning import format_plan
+
+    cfg = prepared.cfg
+    if prepared.auto_line:
+        print(prepared.auto_line)
+    print(f"Recipe {prepared.recipe_name} ({topology(cfg, prepared.num_gpus)}; GPU count from {prepared.num_gpus_from})")
+    print("Offload settings:")
+    for line in offload_summary(cfg):
+        print(f"  {line}")
+    if prepared.tuning_lines:
+        print("Offload speed tuning (--offload-tuning stock turns it off):" if prepared.offload_tuning == "tuned"
+              else "Offload speed settings:")
+        for line in prepared.tuning_lines:
+            print(f"  {line}")
+    diffs = format_diff(config_diff(prepared.base_cfg, cfg))
+    print(f"Changed from the recipe ({len(diffs)}):" if diffs else "Changed from the recipe: nothing")
+    for line in diffs:
+        print(f"  {line}")
+    print("Memory plan (per GPU, worst rank):")
+    print(format_plan(prepared.memory))
+    print(prepared.report.format())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_intermixed_args(argv)
+    if args.list:
+        print(registry.listing())
+        return EXIT_OK
+    if args.rules:
+        from mbridge_offload.validation import rules_markdown
+
+        print(rules_markdown())
+        return EXIT_OK
+    if not args.recipe:
+        parser.error("--recipe NAME is required (see --list)")
+    recipe = registry.get_or_exit(parser, args.recipe)
+    num_gpus, gpus_from = _num_gpus(args, recipe)
+    overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
+
+    print(f"Building {recipe.name} (loading Megatron Bridge) ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    quiet_import_notices()
+    from mbridge_offload.planning import plan_kwargs
+    from mbridge_offload.prepare import NotPrepared, prepare
+
+    try:
+        prepared = prepare(recipe, overrides, num_gpus=num_gpus, num_gpus_from=gpus_from,
+                           plan_options=plan_kwargs(args, launching=not args.dry_run),
+                           offload_tuning=args.offload_tuning, overlap_chunks=args.overlap_chunks,
+                           cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s)
+    except NotPrepared as refusal:
+        print(refusal.message, file=sys.stderr)
+        return EXIT_INVALID
+    show_prepared(prepared)
+    print(f"(built and validated in {time.monotonic() - started:.1f} s)", file=sys.stderr)
+    if not prepared.report.ok:
+        if args.out and not args.dry_run:
+            # a refused launch is a finished run for whoever launched it into --out (sweep_offload.py's
+            # rows, --resume): say why there, in the report's words
+            from mbridge_offload.runtime.run_outcome import write_failure
+
+            write_failure(args.out, refusal_reason(prepared.report.errors))
+        return EXIT_INVALID
+    if args.dry_run:
+        return EXIT_OK
+    from mbridge_offload.describe import offload_summary, topology
+    from mbridge_offload.runtime.launch import LaunchSettings, launch
+
+    out_dir = (args.out or Path("runs") / recipe.name).resolve()
+    return launch(prepared.cfg, LaunchSettings(
+        recipe_name=recipe.name, num_gpus=num_gpus, out_dir=out_dir, cpu_threads=prepared.cpu_threads,
+        tuning_lines=prepared.tuning_lines, overlap_chunks=prepared.overlap_chunks,
+        topology=topology(prepared.cfg, num_gpus), offload_lines=tuple(offload_summary(prepared.cfg))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Sweep the optimizer offload fraction: one training per fraction, each in a fresh process with the
+same seeds and data, then speed, memory and loss parity against the fraction-0 baseline.
+
+Usage and what it writes: scripts/sweep_offload.py; the sweep itself: mbridge_offload/bench/sweep.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from recipes import registry
+from mbridge_offload.bench.sweep import (FRACTION_KEY, build_rows, parse_fractions, run_sweep, split_overrides,
+                                         write_sweep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sweep_offload.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, metavar="NAME")
+    parser.add_argument("--fractions", type=parse_fractions, metavar="F,F,...",
+                        help="optimizer offload fractions (default 0,0.25,0.5,0.75,1)")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR")
+    parser.add_argument("--num-gpus", type=int, metavar="N")
+    parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
+                        help="identical fraction-0 runs for the noise floor (default 2)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep runs that already finished in DIR (summary.json, or failure.json for a "
+                             "failed run, killed and timed-out runs included): an interrupted sweep goes on where "
+                             "it stopped; delete a run's folder to run it again")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    registry.get_or_exit(parser, args.recipe)
+    multirun, overrides = split_overrides(args.overrides)
+    if multirun and args.fractions and multirun != args.fractions:
+        parser.error(f"--fractions and {FRACTION_KEY}=... disagree; give one")
+    fractions = multirun or args.fractions or [0.0, 0.25, 0.5, 0.75, 1.0]
+    if 0.0 not in fractions:
+        fractions = [0.0, *fractions]  # parity and savings are measured against the baseline
+    extra = ["--num-gpus", str(args.num_gpus)] if args.num_gpus else []
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    results, baselines = run_sweep(args.recipe, fractions, args.out, overrides, extra, args.baseline_runs,
+                                   args.timeout, args.resume)
+    rows, parity = build_rows(results, baselines)
+    command = "uv run scripts/sweep_offload.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(write_sweep(args.out, args.recipe, command, fractions, overrides, rows, parity))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
