@@ -26,11 +26,13 @@ SWITCH_KEY = "optimizer.optimizer_cpu_offload"
 
 
 class NotPrepared(Exception):
-    """The command line makes no config to plan or launch; ``message`` says why, for the user."""
+    """The command line makes no config to plan or launch; ``message`` says why, for the user.
+    ``auto_line`` is what ``auto`` resolved to when the refusal came after it (run_recipe shows it)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, auto_line: str | None = None):
         super().__init__(message)
         self.message = message
+        self.auto_line = auto_line
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             auto_fraction, auto_line = resolve_auto(cfg, num_gpus, plan_options)
             cfg = _apply_auto(cfg, overrides, auto_fraction)
     except OverrideErrors as errors:
-        raise NotPrepared(errors.format()) from None
+        raise NotPrepared(errors.format(), auto_line) from None
     tuning_lines = [chunks_line(overlap_chunks, "--overlap-chunks")] if overlap_chunks else []
     chunks = overlap_chunks
     if offload_tuning == "tuned":
@@ -124,7 +126,7 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             f"--overlap-chunks {overlap_chunks}: chunks the D2H/H2D overlap of optimizer offload, which is off "
             f"({SWITCH_KEY}={opt.optimizer_cpu_offload}, "
             f"optimizer.overlap_cpu_optimizer_d2h_h2d={opt.overlap_cpu_optimizer_d2h_h2d}). Fix: add "
-            f"{SWITCH_KEY}=True optimizer.overlap_cpu_optimizer_d2h_h2d=True, or drop --overlap-chunks")
+            f"{SWITCH_KEY}=True optimizer.overlap_cpu_optimizer_d2h_h2d=True, or drop --overlap-chunks", auto_line)
     problems = validate(cfg, num_gpus).problems if validated else ()
     memory = plan_with_recommendation(cfg, num_gpus, **plan_options)
     report = Report(num_gpus=num_gpus, problems=tuple(problems) + tuple(plan_problems(memory, step_time_budget_s)))

@@ -40,9 +40,11 @@ def test_auto_keeps_the_offload_switch_the_command_line_set_and_a_second_value_i
     prepared = _prepare("qwen3_8b_pretrain_config", [*EIGHT_B, "optimizer.optimizer_cpu_offload=True",
                                                     "optimizer.optimizer_offload_fraction=auto"])
     assert prepared.cfg.optimizer.optimizer_cpu_offload is True
-    with pytest.raises(NotPrepared, match=r"given twice \(first: optimizer.optimizer_offload_fraction=0.5\)"):
+    twice = r"given twice \(first: optimizer.optimizer_offload_fraction=0.5\)"
+    with pytest.raises(NotPrepared, match=twice) as refused:
         _prepare("qwen3_8b_pretrain_config", [*EIGHT_B, "optimizer.optimizer_offload_fraction=0.5",
                                              "optimizer.optimizer_offload_fraction=auto"])
+    assert refused.value.auto_line.startswith("optimizer.optimizer_offload_fraction=auto -> 0.25")  # said before
 
 
 def test_prepared_holds_the_tuned_config_the_plan_and_the_report():

@@ -113,7 +113,8 @@ def show_prepared(prepared) -> None:
     cfg = prepared.cfg
     if prepared.auto_line:
         print(prepared.auto_line)
-    print(f"Recipe {prepared.recipe_name} ({topology(cfg, prepared.num_gpus)}; GPU count from {prepared.num_gpus_from})")
+    print(f"Recipe {prepared.recipe_name} ({topology(cfg, prepared.num_gpus)}; "
+          f"GPU count from {prepared.num_gpus_from})")
     print("Offload settings:")
     for line in offload_summary(cfg):
         print(f"  {line}")
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                            offload_tuning=args.offload_tuning, overlap_chunks=args.overlap_chunks,
                            cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s)
     except NotPrepared as refusal:
+        if refusal.auto_line:
+            print(refusal.auto_line)
         print(refusal.message, file=sys.stderr)
         return EXIT_INVALID
     show_prepared(prepared)

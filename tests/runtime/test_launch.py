@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from recipes import registry
 from mbridge_offload.describe import config_diff, offload_summary, topology
 from mbridge_offload.runtime import launch, rank_entry
 from mbridge_offload.runtime.launch import (HANDOFF_FILE, RANK_ENTRY, LaunchSettings, read_handoff, torchrun_command,
@@ -17,7 +18,7 @@ def _settings(cfg, out_dir, num_gpus=2) -> LaunchSettings:
                           topology=topology(cfg, num_gpus), offload_lines=tuple(offload_summary(cfg)))
 
 
-@pytest.mark.parametrize("name", ["qwen3_1b_proxy_pretrain_config", "qwen3_30b_a3b_fine_grained_offload_config"])
+@pytest.mark.parametrize("name", [recipe.name for recipe in registry.RECIPES])
 def test_the_handoff_file_round_trips_a_real_config(name, built, tmp_path):
     cfg = built(name)
     settings = _settings(cfg, tmp_path / "run")
@@ -30,7 +31,6 @@ def test_the_handoff_file_round_trips_a_real_config(name, built, tmp_path):
 
 
 def test_the_handoff_keeps_what_prepare_changed(tmp_path):
-    from recipes import registry
     from mbridge_offload.prepare import prepare
 
     prepared = prepare(registry.get("qwen3_1b_proxy_pretrain_config"),
