@@ -6,6 +6,9 @@
 set -uo pipefail
 runs=${RUNS:-/tmp/runs}
 export PYTHONUNBUFFERED=1
+# The host's python3 has the stack but not this project installed (no venv): the packages import from
+# the repository root (scripts/ no longer put it on sys.path; the runs a sweep starts inherit this).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 mkdir -p "$runs"
 # The host figures for the floor: phase host's when it ran on this machine, else the recorded ones (same host kind).
@@ -57,8 +60,8 @@ for phase in "$@"; do
       # beside the cores' work, then three more samples of that part alone.
       mkdir -p "$runs/host-concurrent"
       $py scripts/measure_host.py --json "$runs/host-concurrent/host.json"
-      $py -c "import sys, json; sys.path.insert(0, '.')
-from recipes.offload_floor import copies_beside_cpu_work
+      $py -c "import json
+from mbridge_offload.bench.host_measure import copies_beside_cpu_work
 for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 2)) for k, v in copies_beside_cpu_work().items()}))" \
         > "$runs/host-concurrent/copies-beside-cpu-work.jsonl" ;;
     host-peak)
@@ -114,7 +117,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --resume --host-json "$(host_json)" --fractions 0.25,1 --configs stock-all-cores,overlap-chunked,tuned \
         --baseline-runs 1 train.train_iters=10 ;;
     gpu-tests)
-      $py -m pytest tests/test_gpu_training.py -v -p no:cacheprovider 2>&1 | tee "$runs/gpu-tests.log" ;;
+      $py -m pytest tests/runtime/test_gpu_training.py -v -p no:cacheprovider 2>&1 | tee "$runs/gpu-tests.log" ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
   echo "=== $phase done in $(( $(date +%s) - start )) s"

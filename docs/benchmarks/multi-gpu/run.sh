@@ -6,8 +6,11 @@ n=${1:?number of GPUs: 4 or 2}
 runs=${RUNS:-/tmp/runs/multi-gpu}
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+# The packages import from the repository root (no venv on the GPU host; scripts/ do not touch sys.path).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$n" = 4 ]; then par=(model.pipeline_model_parallel_size=2 model.expert_model_parallel_size=2); else par=(model.pipeline_model_parallel_size=2); fi
-# 1. MoE proxy, optimizer offload 0 / 0.5 / 1.0 under torchrun (run_recipe re-runs itself under torchrun).
+# 1. MoE proxy, optimizer offload 0 / 0.5 / 1.0 under torchrun (run_recipe prepares each run once and starts
+#    torchrun ... -m mbridge_offload.runtime.rank_entry RUN_DIR/prepared_run.pkl; not yet run on a GPU).
 $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" --fractions 0,0.5,1 \
   --out "$runs/moe-pp2-n$n" train.train_iters=8 "${par[@]}"
 # 2. The single-GPU run of the same global batch, for loss parity.
