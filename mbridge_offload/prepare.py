@@ -18,7 +18,9 @@ from overrides.grammar import key_of
 from recipes.registry import Recipe
 from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fitting_fraction, plan_problems,
                                       plan_with_recommendation, smallest_fitting_fraction, what_would_fit)
+from mbridge_offload.facts.determinism import DETERMINISTIC_ENV, DETERMINISTIC_KEYS
 from mbridge_offload.runtime.offload_tuning import chunks_line, tune_offload
+from mbridge_offload.runtime.stopping import with_clean_stop
 from mbridge_offload.validation import Report, validate
 
 FRACTION_KEY = "optimizer.optimizer_offload_fraction"
@@ -47,6 +49,7 @@ class Prepared:
     auto_line: str | None  # that resolution in words
     offload_tuning: str  # "tuned" or "stock" (mbridge_offload/runtime/offload_tuning.py)
     tuning_lines: tuple[str, ...]  # what the tuning set or kept, or the chunks asked for
+    run_lines: tuple[str, ...]  # what --deterministic and the clean stop set, in words
     overlap_chunks: int | None  # the D2H/H2D overlap in this many chunks (None: the library's per tensor)
     cpu_threads: str | int  # "auto", "launcher" or a thread count, per rank
     memory: Plan  # the memory plan of cfg, with its recommendation
@@ -92,13 +95,30 @@ def _apply_auto(cfg: Any, overrides: Sequence[str], fraction: float) -> Any:
     return apply_overrides(cfg, chosen)
 
 
+def _deterministic(cfg: Any, given: set[str], auto_line: str | None) -> tuple[Any, str]:
+    """``--deterministic``: every key and environment variable it needs, refusing a command line that sets
+    one of them otherwise."""
+    from recipes.determinism import with_deterministic_mode
+
+    owned = [*DETERMINISTIC_KEYS, *(f"env_vars.{name}" for name in DETERMINISTIC_ENV)]
+    clashes = [key for key in owned if key in given]
+    if clashes:
+        raise NotPrepared(f"--deterministic sets {', '.join(clashes)} itself; drop "
+                          f"{'that override' if len(clashes) == 1 else 'those overrides'} or --deterministic",
+                          auto_line)
+    settings = [f"{key}={value}" for key, value in DETERMINISTIC_KEYS.items()]
+    settings += [f"{name}={value}" for name, value in DETERMINISTIC_ENV.items()]
+    return with_deterministic_mode(cfg), "deterministic: " + " ".join(settings) + " (bit-reproducible runs)"
+
+
 def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus_from: str,
             plan_options: Mapping[str, Any], offload_tuning: str = "tuned", overlap_chunks: int | None = None,
             cpu_threads: str | int | None = None, step_time_budget_s: float | None = None,
-            validated: bool = True) -> Prepared:
+            validated: bool = True, deterministic: bool = False) -> Prepared:
     """``recipe`` built, with ``overrides`` (Hydra grammar, ``optimizer.optimizer_offload_fraction=auto``
     allowed), tuned for offload speed unless ``offload_tuning="stock"``, validated for ``num_gpus`` GPUs
     (unless ``validated=False``) and planned with ``plan_options`` (planning.plan_kwargs).
+    ``deterministic`` sets what bit-reproducible runs need (recipes/determinism.py).
 
     ``overlap_chunks`` and ``cpu_threads`` are run_recipe's --overlap-chunks and --cpu-threads (None:
     the tuning's choice); ``step_time_budget_s`` is the planner's offload-time gate.
@@ -116,6 +136,14 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             cfg = _apply_auto(cfg, overrides, auto_fraction)
     except OverrideErrors as errors:
         raise NotPrepared(errors.format(), auto_line) from None
+    given = {key_of(o) for o in overrides}
+    run_lines = []
+    if deterministic:
+        cfg, line = _deterministic(cfg, given, auto_line)
+        run_lines.append(line)
+    cfg, stop_line = with_clean_stop(cfg, given)
+    if stop_line:
+        run_lines.append(stop_line)
     tuning_lines = [chunks_line(overlap_chunks, "--overlap-chunks")] if overlap_chunks else []
     chunks = overlap_chunks
     if offload_tuning == "tuned":
@@ -133,6 +161,6 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
     return Prepared(
         recipe_name=recipe.name, base_cfg=base, cfg=cfg, num_gpus=num_gpus, num_gpus_from=num_gpus_from,
         overrides=overrides, auto_fraction=auto_fraction, auto_line=auto_line, offload_tuning=offload_tuning,
-        tuning_lines=tuple(tuning_lines), overlap_chunks=chunks,
+        tuning_lines=tuple(tuning_lines), run_lines=tuple(run_lines), overlap_chunks=chunks,
         cpu_threads=cpu_threads or ("auto" if offload_tuning == "tuned" else "launcher"), memory=memory,
         report=report)

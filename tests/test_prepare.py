@@ -65,3 +65,12 @@ def test_what_makes_no_config_is_not_prepared():
         _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_offload_fraction=abc"])
     with pytest.raises(NotPrepared, match="--overlap-chunks 4: chunks the D2H/H2D overlap"):
         _prepare("qwen3_1b_proxy_pretrain_config", [], overlap_chunks=4)
+
+
+def test_deterministic_sets_keys_and_environment_and_refuses_a_clash():
+    prepared = _prepare("qwen3_1b_proxy_pretrain_config", [], deterministic=True)
+    assert prepared.cfg.model.deterministic_mode and not prepared.cfg.model.cross_entropy_loss_fusion
+    assert prepared.cfg.env_vars["NCCL_ALGO"] == "Ring" and prepared.report.ok
+    assert any(line.startswith("deterministic:") for line in prepared.run_lines)
+    with pytest.raises(NotPrepared, match="--deterministic sets model.deterministic_mode"):
+        _prepare("qwen3_1b_proxy_pretrain_config", ["model.deterministic_mode=False"], deterministic=True)

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from overrides.grammar import key_of
+from mbridge_offload.facts.determinism import SEED_PARITY  # the seed's criterion: max |loss delta| vs baseline
 from mbridge_offload.runtime.run_outcome import forget_outcome, recorded, write_failure
 
-SEED_PARITY = 0.001  # the seed's criterion: max |loss delta| vs baseline
 FRACTION_KEY = "optimizer.optimizer_offload_fraction"
 OWNED_KEYS = ("optimizer.optimizer_cpu_offload", FRACTION_KEY)
 # how a run starts: the interpreter runs run_recipe by module name, so an installed package works too
@@ -100,20 +100,24 @@ def max_abs_delta(a: list, b: list) -> float | None:
     return max((abs(x - y) for x, y in pairs), default=None)
 
 
-def baseline_parity(baselines: list[dict]) -> dict:
+def baseline_parity(baselines: list[dict], deterministic: bool = False) -> dict:
     """The loss-parity tolerance from the baseline runs: the noise floor between identical runs (when two
-    or more succeeded) or the seed's criterion, whichever is larger."""
+    or more succeeded) or the seed's criterion, whichever is larger; with deterministic runs (where identical
+    runs do not differ) the seed's criterion exactly."""
     base = baselines[0].get("summary") if baselines else None
     noise = None
     if len(baselines) > 1 and all("summary" in b for b in baselines):
         noise = max(max_abs_delta(base["losses"], b["summary"]["losses"]) or 0.0 for b in baselines[1:])
+    if deterministic:
+        return {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
+                "tolerance_used": SEED_PARITY, "baseline_runs": len(baselines), "deterministic": True}
     return {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
             "tolerance_used": max(SEED_PARITY, noise or 0.0), "baseline_runs": len(baselines)}
 
 
-def build_rows(results: list[dict], baselines: list[dict]) -> tuple[list[dict], dict]:
+def build_rows(results: list[dict], baselines: list[dict], deterministic: bool = False) -> tuple[list[dict], dict]:
     base = baselines[0].get("summary") if baselines else None
-    parity = baseline_parity(baselines)
+    parity = baseline_parity(baselines, deterministic)
     tolerance = parity["tolerance_used"]
     rows = []
     for result in results:
@@ -174,7 +178,10 @@ def markdown(rows: list[dict], parity: dict, title: str) -> str:
                      f"{_fmt(r.get('loss_parity_noise_floor'))} | "
                      f"{'yes' if r['ok'] else 'no: ' + _short(r.get('reason', ''))} |")
     noise = parity["noise_floor_max_abs_delta"]
-    if noise is None:
+    if parity.get("deterministic"):
+        lines += ["", f"Deterministic runs (--deterministic): parity is judged at the seed's {SEED_PARITY} exactly; "
+                  f"identical baseline runs differed by {'-' if noise is None else f'{noise:.3g}'}."]
+    elif noise is None:
         lines += ["", f"Noise floor: not measured (needs two successful baseline runs); parity is judged at "
                   f"the seed's {SEED_PARITY}."]
     else:

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved offload settings, the changes and the validation report; "
                              "launch nothing")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="bit-reproducible training: model.deterministic_mode=True, the unfused cross entropy, "
+                             "NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+                             "(the run's first lines list them)")
     parser.add_argument("--num-gpus", type=_at_least_one("GPU"), metavar="N",
                         help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
                              "else the recipe's own GPU count)")
@@ -123,6 +127,10 @@ def show_prepared(prepared) -> None:
               else "Offload speed settings:")
         for line in prepared.tuning_lines:
             print(f"  {line}")
+    if prepared.run_lines:
+        print("Run settings:")
+        for line in prepared.run_lines:
+            print(f"  {line}")
     diffs = format_diff(config_diff(prepared.base_cfg, cfg))
     print(f"Changed from the recipe ({len(diffs)}):" if diffs else "Changed from the recipe: nothing")
     for line in diffs:
@@ -160,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         prepared = prepare(recipe, overrides, num_gpus=num_gpus, num_gpus_from=gpus_from,
                            plan_options=plan_kwargs(args, launching=not args.dry_run),
                            offload_tuning=args.offload_tuning, overlap_chunks=args.overlap_chunks,
-                           cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s)
+                           cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s,
+                           deterministic=args.deterministic)
     except NotPrepared as refusal:
         if refusal.auto_line:
             print(refusal.auto_line)
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = (args.out or Path("runs") / recipe.name).resolve()
     return launch(prepared.cfg, LaunchSettings(
         recipe_name=recipe.name, num_gpus=num_gpus, out_dir=out_dir, cpu_threads=prepared.cpu_threads,
-        tuning_lines=prepared.tuning_lines, overlap_chunks=prepared.overlap_chunks,
+        tuning_lines=prepared.tuning_lines, run_lines=prepared.run_lines, overlap_chunks=prepared.overlap_chunks,
         topology=topology(prepared.cfg, num_gpus), offload_lines=tuple(offload_summary(prepared.cfg))))
 
 

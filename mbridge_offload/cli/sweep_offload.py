@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from recipes import registry
+from mbridge_offload.cli.parsing import parse_command
 from mbridge_offload.bench.sweep import (FRACTION_KEY, build_rows, parse_fractions, run_sweep, split_overrides,
                                          write_sweep)
 
@@ -30,26 +30,29 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep runs that already finished in DIR (summary.json, or failure.json for a "
                              "failed run, killed and timed-out runs included): an interrupted sweep goes on where "
                              "it stopped; delete a run's folder to run it again")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="every run with run_recipe.py --deterministic; parity is then judged at the seed's "
+                             "0.001 exactly, with the max delta per fraction")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_intermixed_args(argv)
-    registry.get_or_exit(parser, args.recipe)
+    args = parse_command(parser, argv)
     multirun, overrides = split_overrides(args.overrides)
     if multirun and args.fractions and multirun != args.fractions:
         parser.error(f"--fractions and {FRACTION_KEY}=... disagree; give one")
     fractions = multirun or args.fractions or [0.0, 0.25, 0.5, 0.75, 1.0]
     if 0.0 not in fractions:
         fractions = [0.0, *fractions]  # parity and savings are measured against the baseline
-    extra = ["--num-gpus", str(args.num_gpus)] if args.num_gpus else []
+    extra = (["--num-gpus", str(args.num_gpus)] if args.num_gpus else []) + (["--deterministic"] if args.deterministic
+                                                                             else [])
     args.out.mkdir(parents=True, exist_ok=True)
 
     results, baselines = run_sweep(args.recipe, fractions, args.out, overrides, extra, args.baseline_runs,
                                    args.timeout, args.resume)
-    rows, parity = build_rows(results, baselines)
+    rows, parity = build_rows(results, baselines, args.deterministic)
     command = "uv run scripts/sweep_offload.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(write_sweep(args.out, args.recipe, command, fractions, overrides, rows, parity))
     return 0 if all(r["ok"] for r in rows) else 1

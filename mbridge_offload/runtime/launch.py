@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
+from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
 from mbridge_offload.runtime.run_outcome import FAILURE_FILE, write_failure
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -41,6 +42,7 @@ class LaunchSettings:
     out_dir: Path
     cpu_threads: str | int  # "auto", "launcher" or a thread count (mbridge_offload/runtime/cpu_threads.py)
     tuning_lines: tuple[str, ...]  # what the offload tuning set, for the run's header
+    run_lines: tuple[str, ...]  # what --deterministic and the clean stop set, for the run's header
     overlap_chunks: int | None  # the D2H/H2D overlap in this many chunks (None: the library's per tensor)
     topology: str  # the parallel layout in words, for the run's header
     offload_lines: tuple[str, ...]  # the offload settings in words, one line per mechanism
@@ -103,6 +105,7 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
              f"seq {cfg.model.seq_length}"]
     lines += [f"  {line}" for line in settings.offload_lines]
     lines += [f"  speed: {line}" for line in settings.tuning_lines]
+    lines += [f"  {line}" for line in settings.run_lines]
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
@@ -217,6 +220,12 @@ def train(cfg, settings: LaunchSettings) -> int:
         from mbridge_offload.runtime.chunked_overlap import use_chunked_overlap
 
         use_chunked_overlap(settings.overlap_chunks)  # described in tuning_lines
+    if cfg.optimizer.optimizer_cpu_offload:
+        from mbridge_offload.runtime.resume_fix import install_resume_fix
+
+        install_resume_fix()  # upstream's HybridDeviceOptimizer cannot load its own checkpoints (resume_fix.py)
+    if cfg.train.exit_signal_handler:
+        interrupt_as_terminate()
     from recipes.derive import derive
     from mbridge_offload.runtime.metrics import format_summary, make_callback, write_summary
 
@@ -229,8 +238,15 @@ def train(cfg, settings: LaunchSettings) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    metrics = make_callback(out_dir, rank)
     try:
-        pretrain(cfg, forward_step, callbacks=[make_callback(out_dir, rank)])
+        pretrain(cfg, forward_step, callbacks=[metrics])
+    except SystemExit as stop:
+        # Megatron Bridge ends a run at train.exit_interval and after a stop signal (checkpoint saved) with
+        # sys.exit(0): a run that ended as asked, summarised below; any other code is a failure
+        if stop.code not in (0, None):
+            write_failure(out_dir, f"exited with code {stop.code}")
+            raise
     except torch.OutOfMemoryError as error:
         first_line = _first_line(error)
         reason = first_line if first_line.startswith("CUDA out of memory") else f"CUDA out of memory: {first_line}"
@@ -252,4 +268,7 @@ def train(cfg, settings: LaunchSettings) -> int:
             "overlap_cpu_optimizer_d2h_h2d": cfg.optimizer.overlap_cpu_optimizer_d2h_h2d,
             "overlap_chunks": settings.overlap_chunks})
         print(f"Run summary ({out_dir}):\n{format_summary(summary)}", flush=True)
+        ended = how_it_ended(cfg, metrics.last_iteration)
+        if ended:
+            print(ended, flush=True)
     return EXIT_OK

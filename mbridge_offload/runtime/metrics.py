@@ -54,6 +54,11 @@ def _loss_value(loss_dict: dict | None) -> float | None:
     return float(value)
 
 
+def _learning_rate(optimizer) -> float | None:
+    groups = getattr(optimizer, "param_groups", None) or []
+    return float(groups[0]["lr"]) if groups else None
+
+
 def _gib_or_none(n: int | None) -> float | None:
     return None if n is None else n / GIB
 
@@ -95,6 +100,7 @@ def make_callback(out_dir: Path, rank: int):
             self.started = 0.0
             self.step = 0
             self.offload_timer = None
+            self.last_iteration = None  # the last training iteration this process ran
 
         def on_train_start(self, context) -> None:
             from mbridge_offload.runtime.offload_timing import OffloadTimer
@@ -118,6 +124,10 @@ def make_callback(out_dir: Path, rank: int):
             record = step_record(self.step, elapsed, _loss_value(context.loss_dict), context.grad_norm,
                                  self.node_used.peak_bytes())
             record["skipped"] = bool(context.skipped_iter)
+            # the training iteration (a resumed run starts past 1) and the learning rate it used: what a
+            # resumed run is compared on against the uninterrupted one
+            record["iteration"] = self.last_iteration = context.state.train_state.step + 1  # bumped after this call
+            record["lr"] = _learning_rate(context.optimizer)
             if self.offload_timer is not None:
                 record.update(self.offload_timer.collect() or {})
                 if self.step == 1:

@@ -4,11 +4,12 @@ README's table generated from it (``run_recipe.py --rules``)."""
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import KEY_RANGES
-from mbridge_offload.validation import activation_offload, environment, fine_grained, optimizer_offload, parallelism
+from mbridge_offload.validation import (activation_offload, checkpoint, determinism, environment, fine_grained,
+                                        optimizer_offload, parallelism)
 from mbridge_offload.validation.rule import MECHANISMS, Rule
 
 RULES: tuple[Rule, ...] = (*optimizer_offload.RULES, *activation_offload.RULES, *fine_grained.RULES,
-                           *parallelism.RULES, *environment.RULES)
+                           *parallelism.RULES, *environment.RULES, *determinism.RULES, *checkpoint.RULES)
 
 RULES_BY_ID = {rule.id: rule for rule in RULES}
 assert len(RULES_BY_ID) == len(RULES), "rule ids must be unique"

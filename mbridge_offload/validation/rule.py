@@ -22,7 +22,9 @@ ACTIVATION = "activation offload (layer-level)"
 FINE_GRAINED = "fine-grained activation offload"
 PARALLELISM = "parallelism"
 ENVIRONMENT = "environment"
-MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT)
+DETERMINISM = "deterministic mode"
+CHECKPOINT = "checkpoint resume"
+MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT, DETERMINISM, CHECKPOINT)
 
 
 @dataclass

@@ -14,7 +14,8 @@ from mbridge_offload.runtime.launch import (HANDOFF_FILE, RANK_ENTRY, LaunchSett
 
 def _settings(cfg, out_dir, num_gpus=2) -> LaunchSettings:
     return LaunchSettings(recipe_name="qwen3_1b_proxy_optimizer_offload_config", num_gpus=num_gpus, out_dir=out_dir,
-                          cpu_threads="auto", tuning_lines=("D2H/H2D overlap in 8 chunks",), overlap_chunks=8,
+                          cpu_threads="auto", tuning_lines=("D2H/H2D overlap in 8 chunks",), run_lines=(),
+                          overlap_chunks=8,
                           topology=topology(cfg, num_gpus), offload_lines=tuple(offload_summary(cfg)))
 
 

@@ -6,11 +6,16 @@ Each case starts from a real recipe, sets a few keys, and checks the rule table 
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from megatron.bridge.training.config import FaultToleranceConfig
 
+from mbridge_offload.facts.checkpoint_dir import RUN_CONFIG_FILE
 from mbridge_offload.facts.config_tree import set_path
+from mbridge_offload.facts.determinism import DETERMINISTIC_ENV
 from mbridge_offload.validation import RULES_BY_ID, Context, check_rules
 
 DENSE = "qwen3_1b_proxy_pretrain_config"  # 16 layers, 16 heads, 8 query groups
@@ -29,6 +34,24 @@ def case(recipe, passing, failing, gpus=(1, 1), passing_ctx=None, failing_ctx=No
 FG_DENSE = {"model.fine_grained_activation_offloading": True, "env_vars.NVTE_CPU_OFFLOAD_V1": "1"}
 NO_MODULES = {"has_module": lambda name: False}
 ALL_MODULES = {"has_module": lambda name: True}
+
+DETERMINISTIC = {"model.deterministic_mode": True, "model.cross_entropy_loss_fusion": False,
+                 **{f"env_vars.{name}": value for name, value in DETERMINISTIC_ENV.items()}}
+
+
+def _checkpoint(offload: bool, fraction: float) -> str:
+    """A checkpoint folder as Megatron Bridge leaves it, as far as the resume rules read it."""
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-")) / "iter_0000005"
+    folder.mkdir()
+    (folder / RUN_CONFIG_FILE).write_text(
+        "optimizer:\n  _target_: megatron.bridge.training.config.OptimizerConfig\n"
+        f"  optimizer_cpu_offload: {str(offload).lower()}\n  optimizer_offload_fraction: {fraction}\n"
+        "  use_precision_aware_optimizer: false\n  exp_avg_dtype: !!python/name:torch.float32 ''\n")
+    return str(folder.parent)
+
+
+SAVED_AT_HALF, SAVED_WITHOUT = _checkpoint(True, 0.5), _checkpoint(False, 0.0)
+RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
     "optimizer-offload/fraction-range": case(DENSE_OPT, {"optimizer.optimizer_offload_fraction": 0.3},
@@ -109,7 +132,37 @@ CASES = {
     "env/fast-hadamard-transform": case(
         DENSE, {"model.experimental_attention_variant": "dsa"}, {"model.experimental_attention_variant": "dsa"},
         passing_ctx=ALL_MODULES, failing_ctx=NO_MODULES),
+    "deterministic/cross-entropy-fusion": case(DENSE, DETERMINISTIC,
+                                               {**DETERMINISTIC, "model.cross_entropy_loss_fusion": True}),
+    "deterministic/nccl-algo": case(DENSE, DETERMINISTIC, {**DETERMINISTIC, "env_vars.NCCL_ALGO": "NVLS"}),
+    "deterministic/nvte-allow-nondeterministic-algo": case(
+        DENSE, DETERMINISTIC, {**DETERMINISTIC, "env_vars.NVTE_ALLOW_NONDETERMINISTIC_ALGO": "1"}),
+    "deterministic/cublas-workspace-config": case(
+        DENSE, DETERMINISTIC, {**DETERMINISTIC, "env_vars.CUBLAS_WORKSPACE_CONFIG": ":0:0"}),
+    "checkpoint/offload-turned-on": case(DENSE_OPT, RESUME_AT_HALF, {"checkpoint.load": SAVED_WITHOUT}),
+    "checkpoint/fraction-changed": case(DENSE_OPT, RESUME_AT_HALF,
+                                        {**RESUME_AT_HALF, "optimizer.optimizer_offload_fraction": 1.0}),
+    "checkpoint/precision-aware-changed": case(
+        DENSE_OPT, RESUME_AT_HALF, {**RESUME_AT_HALF, "optimizer.use_precision_aware_optimizer": True}),
 }
+
+
+def test_no_resume_rule_applies_without_a_checkpoint_to_load(recipe):
+    cfg = recipe(DENSE_OPT)
+    set_path(cfg, "checkpoint.load", str(Path(tempfile.mkdtemp()) / "never-saved"))
+    ctx = Context(cfg, 1, environ={})
+    assert not any(RULES_BY_ID[i].applies(ctx) for i in RULES_BY_ID if i.startswith("checkpoint/"))
+
+
+def test_deterministic_environment_set_in_the_shell_counts(recipe):
+    cfg = recipe(DENSE)
+    set_path(cfg, "model.deterministic_mode", True)
+    set_path(cfg, "model.cross_entropy_loss_fusion", False)
+    problems = check_rules(Context(cfg, 1, environ=dict(DETERMINISTIC_ENV)))
+    assert not [p for p in problems if p.rule_id.startswith("deterministic/")]
+    problems = check_rules(Context(cfg, 1, environ={}))
+    assert {p.key for p in problems if p.rule_id.startswith("deterministic/")} == {
+        f"env_vars.{name}" for name in DETERMINISTIC_ENV}
 
 
 def _problems(recipe, spec, which):
@@ -197,3 +250,20 @@ def test_precision_aware_states_under_offload_are_flagged_fixed_and_planned_as_f
     assert plan(offloaded, 1).offloaded_bytes_host_per_rank == plan(fixed, 1).offloaded_bytes_host_per_rank
     on_gpu = apply_overrides(recipe(DENSE), lower)
     assert plan(on_gpu, 1).optimizer_bytes_gpu < plan(recipe(DENSE), 1).optimizer_bytes_gpu
+
+
+def test_resume_rules_read_a_checkpoint_megatron_bridge_wrote(recipe, tmp_path):
+    """The run_config.yaml of a real H200 checkpoint (dense proxy, saved at fraction 1): resuming it at 1 passes,
+    at 0.5 is refused with the fraction it was saved with as the fix."""
+    saved = tmp_path / "iter_0000005"
+    saved.mkdir()
+    (saved / RUN_CONFIG_FILE).write_text(
+        (Path(__file__).parents[2] / "docs" / "benchmarks" / "resume-parity" / "saved-run_config.yaml").read_text())
+    cfg = recipe(DENSE_OPT)
+    set_path(cfg, "checkpoint.load", str(tmp_path))
+    for fraction, refused in ((1.0, False), (0.5, True)):
+        set_path(cfg, "optimizer.optimizer_offload_fraction", fraction)
+        found = [p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id.startswith("checkpoint/")]
+        assert [p.rule_id for p in found] == (["checkpoint/fraction-changed"] if refused else [])
+        if refused:
+            assert found[0].fix == "optimizer.optimizer_offload_fraction=1" and "saved with 1" in found[0].value

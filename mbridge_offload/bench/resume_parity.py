@@ -1,0 +1,116 @@
+"""Does a stopped and resumed offloaded run continue the uninterrupted run? Three runs of one configuration,
+each in a fresh process: the uninterrupted run of 2k steps, a run that saves a checkpoint at step k and
+exits, and a run that resumes from that checkpoint to 2k. The resumed steps are compared with the same
+iterations of the uninterrupted run: loss and learning rate, step by step.
+
+In deterministic mode (``--deterministic``) the resumed run must equal the uninterrupted one bit for bit;
+otherwise its loss must stay within the seed's parity bound. Writes DIR/resume_parity.json and .md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mbridge_offload.bench.sweep import run_one
+from mbridge_offload.facts.determinism import SEED_PARITY
+from mbridge_offload.runtime.metrics import read_steps
+
+CHECKPOINT_FOLDER = "checkpoint"
+RUN_FOLDERS = ("uninterrupted", "first-part", "resumed")
+
+
+def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path) -> list[str]:
+    """The overrides that make ``run`` (one of RUN_FOLDERS) out of the configuration."""
+    common = [f"train.train_iters={total_steps}"]
+    if run == "uninterrupted":
+        return common
+    saving = [f"checkpoint.save={checkpoint_dir}", f"checkpoint.save_interval={save_at}"]
+    if run == "first-part":
+        return common + saving + [f"train.exit_interval={save_at}"]
+    return common + saving + [f"checkpoint.load={checkpoint_dir}"]
+
+
+def steps_by_iteration(run_dir: Path) -> dict[int, dict]:
+    """Rank 0's step records of a run, by training iteration."""
+    records = read_steps(run_dir).get(0, [])
+    return {record["iteration"]: record for record in records if "iteration" in record}
+
+
+def compare(reference: dict[int, dict], candidate: dict[int, dict], field: str) -> tuple[float | None, bool]:
+    """Largest |difference| of ``field`` over the iterations ``candidate`` ran, and whether all are equal.
+    An iteration the reference lacks counts as a difference (None)."""
+    deltas = []
+    for iteration, record in candidate.items():
+        other = reference.get(iteration)
+        if other is None or record.get(field) is None or other.get(field) is None:
+            return None, False
+        deltas.append(abs(record[field] - other[field]))
+    if not deltas:
+        return None, False
+    return max(deltas), all(d == 0 for d in deltas)
+
+
+def parity_row(fraction: float, deterministic: bool, save_at: int, total_steps: int, runs: dict[str, Path],
+               failures: dict[str, str]) -> dict:
+    row = {"fraction": fraction, "mode": "deterministic" if deterministic else "non-deterministic",
+           "save_at": save_at, "steps": total_steps}
+    if failures:
+        row.update(ok=False, max_abs_loss_delta=None, bit_identical=False,
+                   reason="; ".join(f"{name}: {why}" for name, why in failures.items()))
+        return row
+    full = steps_by_iteration(runs["uninterrupted"])
+    first = steps_by_iteration(runs["first-part"])
+    resumed = steps_by_iteration(runs["resumed"])
+    loss_delta, loss_equal = compare(full, resumed, "loss")
+    lr_delta, lr_equal = compare(full, resumed, "lr")
+    first_delta, _ = compare(full, first, "loss")
+    expected = set(range(save_at + 1, total_steps + 1))
+    continued = set(resumed) == expected
+    bound = 0.0 if deterministic else SEED_PARITY
+    row.update(
+        resumed_iterations=f"{min(resumed, default=0)}-{max(resumed, default=0)}",
+        max_abs_loss_delta=loss_delta, bit_identical=loss_equal and lr_equal and continued,
+        max_abs_lr_delta=lr_delta, first_part_max_abs_loss_delta=first_delta,
+        ok=continued and loss_delta is not None and loss_delta <= bound and lr_equal,
+    )
+    if not row["ok"]:
+        row["reason"] = ("resumed run did not continue at iteration " + str(save_at + 1) if not continued
+                         else f"loss differs by {loss_delta} (bound {bound})" if loss_delta is None or loss_delta > bound
+                         else f"learning rate differs by {lr_delta}")
+    return row
+
+
+def check_resume(recipe: str, fraction: float, out_dir: Path, save_at: int, overrides: list[str],
+                 extra_args: list[str], deterministic: bool, timeout_s: float | None) -> dict:
+    """Run the three runs of one configuration and return its row."""
+    total_steps = 2 * save_at
+    checkpoint_dir = (out_dir / CHECKPOINT_FOLDER).resolve()
+    runs, failures = {}, {}
+    for name in RUN_FOLDERS:
+        runs[name] = out_dir / name
+        print(f"[resume parity] fraction {fraction:g}: {name} run ({total_steps} steps, save at {save_at})",
+              flush=True)
+        result = run_one(recipe, fraction, runs[name], overrides + run_overrides(name, total_steps, save_at,
+                                                                                    checkpoint_dir),
+                         extra_args, timeout_s)
+        if "summary" not in result:
+            failures[name] = result.get("reason", "no summary")
+            break
+    return parity_row(fraction, deterministic, save_at, total_steps, runs, failures)
+
+
+def markdown(rows: list[dict], recipe: str) -> str:
+    lines = [f"Resume parity of `{recipe}`: save at step k, resume to 2k, compared with the uninterrupted 2k run.",
+             "", "| fraction | mode | k | steps | max abs loss delta | bit identical | ok |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        delta = "-" if row["max_abs_loss_delta"] is None else f"{row['max_abs_loss_delta']:.3g}"
+        lines.append(f"| {row['fraction']:g} | {row['mode']} | {row['save_at']} | {row['steps']} | {delta} | "
+                     f"{'yes' if row['bit_identical'] else 'no'} | {'yes' if row['ok'] else 'no: ' + row['reason']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out_dir: Path, recipe: str, rows: list[dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "resume_parity.json").write_text(json.dumps({"recipe": recipe, "rows": rows}, indent=2) + "\n")
+    (out_dir / "resume_parity.md").write_text(markdown(rows, recipe))

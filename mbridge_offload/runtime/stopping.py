@@ -1,0 +1,48 @@
+"""Stopping a run cleanly: SIGTERM (a Slurm preemption, ``kill``) or Ctrl-C saves a checkpoint at the next
+step boundary and exits, when ``checkpoint.save`` is set. Megatron Bridge does the saving
+(``train.exit_signal_handler``, for SIGTERM); this module turns it on, makes Ctrl-C (SIGINT) take the same
+path, and says afterwards how the run ended and how to resume it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Collection
+
+EXIT_SIGNAL_KEY = "train.exit_signal_handler"
+
+
+def with_clean_stop(cfg: Any, given_keys: Collection[str]) -> tuple[Any, str | None]:
+    """``cfg`` with Megatron Bridge's signal handler on when it saves checkpoints (unless the command line
+    set the key), and the line that tells the user; ``(cfg, None)`` when there is nothing to save to."""
+    save = cfg.checkpoint.save
+    if not save:
+        return cfg, None
+    if EXIT_SIGNAL_KEY not in given_keys and not cfg.train.exit_signal_handler:
+        from recipes.derive import derive
+
+        cfg = derive(cfg, {EXIT_SIGNAL_KEY: True}, why="save a checkpoint when stopped by SIGTERM or Ctrl-C")
+    if not cfg.train.exit_signal_handler:
+        return cfg, (f"stop: {EXIT_SIGNAL_KEY}=False as you set it: SIGTERM or Ctrl-C end the run without saving "
+                     f"(checkpoints in {save} every checkpoint.save_interval steps)")
+    return cfg, (f"stop: SIGTERM or Ctrl-C saves a checkpoint in {save} at the next step boundary and exits; "
+                 f"resume with the same command plus checkpoint.load={save}")
+
+
+def interrupt_as_terminate() -> None:
+    """Ctrl-C (SIGINT) becomes SIGTERM, which Megatron Bridge's handler turns into save-and-exit."""
+    signal.signal(signal.SIGINT, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
+
+
+def how_it_ended(cfg: Any, last_iteration: int | None) -> str | None:
+    """A line for a run that ended before train.train_iters, or None when it ran to the end."""
+    train, save = cfg.train, cfg.checkpoint.save
+    if last_iteration is None or last_iteration >= train.train_iters:
+        return None
+    if train.exit_interval and last_iteration % train.exit_interval == 0:
+        cause = f"train.exit_interval={train.exit_interval}"
+    else:
+        cause = "a stop signal (SIGTERM or Ctrl-C)"
+    where = (f"checkpoint of iteration {last_iteration} in {save}; resume with the same command plus "
+             f"checkpoint.load={save}") if save else "no checkpoint (checkpoint.save is not set)"
+    return f"stopped at iteration {last_iteration} of {train.train_iters} by {cause}: {where}"
