@@ -18,13 +18,13 @@ from overrides.grammar import key_of
 from recipes.registry import Recipe
 from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fitting_fraction, plan_problems,
                                       plan_with_recommendation, smallest_fitting_fraction, what_would_fit)
+from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
+from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY as SWITCH_KEY
 from mbridge_offload.facts.determinism import DETERMINISTIC_ENV, DETERMINISTIC_KEYS
 from mbridge_offload.runtime.offload_tuning import chunks_line, tune_offload
 from mbridge_offload.runtime.stopping import with_clean_stop
 from mbridge_offload.validation import Report, validate
 
-FRACTION_KEY = "optimizer.optimizer_offload_fraction"
-SWITCH_KEY = "optimizer.optimizer_cpu_offload"
 
 
 class NotPrepared(Exception):

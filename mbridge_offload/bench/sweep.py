@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 from overrides.grammar import key_of
+from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
+from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY
 from mbridge_offload.facts.determinism import SEED_PARITY  # the seed's criterion: max |loss delta| vs baseline
 from mbridge_offload.runtime.run_outcome import forget_outcome, recorded, write_failure
 
-FRACTION_KEY = "optimizer.optimizer_offload_fraction"
-OWNED_KEYS = ("optimizer.optimizer_cpu_offload", FRACTION_KEY)
+OWNED_KEYS = (OFFLOAD_SWITCH_KEY, FRACTION_KEY)
 # how a run starts: the interpreter runs run_recipe by module name, so an installed package works too
 RUN_RECIPE = ("-m", "mbridge_offload.cli.run_recipe")
 

@@ -12,6 +12,10 @@ from typing import Any, Callable, Iterable
 
 from mbridge_offload.facts.config_tree import get_path, show
 
+# The two keys of optimizer offload that commands set for the user (auto, sweeps): one spelling each.
+OFFLOAD_FRACTION_KEY = "optimizer.optimizer_offload_fraction"
+OFFLOAD_SWITCH_KEY = "optimizer.optimizer_cpu_offload"
+
 # Megatron Core's accepted fine-grained offload modules (TransformerConfig.__post_init__).
 FINE_GRAINED_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
                         "expert_fc1", "moe_act", "fused_group_mlp")
@@ -57,7 +61,7 @@ def _not_negative(id: str, key: str, note: str, fix: str) -> KeyRange:
 
 
 OPTIMIZER_OFFLOAD_FRACTION = _share(
-    "optimizer-offload/fraction-range", "optimizer.optimizer_offload_fraction",
+    "optimizer-offload/fraction-range", OFFLOAD_FRACTION_KEY,
     "optimizer states (and their Adam step) moved to the CPU", fix="optimizer.optimizer_offload_fraction=0.5")
 
 CPU_OFFLOADING_NUM_LAYERS = KeyRange(

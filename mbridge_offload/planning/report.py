@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.planning.memory_plan import Plan
 from mbridge_offload.validation.problem import Problem
 
-FRACTION_KEY = "optimizer.optimizer_offload_fraction"
 
 
 def format_plan(p: Plan) -> str:
