@@ -11,14 +11,13 @@ between save and resume (different state layouts)."""
 
 from __future__ import annotations
 
-from mbridge_offload.facts.checkpoint_dir import latest_iteration_dir, saved_run_config
+from mbridge_offload.facts.checkpoint_dir import latest_iteration_dir
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.validation.rule import CHECKPOINT, Context, Rule
 
 
 def _saved_optimizer(ctx: Context) -> dict:
-    saved = saved_run_config(getattr(ctx.cfg.checkpoint, "load", None)) or {}
-    optimizer = saved.get("optimizer")
+    optimizer = (ctx.saved_checkpoint_config or {}).get("optimizer")
     return optimizer if isinstance(optimizer, dict) else {}
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
+from mbridge_offload.facts.checkpoint_dir import saved_run_config
 from mbridge_offload.facts.config_tree import get_path, show
 from mbridge_offload.facts.key_ranges import KeyRange
 from mbridge_offload.facts.parallel import ParallelSizes
@@ -71,6 +72,12 @@ class Context:
             return self.environ[name]
         value = (self.cfg.env_vars or {}).get(name)
         return None if value is None else str(value)
+
+    @cached_property
+    def saved_checkpoint_config(self) -> dict[str, Any] | None:
+        """The run configuration saved with the newest checkpoint in ``checkpoint.load``, read once per
+        validation (the resume rules ask it several times); None when there is nothing to load."""
+        return saved_run_config(getattr(self.cfg.checkpoint, "load", None))
 
     @cached_property
     def installed_te(self) -> str | None:
