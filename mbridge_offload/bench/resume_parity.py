@@ -3,32 +3,60 @@ each in a fresh process: the uninterrupted run of 2k steps, a run that saves a c
 exits, and a run that resumes from that checkpoint to 2k. The resumed steps are compared with the same
 iterations of the uninterrupted run: loss and learning rate, step by step.
 
+The first part ends either at ``train.exit_interval=k`` (``stop_by="exit-interval"``) or as a preempted
+job does (``stop_by="signal"``): SIGTERM to its whole process group once it has finished step k, with no
+periodic save before the end, so the checkpoint it resumes from is the one the stop signal made (at the
+step boundary after the signal, k or later).
+
 In deterministic mode (``--deterministic``) the resumed run must equal the uninterrupted one bit for bit;
 otherwise its loss must stay within the seed's parity bound. Writes DIR/resume_parity.json and .md.
+The checkpoint is removed once compared (a checkpoint of a 3B-parameter proxy is ~56 GB) unless kept.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from mbridge_offload.bench.sweep import run_one
+from mbridge_offload.facts.checkpoint_dir import saved_iteration
 from mbridge_offload.facts.determinism import SEED_PARITY
 from mbridge_offload.runtime.metrics import read_steps
 
 CHECKPOINT_FOLDER = "checkpoint"
 RUN_FOLDERS = ("uninterrupted", "first-part", "resumed")
+STOP_BY = ("exit-interval", "signal")
 
 
-def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path) -> list[str]:
+def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path,
+                  stop_by: str = "exit-interval") -> list[str]:
     """The overrides that make ``run`` (one of RUN_FOLDERS) out of the configuration."""
     common = [f"train.train_iters={total_steps}"]
     if run == "uninterrupted":
         return common
-    saving = [f"checkpoint.save={checkpoint_dir}", f"checkpoint.save_interval={save_at}"]
+    # stopped by a signal: no periodic save before the end, so only the signal's checkpoint can be resumed
+    interval = save_at if stop_by == "exit-interval" else total_steps
+    saving = [f"checkpoint.save={checkpoint_dir}", f"checkpoint.save_interval={interval}"]
     if run == "first-part":
-        return common + saving + [f"train.exit_interval={save_at}"]
+        return common + saving + ([f"train.exit_interval={save_at}"] if stop_by == "exit-interval" else [])
     return common + saving + [f"checkpoint.load={checkpoint_dir}"]
+
+
+def reached_iteration(run_dir: Path, iteration: int):
+    """A condition: rank 0 of the run in ``run_dir`` has finished training iteration ``iteration``."""
+    def reached() -> bool:
+        path = run_dir / "metrics.rank0.jsonl"
+        if not path.is_file():
+            return False
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line).get("iteration", 0) >= iteration:
+                    return True
+            except json.JSONDecodeError:  # a line being written
+                continue
+        return False
+    return reached
 
 
 def steps_by_iteration(run_dir: Path) -> dict[int, dict]:
@@ -51,10 +79,13 @@ def compare(reference: dict[int, dict], candidate: dict[int, dict], field: str) 
     return max(deltas), all(d == 0 for d in deltas)
 
 
-def parity_row(fraction: float, deterministic: bool, save_at: int, total_steps: int, runs: dict[str, Path],
-               failures: dict[str, str]) -> dict:
+def parity_row(fraction: float, deterministic: bool, saved_at: int | None, total_steps: int,
+               runs: dict[str, Path], failures: dict[str, str], stop_by: str = "exit-interval") -> dict:
+    """The row of one configuration; ``saved_at`` is the iteration of the checkpoint the resumed run loaded."""
     row = {"fraction": fraction, "mode": "deterministic" if deterministic else "non-deterministic",
-           "save_at": save_at, "steps": total_steps}
+           "stop_by": stop_by, "save_at": saved_at, "steps": total_steps}
+    if not failures and saved_at is None:
+        failures = {"first-part": "left no checkpoint"}
     if failures:
         row.update(ok=False, max_abs_loss_delta=None, bit_identical=False,
                    reason="; ".join(f"{name}: {why}" for name, why in failures.items()))
@@ -65,7 +96,7 @@ def parity_row(fraction: float, deterministic: bool, save_at: int, total_steps: 
     loss_delta, loss_equal = compare(full, resumed, "loss")
     lr_delta, lr_equal = compare(full, resumed, "lr")
     first_delta, _ = compare(full, first, "loss")
-    expected = set(range(save_at + 1, total_steps + 1))
+    expected = set(range(saved_at + 1, total_steps + 1))
     continued = set(resumed) == expected
     bound = 0.0 if deterministic else SEED_PARITY
     row.update(
@@ -75,37 +106,48 @@ def parity_row(fraction: float, deterministic: bool, save_at: int, total_steps: 
         ok=continued and loss_delta is not None and loss_delta <= bound and lr_equal,
     )
     if not row["ok"]:
-        row["reason"] = ("resumed run did not continue at iteration " + str(save_at + 1) if not continued
+        row["reason"] = ("resumed run did not continue at iteration " + str(saved_at + 1) if not continued
                          else f"loss differs by {loss_delta} (bound {bound})" if loss_delta is None or loss_delta > bound
                          else f"learning rate differs by {lr_delta}")
     return row
 
 
 def check_resume(recipe: str, fraction: float, out_dir: Path, save_at: int, overrides: list[str],
-                 extra_args: list[str], deterministic: bool, timeout_s: float | None) -> dict:
+                 extra_args: list[str], deterministic: bool, timeout_s: float | None,
+                 stop_by: str = "exit-interval", keep_checkpoint: bool = False) -> dict:
     """Run the three runs of one configuration and return its row."""
     total_steps = 2 * save_at
     checkpoint_dir = (out_dir / CHECKPOINT_FOLDER).resolve()
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a resumed run must load this check's checkpoint only
     runs, failures = {}, {}
     for name in RUN_FOLDERS:
         runs[name] = out_dir / name
-        print(f"[resume parity] fraction {fraction:g}: {name} run ({total_steps} steps, save at {save_at})",
-              flush=True)
-        result = run_one(recipe, fraction, runs[name], overrides + run_overrides(name, total_steps, save_at,
-                                                                                    checkpoint_dir),
-                         extra_args, timeout_s)
+        print(f"[resume parity] fraction {fraction:g}: {name} run ({total_steps} steps, stop at {save_at} by "
+              f"{stop_by})", flush=True)
+        stop_when = reached_iteration(runs[name], save_at) if name == "first-part" and stop_by == "signal" else None
+        result = run_one(recipe, fraction, runs[name],
+                         overrides + run_overrides(name, total_steps, save_at, checkpoint_dir, stop_by),
+                         extra_args, timeout_s, stop_when=stop_when)
         if "summary" not in result:
             failures[name] = result.get("reason", "no summary")
             break
-    return parity_row(fraction, deterministic, save_at, total_steps, runs, failures)
+        if name == "first-part" and saved_iteration(checkpoint_dir) is None:
+            failures[name] = f"no checkpoint in {checkpoint_dir} after the run stopped"
+            break
+    row = parity_row(fraction, deterministic, saved_iteration(checkpoint_dir), total_steps, runs, failures, stop_by)
+    if not keep_checkpoint:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return row
 
 
 def markdown(rows: list[dict], recipe: str) -> str:
-    lines = [f"Resume parity of `{recipe}`: save at step k, resume to 2k, compared with the uninterrupted 2k run.",
-             "", "| fraction | mode | k | steps | max abs loss delta | bit identical | ok |", "|---|---|---|---|---|---|---|"]
+    lines = [f"Resume parity of `{recipe}`: stop at step k, resume to the end, compared with the uninterrupted run.",
+             "", "| fraction | mode | stopped by | saved at | steps | max abs loss delta | bit identical | ok |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         delta = "-" if row["max_abs_loss_delta"] is None else f"{row['max_abs_loss_delta']:.3g}"
-        lines.append(f"| {row['fraction']:g} | {row['mode']} | {row['save_at']} | {row['steps']} | {delta} | "
+        lines.append(f"| {row['fraction']:g} | {row['mode']} | {row.get('stop_by', 'exit-interval')} | "
+                     f"{row['save_at'] if row['save_at'] is not None else '-'} | {row['steps']} | {delta} | "
                      f"{'yes' if row['bit_identical'] else 'no'} | {'yes' if row['ok'] else 'no: ' + row['reason']} |")
     return "\n".join(lines) + "\n"
 

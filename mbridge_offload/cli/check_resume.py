@@ -4,7 +4,7 @@
         --deterministic --out runs/resume model.num_layers=4
 
 For each fraction, three trainings in fresh processes: the uninterrupted run of 2k steps, a run that saves
-at step k and exits, and a run that resumes from that checkpoint to 2k. Rows of DIR/resume_parity.json:
+at step k and exits (or is stopped there by SIGTERM: --stop-by signal), and a run that resumes from that checkpoint to 2k. Rows of DIR/resume_parity.json:
 fraction, mode, max_abs_loss_delta, bit_identical, ok. With --deterministic the resumed steps must equal
 the uninterrupted run's bit for bit; otherwise within the seed's 0.001. Exit 0 when every row is ok, 1 if not.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mbridge_offload.bench.resume_parity import check_resume, markdown, write_results
+from mbridge_offload.bench.resume_parity import STOP_BY, check_resume, markdown, write_results
 from mbridge_offload.bench.sweep import parse_fractions, split_overrides
 from mbridge_offload.cli.parsing import parse_command
 
@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run_recipe.py --deterministic for every run; then the resumed run must be bit-identical")
     parser.add_argument("--offload-tuning", choices=("tuned", "stock"), default="tuned",
                         help="run_recipe.py's --offload-tuning for every run (default tuned: overlap in chunks)")
+    parser.add_argument("--stop-by", choices=STOP_BY, default="exit-interval",
+                        help="how the first run stops at step K: exit-interval (train.exit_interval=K, the default) "
+                        "or signal (SIGTERM to its process group after step K, as a Slurm preemption; it saves at "
+                        "the next step boundary and the resumed run continues from there)")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each fraction's checkpoint (removed once compared by default: they are large)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser
@@ -48,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, fraction in enumerate(args.fractions, 1):
         print(f"[{i}/{len(args.fractions)}] fraction {fraction:g}", flush=True)
         rows.append(check_resume(args.recipe, fraction, args.out / f"fraction-{fraction:g}", args.save_at, overrides,
-                                 extra, args.deterministic, args.timeout))
+                                 extra, args.deterministic, args.timeout, args.stop_by, args.keep_checkpoints))
         write_results(args.out, args.recipe, rows)
     print(markdown(rows, args.recipe))
     return 0 if all(row["ok"] for row in rows) else 1

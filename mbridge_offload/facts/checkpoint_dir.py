@@ -25,6 +25,12 @@ def latest_iteration_dir(load_dir: str | Path | None) -> Path | None:
     return max(found)[1] if found else None
 
 
+def saved_iteration(load_dir: str | Path | None) -> int | None:
+    """The training iteration of the newest checkpoint of ``load_dir``, or None when there is none."""
+    folder = latest_iteration_dir(load_dir)
+    return None if folder is None else int(_ITERATION_FOLDER.match(folder.name).group(1))
+
+
 def saved_run_config(load_dir: str | Path | None) -> dict[str, Any] | None:
     """The run configuration saved with the newest checkpoint of ``load_dir``, or None when there is none."""
     folder = latest_iteration_dir(load_dir)

@@ -1,7 +1,8 @@
 """Per-step metrics of a training run and its summary.
 
 Every rank writes ``metrics.rank<R>.jsonl`` (one JSON object per step: step time, loss where the
-rank has it, GPU memory allocated/reserved current and peak, host RSS, pinned host memory, and the
+rank has it, GPU memory allocated/reserved current and peak, what the whole device has in use (CUDA
+context, library workspaces and communicator buffers included: ``torch.cuda.mem_get_info``), host RSS, pinned host memory, and the
 host peaks that happen inside a step: the RSS high-water mark and the node's peak used memory, see
 ``mbridge_offload/runtime/host_memory.py``). Rank 0
 then writes ``summary.json``: median steady-state step time (warm-up excluded), peak memory over
@@ -67,6 +68,7 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
                 node_used_peak_bytes: int | None = None) -> dict[str, Any]:
     import torch
 
+    free, total = torch.cuda.mem_get_info()
     return {
         "step": step,
         "step_time_s": round(step_time_s, 6),
@@ -76,6 +78,10 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
         "reserved_gib": torch.cuda.memory_reserved() / GIB,
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+        # every process's use of the device, this one's outside PyTorch too: what an OOM is measured against
+        "device_used_gib": (total - free) / GIB,
+        "device_total_gib": total / GIB,
+        "device_outside_pytorch_gib": (total - free - torch.cuda.memory_reserved()) / GIB,
         "host_rss_gib": host_rss_bytes() / GIB,
         "pinned_host_gib": _gib_or_none(pinned_host_bytes()),
         "host_rss_high_water_gib": _gib_or_none(rss_high_water_bytes()),
@@ -203,6 +209,10 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "peak_pinned_host_gib": peak("pinned_host_gib"),
         "peak_host_rss_high_water_gib": peak("host_rss_high_water_gib"),
         "peak_node_host_used_gib": peak("node_host_used_peak_gib"),
+        "peak_device_used_gib": peak("device_used_gib"),
+        # the device memory PyTorch's allocator does not hold (CUDA context, cuBLAS/TE workspaces, NCCL
+        # buffers; other processes' too, when the GPU is shared): what a plan of PyTorch's memory misses
+        "device_outside_pytorch_gib": peak("device_outside_pytorch_gib"),
         "final_loss": next((x for x in reversed(losses) if x is not None), None),
         "losses": losses,
         "ranks": len(ranks),

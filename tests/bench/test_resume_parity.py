@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
-from mbridge_offload.bench.resume_parity import RUN_FOLDERS, parity_row, run_overrides
+from mbridge_offload.bench.resume_parity import RUN_FOLDERS, parity_row, reached_iteration, run_overrides
+from mbridge_offload.bench.sweep import call_logged
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "benchmarks" / "resume-parity" / "dense" / "fraction-1"
 
@@ -46,3 +48,44 @@ def test_the_three_runs_differ_only_in_saving_stopping_and_loading():
     assert run_overrides("uninterrupted", 10, 5, Path("/c")) == ["train.train_iters=10"]
     assert "train.exit_interval=5" in first and "checkpoint.load=/c" not in first
     assert "checkpoint.load=/c" in resumed and "train.exit_interval=5" not in resumed
+
+
+def test_a_run_stopped_by_signal_saves_only_where_the_signal_stopped_it():
+    first = run_overrides("first-part", 10, 5, Path("/c"), stop_by="signal")
+    assert not any(o.startswith("train.exit_interval") for o in first)
+    assert "checkpoint.save_interval=10" in first  # no periodic save at 5: the only checkpoint is the signal's
+
+
+def test_the_resumed_run_is_compared_from_the_iteration_its_checkpoint_holds():
+    # stopped by a signal after step 5, the checkpoint holds iteration 5: the committed resume matches that
+    assert parity_row(1.0, True, 5, 10, _runs(COMMITTED), {}, stop_by="signal")["ok"]
+    # had the signal's save been at 6, the resumed run starting at 6 would not be a continuation
+    row = parity_row(1.0, True, 6, 10, _runs(COMMITTED), {}, stop_by="signal")
+    assert not row["ok"] and "did not continue at iteration 7" in row["reason"]
+    assert parity_row(1.0, True, None, 10, _runs(COMMITTED), {})["reason"] == "first-part: left no checkpoint"
+
+
+def test_stop_when_sends_sigterm_to_the_whole_process_group(tmp_path):
+    # a parent with a child, both stopping cleanly on SIGTERM, as a rank and its data-loader workers would
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "out = sys.argv[1]\n"
+        "pid = os.fork()\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (open(f'{out}/{os.getpid()}.term', 'w').close(), os._exit(0)))\n"
+        "open(f'{out}/started', 'a').close()\n"
+        "time.sleep(60)\n")
+    with (tmp_path / "log.txt").open("w") as log:
+        code = call_logged([sys.executable, str(script), str(tmp_path)], log, timeout_s=30,
+                           stop_when=lambda: (tmp_path / "started").exists())
+    assert code == 0
+    assert len(list(tmp_path.glob("*.term"))) == 2  # parent and child both got it
+
+
+def test_reached_iteration_reads_rank_zero_metrics_as_they_are_written(tmp_path):
+    reached = reached_iteration(tmp_path, 5)
+    assert not reached()
+    (tmp_path / "metrics.rank0.jsonl").write_text('{"iteration": 4}\n{"iterat')
+    assert not reached()
+    (tmp_path / "metrics.rank0.jsonl").write_text('{"iteration": 4}\n{"iteration": 5}\n')
+    assert reached()

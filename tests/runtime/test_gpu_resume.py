@@ -1,6 +1,7 @@
 """On a GPU: an offloaded run stopped at step k and resumed continues the uninterrupted run bit for bit in
-deterministic mode (scripts/check_resume.py on a 2-layer proxy). Skipped without CUDA; the recorded runs are
-in docs/benchmarks/resume-parity/."""
+deterministic mode (scripts/check_resume.py on a 2-layer proxy), stopped by train.exit_interval and by SIGTERM
+to its process group as a preempted job is. Skipped without CUDA; the recorded runs are in
+docs/benchmarks/resume-parity/."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import pytest
 
 
 @pytest.mark.gpu
-def test_resumed_offloaded_run_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("stop_by", ["exit-interval", "signal"])
+def test_resumed_offloaded_run_is_bit_identical(tmp_path, stop_by):
     from mbridge_offload.cli.check_resume import main
 
     code = main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--fractions", "1", "--save-at", "3",
-                 "--deterministic", "--out", str(tmp_path), "model.num_layers=2"])
+                 "--deterministic", "--stop-by", stop_by, "--out", str(tmp_path), "model.num_layers=2"])
     rows = json.loads((tmp_path / "resume_parity.json").read_text())["rows"]
     assert code == 0, rows
     assert rows[0]["bit_identical"] and rows[0]["max_abs_loss_delta"] == 0.0, rows
+    assert not (tmp_path / "fraction-1" / "checkpoint").exists()  # removed once compared
+    first_part_log = (tmp_path / "fraction-1" / "first-part" / "log.txt").read_text()
+    cause = "train.exit_interval=3" if stop_by == "exit-interval" else "a stop signal"
+    assert f"by {cause}: checkpoint of iteration {rows[0]['save_at']}" in first_part_log
