@@ -121,9 +121,10 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         | tee "$runs/gpu-tests.log" ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
-      # (dense done; moe failed to save on the host's disk). Sixth session: PARTS="moe+dense-signal" then
-      # PARTS="dense-stock+dense-library-overlap+dense-nondeterministic", one device call each.
-      RUNS=$runs bash docs/benchmarks/resume-parity/run.sh ${PARTS:-moe+dense-signal dense-stock+dense-library-overlap+dense-nondeterministic} ;;
+      # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:
+      # PARTS="moe+dense-signal" (SIGTERM, before exit_signal_handler_for_dataloader was turned on: the workers died),
+      # then PARTS="dense-sigterm+dense-sigint+dense-stock" (with gpu-tests beside it), then the rest.
+      RUNS=$runs bash docs/benchmarks/resume-parity/run.sh ${PARTS:-dense-sigterm+dense-sigint+dense-stock dense-library-overlap+dense-nondeterministic} ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
   echo "=== $phase done in $(( $(date +%s) - start )) s"

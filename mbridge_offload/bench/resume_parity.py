@@ -4,9 +4,10 @@ exits, and a run that resumes from that checkpoint to 2k. The resumed steps are 
 iterations of the uninterrupted run: loss and learning rate, step by step.
 
 The first part ends either at ``train.exit_interval=k`` (``stop_by="exit-interval"``) or as a preempted
-job does (``stop_by="signal"``): SIGTERM to its whole process group once it has finished step k, with no
-periodic save before the end, so the checkpoint it resumes from is the one the stop signal made (at the
-step boundary after the signal, k or later).
+or interrupted job does (``stop_by="sigterm"`` / ``"sigint"``): the signal goes to its whole process group
+(data-loader workers included, as Slurm and a terminal's Ctrl-C deliver it) once it has finished step k,
+with no periodic save, so the checkpoint it resumes from is the one the stop signal made (at the step
+boundary after the signal, k or later). The resumed run saves nothing.
 
 In deterministic mode (``--deterministic``) the resumed run must equal the uninterrupted one bit for bit;
 otherwise its loss must stay within the seed's parity bound. Writes DIR/resume_parity.json and .md.
@@ -19,14 +20,16 @@ import json
 import shutil
 from pathlib import Path
 
-from mbridge_offload.bench.sweep import run_one
+from mbridge_offload.bench.sweep import StopSignal, run_one
 from mbridge_offload.facts.checkpoint_dir import saved_iteration
 from mbridge_offload.facts.determinism import SEED_PARITY
 from mbridge_offload.runtime.metrics import read_steps
 
 CHECKPOINT_FOLDER = "checkpoint"
 RUN_FOLDERS = ("uninterrupted", "first-part", "resumed")
-STOP_BY = ("exit-interval", "signal")
+# how the first part stops: its own train.exit_interval, or a signal to its whole process group
+STOP_SIGNALS = {"sigterm": "SIGTERM", "sigint": "SIGINT"}
+STOP_BY = ("exit-interval", *STOP_SIGNALS)
 
 
 def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path,
@@ -36,11 +39,12 @@ def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path
     if run == "uninterrupted":
         return common
     # stopped by a signal: no periodic save before the end, so only the signal's checkpoint can be resumed
-    interval = save_at if stop_by == "exit-interval" else total_steps
+    interval = save_at if stop_by == "exit-interval" else total_steps + 1
     saving = [f"checkpoint.save={checkpoint_dir}", f"checkpoint.save_interval={interval}"]
     if run == "first-part":
         return common + saving + ([f"train.exit_interval={save_at}"] if stop_by == "exit-interval" else [])
-    return common + saving + [f"checkpoint.load={checkpoint_dir}"]
+    # the resumed run saves nothing: a second checkpoint of a large proxy would not fit beside the first
+    return common + [f"checkpoint.load={checkpoint_dir}"]
 
 
 def reached_iteration(run_dir: Path, iteration: int):
@@ -119,22 +123,26 @@ def check_resume(recipe: str, fraction: float, out_dir: Path, save_at: int, over
     total_steps = 2 * save_at
     checkpoint_dir = (out_dir / CHECKPOINT_FOLDER).resolve()
     shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a resumed run must load this check's checkpoint only
-    runs, failures = {}, {}
+    runs, failures, saved_at = {}, {}, None
     for name in RUN_FOLDERS:
         runs[name] = out_dir / name
         print(f"[resume parity] fraction {fraction:g}: {name} run ({total_steps} steps, stop at {save_at} by "
               f"{stop_by})", flush=True)
-        stop_when = reached_iteration(runs[name], save_at) if name == "first-part" and stop_by == "signal" else None
+        stop = None
+        if name == "first-part" and stop_by in STOP_SIGNALS:
+            stop = StopSignal(when=reached_iteration(runs[name], save_at), signal_name=STOP_SIGNALS[stop_by])
         result = run_one(recipe, fraction, runs[name],
                          overrides + run_overrides(name, total_steps, save_at, checkpoint_dir, stop_by),
-                         extra_args, timeout_s, stop_when=stop_when)
+                         extra_args, timeout_s, stop=stop)
         if "summary" not in result:
             failures[name] = result.get("reason", "no summary")
             break
-        if name == "first-part" and saved_iteration(checkpoint_dir) is None:
-            failures[name] = f"no checkpoint in {checkpoint_dir} after the run stopped"
-            break
-    row = parity_row(fraction, deterministic, saved_iteration(checkpoint_dir), total_steps, runs, failures, stop_by)
+        if name == "first-part":
+            saved_at = saved_iteration(checkpoint_dir)
+            if saved_at is None:
+                failures[name] = f"no checkpoint in {checkpoint_dir} after the run stopped"
+                break
+    row = parity_row(fraction, deterministic, saved_at, total_steps, runs, failures, stop_by)
     if not keep_checkpoint:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return row

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -64,22 +65,29 @@ def fraction_overrides(fraction: float) -> list[str]:
     return ["optimizer.optimizer_cpu_offload=True", f"{FRACTION_KEY}={fraction}"]
 
 
-def call_logged(command: list[str], log, timeout_s: float | None,
-                stop_when: Callable[[], bool] | None = None) -> int | str:
-    """Run ``command`` with its output in ``log``; its exit code, or "timeout". With ``stop_when``, the
-    command's whole process group gets SIGTERM (as a Slurm preemption or ``kill`` would send it) once
-    ``stop_when()`` is true, and the run goes on until it exits by itself."""
+@dataclass(frozen=True)
+class StopSignal:
+    """Stop a run as a preempted (SIGTERM) or interrupted (SIGINT) job is stopped: ``signal_name`` to its
+    whole process group once ``when()`` is true."""
+
+    when: Callable[[], bool]
+    signal_name: str = "SIGTERM"
+
+
+def call_logged(command: list[str], log, timeout_s: float | None, stop: StopSignal | None = None) -> int | str:
+    """Run ``command`` with its output in ``log``; its exit code, or "timeout". With ``stop``, the command's
+    process group gets the stop signal once its condition holds, and the run goes on until it exits itself."""
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    stopped = stop_when is None
+    pending = stop
     while True:
         try:
             return process.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
-        if not stopped and stop_when():
-            os.killpg(process.pid, signal.SIGTERM)
-            stopped = True
+        if pending is not None and pending.when():
+            os.killpg(process.pid, getattr(signal, pending.signal_name))
+            pending = None
         if deadline is not None and time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -87,8 +95,8 @@ def call_logged(command: list[str], log, timeout_s: float | None,
 
 
 def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], extra_args: list[str],
-            timeout_s: float | None, stop_when: Callable[[], bool] | None = None) -> dict:
-    """One training in a fresh process: its summary, or the reason it failed. ``stop_when``: see call_logged."""
+            timeout_s: float | None, stop: StopSignal | None = None) -> dict:
+    """One training in a fresh process: its summary, or the reason it failed. ``stop``: see call_logged."""
     command = [sys.executable, *RUN_RECIPE, "--recipe", recipe, "--out", str(out_dir), *extra_args,
                *overrides, *fraction_overrides(fraction)]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +105,7 @@ def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], e
     with (out_dir / "log.txt").open("w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
-        code = call_logged(command, log, timeout_s, stop_when)
+        code = call_logged(command, log, timeout_s, stop)
     result = {"fraction": fraction, "dir": str(out_dir), "returncode": code,
               "wall_s": round(time.monotonic() - started, 1)}
     result.update(recorded(out_dir, succeeded=code == 0))

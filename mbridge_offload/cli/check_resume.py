@@ -4,7 +4,7 @@
         --deterministic --out runs/resume model.num_layers=4
 
 For each fraction, three trainings in fresh processes: the uninterrupted run of 2k steps, a run that saves
-at step k and exits (or is stopped there by SIGTERM: --stop-by signal), and a run that resumes from that checkpoint to 2k. Rows of DIR/resume_parity.json:
+at step k and exits (or is stopped there by SIGTERM or Ctrl-C: --stop-by sigterm|sigint), and a run that resumes from that checkpoint to 2k. Rows of DIR/resume_parity.json:
 fraction, mode, max_abs_loss_delta, bit_identical, ok. With --deterministic the resumed steps must equal
 the uninterrupted run's bit for bit; otherwise within the seed's 0.001. Exit 0 when every row is ok, 1 if not.
 """
@@ -33,9 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offload-tuning", choices=("tuned", "stock"), default="tuned",
                         help="run_recipe.py's --offload-tuning for every run (default tuned: overlap in chunks)")
     parser.add_argument("--stop-by", choices=STOP_BY, default="exit-interval",
-                        help="how the first run stops at step K: exit-interval (train.exit_interval=K, the default) "
-                        "or signal (SIGTERM to its process group after step K, as a Slurm preemption; it saves at "
-                        "the next step boundary and the resumed run continues from there)")
+                        help="how the first run stops at step K: exit-interval (train.exit_interval=K, the default), "
+                        "sigterm (SIGTERM to its whole process group after step K, as a Slurm preemption) or sigint "
+                        "(as Ctrl-C in a terminal); it saves at the next step boundary and the resumed run "
+                        "continues from there")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep each fraction's checkpoint (removed once compared by default: they are large)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")

@@ -1,7 +1,12 @@
 """Stopping a run cleanly: SIGTERM (a Slurm preemption, ``kill``) or Ctrl-C saves a checkpoint at the next
 step boundary and exits, when ``checkpoint.save`` is set. Megatron Bridge does the saving
 (``train.exit_signal_handler``, for SIGTERM); this module turns it on, makes Ctrl-C (SIGINT) take the same
-path, and says afterwards how the run ended and how to resume it."""
+path, and says afterwards how the run ended and how to resume it.
+
+A preemption signals every process of the job, data-loader workers included; torch's workers die on a
+SIGTERM that is not their parent's, and the rank then fails with "DataLoader worker ... is killed by signal:
+Terminated" before it can save (seen on the H200). Megatron Bridge's
+``train.exit_signal_handler_for_dataloader`` gives the workers the same handler, so they outlive the signal."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import signal
 from typing import Any, Collection
 
 EXIT_SIGNAL_KEY = "train.exit_signal_handler"
+WORKERS_SIGNAL_KEY = "train.exit_signal_handler_for_dataloader"
 
 
 def with_clean_stop(cfg: Any, given_keys: Collection[str]) -> tuple[Any, str | None]:
@@ -18,15 +24,21 @@ def with_clean_stop(cfg: Any, given_keys: Collection[str]) -> tuple[Any, str | N
     save = cfg.checkpoint.save
     if not save:
         return cfg, None
-    if EXIT_SIGNAL_KEY not in given_keys and not cfg.train.exit_signal_handler:
+    deltas = {key: True for key in (EXIT_SIGNAL_KEY, WORKERS_SIGNAL_KEY)
+              if key not in given_keys and not getattr(cfg.train, key.split(".")[1])}
+    if deltas:
         from recipes.derive import derive
 
-        cfg = derive(cfg, {EXIT_SIGNAL_KEY: True}, why="save a checkpoint when stopped by SIGTERM or Ctrl-C")
+        cfg = derive(cfg, deltas, why="save a checkpoint when stopped by SIGTERM or Ctrl-C")
     if not cfg.train.exit_signal_handler:
         return cfg, (f"stop: {EXIT_SIGNAL_KEY}=False as you set it: SIGTERM or Ctrl-C end the run without saving "
                      f"(checkpoints in {save} every checkpoint.save_interval steps)")
-    return cfg, (f"stop: SIGTERM or Ctrl-C saves a checkpoint in {save} at the next step boundary and exits; "
-                 f"resume with the same command plus checkpoint.load={save}")
+    line = (f"stop: SIGTERM or Ctrl-C saves a checkpoint in {save} at the next step boundary and exits; "
+            f"resume with the same command plus checkpoint.load={save}")
+    if not cfg.train.exit_signal_handler_for_dataloader:
+        line += (f"; {WORKERS_SIGNAL_KEY}=False as you set it: a SIGTERM sent to the whole job (a Slurm "
+                 "preemption) kills the data-loader workers and the run fails before saving")
+    return cfg, line
 
 
 def interrupt_as_terminate() -> None:

@@ -7,8 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from mbridge_offload.bench.resume_parity import RUN_FOLDERS, parity_row, reached_iteration, run_overrides
-from mbridge_offload.bench.sweep import call_logged
+from mbridge_offload.bench.resume_parity import RUN_FOLDERS, STOP_BY, parity_row, reached_iteration, run_overrides
+from mbridge_offload.bench.sweep import StopSignal, call_logged
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "benchmarks" / "resume-parity" / "dense" / "fraction-1"
 
@@ -51,16 +51,22 @@ def test_the_three_runs_differ_only_in_saving_stopping_and_loading():
 
 
 def test_a_run_stopped_by_signal_saves_only_where_the_signal_stopped_it():
-    first = run_overrides("first-part", 10, 5, Path("/c"), stop_by="signal")
+    first = run_overrides("first-part", 10, 5, Path("/c"), stop_by="sigterm")
     assert not any(o.startswith("train.exit_interval") for o in first)
-    assert "checkpoint.save_interval=10" in first  # no periodic save at 5: the only checkpoint is the signal's
+    assert "checkpoint.save_interval=11" in first  # no periodic save: the only checkpoint is the signal's
+
+
+def test_the_resumed_run_saves_nothing():
+    # its final save would put a second checkpoint beside the first (the MoE proxy's filled the H200's disk)
+    for stop_by in STOP_BY:
+        assert not any(o.startswith("checkpoint.save") for o in run_overrides("resumed", 10, 5, Path("/c"), stop_by))
 
 
 def test_the_resumed_run_is_compared_from_the_iteration_its_checkpoint_holds():
     # stopped by a signal after step 5, the checkpoint holds iteration 5: the committed resume matches that
-    assert parity_row(1.0, True, 5, 10, _runs(COMMITTED), {}, stop_by="signal")["ok"]
+    assert parity_row(1.0, True, 5, 10, _runs(COMMITTED), {}, stop_by="sigterm")["ok"]
     # had the signal's save been at 6, the resumed run starting at 6 would not be a continuation
-    row = parity_row(1.0, True, 6, 10, _runs(COMMITTED), {}, stop_by="signal")
+    row = parity_row(1.0, True, 6, 10, _runs(COMMITTED), {}, stop_by="sigterm")
     assert not row["ok"] and "did not continue at iteration 7" in row["reason"]
     assert parity_row(1.0, True, None, 10, _runs(COMMITTED), {})["reason"] == "first-part: left no checkpoint"
 
@@ -77,7 +83,7 @@ def test_stop_when_sends_sigterm_to_the_whole_process_group(tmp_path):
         "time.sleep(60)\n")
     with (tmp_path / "log.txt").open("w") as log:
         code = call_logged([sys.executable, str(script), str(tmp_path)], log, timeout_s=30,
-                           stop_when=lambda: (tmp_path / "started").exists())
+                           stop=StopSignal(when=lambda: (tmp_path / "started").exists()))
     assert code == 0
     assert len(list(tmp_path.glob("*.term"))) == 2  # parent and child both got it
 

@@ -7,7 +7,8 @@ import os
 import signal
 
 from mbridge_offload.facts.config_tree import set_path
-from mbridge_offload.runtime.stopping import EXIT_SIGNAL_KEY, how_it_ended, interrupt_as_terminate, with_clean_stop
+from mbridge_offload.runtime.stopping import (EXIT_SIGNAL_KEY, WORKERS_SIGNAL_KEY, how_it_ended, interrupt_as_terminate,
+                                             with_clean_stop)
 
 RECIPE = "qwen3_1b_proxy_optimizer_offload_config"
 
@@ -26,6 +27,17 @@ def test_saving_runs_stop_cleanly_unless_the_user_said_otherwise(recipe):
     assert "checkpoint.load=/ckpt" in line
     kept, line = with_clean_stop(cfg, {EXIT_SIGNAL_KEY})
     assert not kept.train.exit_signal_handler and "without saving" in line
+
+
+def test_data_loader_workers_outlive_a_signal_to_the_whole_job(recipe):
+    # on the H200, SIGTERM to the job killed the workers and the rank failed before saving
+    cfg = recipe(RECIPE)
+    set_path(cfg, "checkpoint.save", "/ckpt")
+    new, line = with_clean_stop(cfg, set())
+    assert new.train.exit_signal_handler_for_dataloader and "as you set it" not in line
+    set_path(cfg, "train.exit_signal_handler_for_dataloader", False)
+    kept, line = with_clean_stop(cfg, {WORKERS_SIGNAL_KEY})
+    assert not kept.train.exit_signal_handler_for_dataloader and "kills the data-loader workers" in line
 
 
 def test_how_a_run_ended(recipe):

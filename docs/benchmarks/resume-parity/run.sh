@@ -3,7 +3,7 @@
 # in deterministic mode. Run from the repository root after the offline install (../shared/gpu/README.md):
 #   bash docs/benchmarks/resume-parity/run.sh GROUP [GROUP ...]    GROUP: PART or PART+PART+... (run side by side
 #   on the one GPU: deterministic results do not depend on what else runs; their speed is not measured here)
-#   PART: dense | dense-signal | dense-stock | dense-library-overlap | dense-nondeterministic | moe
+#   PART: dense | dense-sigterm | dense-sigint | dense-stock | dense-library-overlap | dense-nondeterministic | moe
 # Results under $RUNS/resume-parity/<part>/ (resume_parity.json and .md, each run's metrics and log), and each
 # part's console output in $RUNS/resume-parity/<part>.log. Checkpoints are removed once compared.
 set -uo pipefail
@@ -18,9 +18,9 @@ run_part() {
     dense)  # tuned (overlap in 8 chunks), the default
       $py scripts/check_resume.py "${dense[@]}" --fractions 0.5,1 --deterministic --out "$runs/resume-parity/dense" \
         model.num_layers=4 ;;
-    dense-signal)  # stopped as a preempted job is: SIGTERM to its process group after step 5
-      $py scripts/check_resume.py "${dense[@]}" --fractions 0.5 --deterministic --stop-by signal \
-        --out "$runs/resume-parity/dense-signal" model.num_layers=4 ;;
+    dense-sigterm|dense-sigint)  # stopped as a preempted job (SIGTERM) or Ctrl-C (SIGINT) stops it, after step 5
+      $py scripts/check_resume.py "${dense[@]}" --fractions 0.5 --deterministic --stop-by "${part#dense-}" \
+        --out "$runs/resume-parity/$part" model.num_layers=4 ;;
     dense-stock)  # the library's path, overlap off
       $py scripts/check_resume.py "${dense[@]}" --fractions 1 --deterministic --offload-tuning stock \
         --out "$runs/resume-parity/dense-stock" model.num_layers=4 ;;
