@@ -12,6 +12,7 @@ all ranks, final loss. ``format_summary`` renders it as the table users read in 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -44,6 +45,23 @@ def pinned_host_bytes() -> int | None:
     return None
 
 
+def device_used_by_this_process() -> int | None:
+    """Device memory NVML counts for this process (CUDA context and library workspaces included), or None
+    where NVML is missing or cannot see the process (a container's PID namespace)."""
+    import torch
+
+    try:
+        import pynvml
+
+        handle = torch.cuda._get_pynvml_handler(torch.cuda.current_device())
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and isinstance(process.usedGpuMemory, int):
+                return process.usedGpuMemory
+    except Exception:  # noqa: BLE001  (no NVML: the whole device's use is recorded instead)
+        return None
+    return None
+
+
 def _loss_value(loss_dict: dict | None) -> float | None:
     if not loss_dict:
         return None
@@ -69,6 +87,10 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
     import torch
 
     free, total = torch.cuda.mem_get_info()
+    own = device_used_by_this_process()
+    # outside PyTorch: this process's device memory when NVML sees it, else the whole device's use (which
+    # counts other processes too: meaningful only when the run has the GPU to itself)
+    in_use = own if own is not None else total - free
     return {
         "step": step,
         "step_time_s": round(step_time_s, 6),
@@ -81,7 +103,9 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
         # every process's use of the device, this one's outside PyTorch too: what an OOM is measured against
         "device_used_gib": (total - free) / GIB,
         "device_total_gib": total / GIB,
-        "device_outside_pytorch_gib": (total - free - torch.cuda.memory_reserved()) / GIB,
+        "device_process_used_gib": _gib_or_none(own),
+        "device_outside_pytorch_gib": (in_use - torch.cuda.memory_reserved()) / GIB,
+        "device_outside_pytorch_source": "this process (NVML)" if own is not None else "whole device (mem_get_info)",
         "host_rss_gib": host_rss_bytes() / GIB,
         "pinned_host_gib": _gib_or_none(pinned_host_bytes()),
         "host_rss_high_water_gib": _gib_or_none(rss_high_water_bytes()),
@@ -210,6 +234,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "peak_host_rss_high_water_gib": peak("host_rss_high_water_gib"),
         "peak_node_host_used_gib": peak("node_host_used_peak_gib"),
         "peak_device_used_gib": peak("device_used_gib"),
+        "peak_device_process_used_gib": peak("device_process_used_gib"),
         # the device memory PyTorch's allocator does not hold (CUDA context, cuBLAS/TE workspaces, NCCL
         # buffers; other processes' too, when the GPU is shared): what a plan of PyTorch's memory misses
         "device_outside_pytorch_gib": peak("device_outside_pytorch_gib"),
