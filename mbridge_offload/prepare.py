@@ -4,15 +4,17 @@
 
 ``prepare`` changes nothing outside the config it returns and prints nothing: the command that called
 it says what it found (run_recipe prints all of it, plan_offload the plan). A command line that makes
-no config to plan (an invalid override, ``auto`` where nothing fits) raises ``NotPrepared`` with the
-words for the user; a config that is made but breaks a rule is prepared, with the problems in its
-report.
+no config to plan (an override that cannot be applied, ``auto`` where nothing fits) raises ``NotPrepared``
+with the words for the user; for overrides that cannot be applied, those words include the validation of
+the config the command's other overrides make, so every problem of a command shows in one run. A config
+that is made but breaks a rule (a value out of its range included: the validator checks ranges, on the
+final values) is prepared, with the problems in its report.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from overrides.grammar import key_of
 from recipes.registry import Recipe
@@ -111,14 +113,29 @@ def _deterministic(cfg: Any, given: set[str], auto_line: str | None) -> tuple[An
     return with_deterministic_mode(cfg), "deterministic: " + " ".join(settings) + " (bit-reproducible runs)"
 
 
+def _with_the_rest_validated(errors: Any, num_gpus: int, validated: bool, validator: Callable[..., Report]) -> str:
+    """The override errors of a command and, in the same words as a prepared config's report, the problems
+    of the config that the command's other overrides make (so a command shows all of its problems at once:
+    fixing the overrides does not reveal new ones)."""
+    text = errors.format()
+    if not validated or errors.applied is None:
+        return text
+    report = validator(errors.applied, num_gpus)
+    n = len(errors.errors)
+    return (f"{text}\n\nAnd the configuration the other overrides make (the recipe with every override but "
+            f"{'that one' if n == 1 else f'those {n}'}):\n{report.format()}")
+
+
 def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus_from: str,
             plan_options: Mapping[str, Any], offload_tuning: str = "tuned", overlap_chunks: int | None = None,
             cpu_threads: str | int | None = None, step_time_budget_s: float | None = None,
-            validated: bool = True, deterministic: bool = False) -> Prepared:
+            validated: bool = True, deterministic: bool = False,
+            validator: Callable[..., Report] = validate) -> Prepared:
     """``recipe`` built, with ``overrides`` (Hydra grammar, ``optimizer.optimizer_offload_fraction=auto``
     allowed), tuned for offload speed unless ``offload_tuning="stock"``, validated for ``num_gpus`` GPUs
     (unless ``validated=False``) and planned with ``plan_options`` (planning.plan_kwargs).
-    ``deterministic`` sets what bit-reproducible runs need (recipes/determinism.py).
+    ``deterministic`` sets what bit-reproducible runs need (recipes/determinism.py). ``validator``: what
+    validates (validation.validate; the cached one of mbridge_offload/fast_check).
 
     ``overlap_chunks`` and ``cpu_threads`` are run_recipe's --overlap-chunks and --cpu-threads (None:
     the tuning's choice); ``step_time_budget_s`` is the planner's offload-time gate.
@@ -135,7 +152,7 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             auto_fraction, auto_line = resolve_auto(cfg, num_gpus, plan_options)
             cfg = _apply_auto(cfg, overrides, auto_fraction)
     except OverrideErrors as errors:
-        raise NotPrepared(errors.format(), auto_line) from None
+        raise NotPrepared(_with_the_rest_validated(errors, num_gpus, validated, validator), auto_line) from None
     given = {key_of(o) for o in overrides}
     run_lines = []
     if deterministic:
@@ -155,7 +172,7 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             f"({SWITCH_KEY}={opt.optimizer_cpu_offload}, "
             f"optimizer.overlap_cpu_optimizer_d2h_h2d={opt.overlap_cpu_optimizer_d2h_h2d}). Fix: add "
             f"{SWITCH_KEY}=True optimizer.overlap_cpu_optimizer_d2h_h2d=True, or drop --overlap-chunks", auto_line)
-    problems = validate(cfg, num_gpus).problems if validated else ()
+    problems = validator(cfg, num_gpus).problems if validated else ()
     memory = plan_with_recommendation(cfg, num_gpus, **plan_options)
     report = Report(num_gpus=num_gpus, problems=tuple(problems) + tuple(plan_problems(memory, step_time_budget_s)))
     return Prepared(

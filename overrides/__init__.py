@@ -1,5 +1,5 @@
-"""Hydra-grammar overrides for Megatron Bridge ConfigContainers: typed, range-checked,
-did-you-mean for typos, every error of a command reported together, input never mutated."""
+"""Hydra-grammar overrides for Megatron Bridge ConfigContainers: typed, did-you-mean for typos, every
+error of a command reported together, input never mutated. (Ranges are rules of the validator.)"""
 
 from overrides.errors import OverrideError, OverrideErrors
 

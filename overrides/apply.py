@@ -1,12 +1,16 @@
-"""Apply Hydra-grammar overrides to a copy of a ConfigContainer: typed, range-checked, all errors at once.
+"""Apply Hydra-grammar overrides to a copy of a ConfigContainer: typed, all errors at once.
 
     new_cfg = apply_overrides(cfg, ["optimizer.optimizer_offload_fraction=0.75", "train.train_iters=20"])
 
 Semantics on dataclass configs: ``key=value`` changes a field; ``+key=value`` sets a field that is
 unset (null) or adds a dict entry, creating a null section on the way (``+comm_overlap.x=...``);
 ``++key=value`` sets or adds; ``~key`` resets a field to its default or removes a dict entry.
-The same key twice, a sweep, an unknown key, a wrong type or a value out of range is refused,
-and every refusal of one command is reported together. The input config is never modified.
+The same key twice, a sweep, an unknown key, a wrong type or malformed grammar is refused (what cannot
+be applied at all), and every refusal of one command is reported together, with the copy that has the
+other overrides applied (``OverrideErrors.applied``), so that a caller can still validate it. Whether a
+value is admissible (a range, a rule between keys) is the validator's question, asked on the final
+values: ``mbridge_offload/validation`` (the ranges of ``facts/key_ranges.py`` are rules of its table).
+The input config is never modified.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from overrides.errors import OverrideError, OverrideErrors
 from overrides.grammar import ADD, CHANGE, DELETE, FORCE_ADD, ParsedOverride, parse
 from overrides.suggest import suggest
 from mbridge_offload.facts.config_tree import public_fields, show
-from mbridge_offload.facts.key_ranges import range_violations
 
 log = logging.getLogger("mbridge_offload")
 
@@ -163,7 +166,9 @@ def _apply_one(root: Any, ov: ParsedOverride) -> tuple[Any, Any]:
 
 
 def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
-    """A copy of ``cfg`` with every override applied; OverrideErrors lists every refused one."""
+    """A copy of ``cfg`` with every override applied; OverrideErrors lists every refused one, and carries
+    (``.applied``) a copy with the others applied. Values are not range-checked here (the validator does,
+    on the final values)."""
     if isinstance(texts, str):
         raise TypeError("apply_overrides takes a list of overrides, not one string")
     parsed, errors = parse(list(texts))
@@ -186,13 +191,8 @@ def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
             errors.append(OverrideError(ov.text, ov.key, refused.message, refused.fix))
             continue
         changes.append((ov.key, old, value))
-    # The admissible values of the keys overridden, on the final values (so override order never matters).
-    for key_range, value, fix in range_violations(new, first_text):
-        if not any(e.key == key_range.key for e in errors):
-            errors.append(OverrideError(text=first_text[key_range.key], key=key_range.key,
-                                        message=f"{value}: {key_range.text}", fix=fix))
     if errors:
-        raise OverrideErrors(errors)
+        raise OverrideErrors(errors, applied=new)
     for key, old, value in changes:
         log.info("%s: %s -> %s (command-line override)", key, show(old), show(value))
     return new

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,13 @@ class OverrideError:
 
 
 class OverrideErrors(ValueError):
-    """All the override errors of one command, reported together."""
+    """All the override errors of one command, reported together. ``applied``: a copy of the config with
+    every other override of the command applied (None where there is none), for validating the rest."""
 
-    def __init__(self, errors: list[OverrideError]):
+    def __init__(self, errors: list[OverrideError], applied: Any = None):
         super().__init__(f"{len(errors)} invalid override{'s' if len(errors) != 1 else ''}")
         self.errors = list(errors)
+        self.applied = applied
 
     def format(self) -> str:
         head = f"Invalid override{'s' if len(self.errors) != 1 else ''} ({len(self.errors)}):"

@@ -6,12 +6,17 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import tempfile
 
 import pytest
 
 # The plugin must never reach the Hugging Face hub: make any attempt fail loudly.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# The commands' cache and checking worker (mbridge_offload/fast_check) stay out of the user's cache folder,
+# and no test leaves a worker behind: tests/scripts/test_warm_worker.py starts and stops its own.
+os.environ.setdefault("MBRIDGE_OFFLOAD_CACHE_DIR", tempfile.mkdtemp(prefix="mbridge-offload-tests-"))
+os.environ["MBRIDGE_OFFLOAD_NO_WORKER"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

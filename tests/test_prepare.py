@@ -74,3 +74,40 @@ def test_deterministic_sets_keys_and_environment_and_refuses_a_clash():
     assert any(line.startswith("deterministic:") for line in prepared.run_lines)
     with pytest.raises(NotPrepared, match="--deterministic sets model.deterministic_mode"):
         _prepare("qwen3_1b_proxy_pretrain_config", ["model.deterministic_mode=False"], deterministic=True)
+
+
+ONE_RUN = ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "model.recompute_granularity=full",
+           "model.recompute_method=uniform", "model.recompute_num_layers=1", "model.cpu_offloading_num_layers=48"]
+
+
+def test_a_range_violation_and_the_rules_it_meets_are_reported_in_one_run():
+    # issue #14: the range check used to stop the command before the validator saw PP=2 and recompute.
+    prepared = _prepare("qwen3_30b_a3b_pretrain_config", ONE_RUN, num_gpus=16)
+    by_id = {p.rule_id: p for p in prepared.report.errors}
+    assert {"activation-offload/num-layers-range", "activation-offload/pipeline-parallel",
+            "activation-offload/recompute"} <= set(by_id)
+    layers = by_id["activation-offload/num-layers-range"]
+    assert layers.key == "model.cpu_offloading_num_layers" and layers.value == "48 (model.num_layers=48)"
+    assert "< model.num_layers" in layers.rule and layers.fix == "model.cpu_offloading_num_layers=47"
+    assert prepared.cfg.model.cpu_offloading_num_layers == 48  # applied as asked, and the recipe untouched
+    assert prepared.base_cfg.model.cpu_offloading_num_layers == 0
+
+
+def test_overrides_that_cannot_apply_are_reported_with_the_problems_of_the_rest():
+    with pytest.raises(NotPrepared) as refused:
+        _prepare("qwen3_30b_a3b_pretrain_config", [*ONE_RUN, "model.cpu_offload=True", "train.train_iters=many"],
+                 num_gpus=16)
+    message = refused.value.message
+    head, _, rest = message.partition("And the configuration the other overrides make")
+    assert "model.cpu_offload=True" in head and "did you mean" in head and "train.train_iters=many" in head
+    assert "Validation for 16 GPUs: FAILED" in rest
+    for rule_id in ("activation-offload/num-layers-range", "activation-offload/pipeline-parallel",
+                    "activation-offload/recompute"):
+        assert f"[{rule_id}]" in rest
+    assert "those 2" in message
+
+
+def test_an_unappliable_override_alone_says_the_rest_is_valid():
+    with pytest.raises(NotPrepared) as refused:
+        _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_offload_fraction=abc"])
+    assert "expects a float" in refused.value.message and "Validation for 1 GPU: OK" in refused.value.message

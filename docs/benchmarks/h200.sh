@@ -119,6 +119,16 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
     gpu-tests)
       $py -m pytest tests/runtime/test_gpu_training.py tests/runtime/test_gpu_resume.py -v -p no:cacheprovider 2>&1 \
         | tee "$runs/gpu-tests.log" ;;
+    planner-heldout)
+      # NOT RUN YET (issue #15). Configurations no planner constant was fitted on, each run alone on the GPU so
+      # that device_outside_pytorch_gib (metrics) is this run's: fractions 0 and 1, 4 steps.
+      for spec in "qwen3_0p6b_pretrain_config -sl 4096" "qwen3_1p7b_pretrain_config -mb 2" \
+                  "qwen3_1b_proxy_pretrain_config -sl 8192 model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=1" \
+                  "qwen3_30b_a3b_proxy_pretrain_config model.num_layers=3"; do
+        read -ra words <<< "$spec"
+        $py scripts/sweep_offload.py --recipe "${words[0]}" --fractions 0,1 --baseline-runs 1 \
+          --out "$runs/planner-heldout/$(echo "$spec" | tr -c 'a-z0-9' '_' | cut -c1-80)" train.train_iters=4 "${words[@]:1}"
+      done ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:

@@ -14,10 +14,12 @@ from pathlib import Path
 from recipes import registry
 from mbridge_offload.bench import overhead
 from mbridge_offload.bench.sweep import parse_fractions
+from mbridge_offload.cli.parsing import (CommandParser, at_least_one, check_writable, make_dir, not_negative,
+                                         positive_seconds, read_json, readable_file, refuse_bad_overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench_offload.py", description=__doc__.split("\n\n")[0],
+    parser = CommandParser(prog="bench_offload.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, metavar="NAME")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR")
@@ -27,18 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--configs", default=",".join(defaults), metavar="NAME,...",
                         help=f"configurations to run (default {','.join(defaults)}; also: "
                              f"{', '.join(c for c in overhead.configurations(1) if c not in defaults)})")
-    parser.add_argument("--num-gpus", type=int, metavar="N",
+    parser.add_argument("--num-gpus", type=at_least_one("GPU"), metavar="N",
                         help="GPUs (ranks on this node) for every run (default: the recipe's own count)")
-    parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
+    parser.add_argument("--baseline-runs", type=not_negative("run"), default=2, metavar="K",
                         help="identical no-offload runs for the loss noise floor (default 2)")
-    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+    parser.add_argument("--repeats", type=at_least_one("run"), default=1, metavar="R",
                         help="run every configuration R times, in R interleaved rounds (baselines spread over "
                              "them), and report the median over all their steady-state steps with the spread of "
                              "the runs (default 1). Identical runs of the H200 differed by up to 31%%: repeats "
                              "tell a real difference from that")
-    parser.add_argument("--host-json", type=Path, metavar="FILE",
+    parser.add_argument("--host-json", type=readable_file, metavar="FILE",
                         help="host measurements from an earlier measure_host.py run (default: measure now)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
+    parser.add_argument("--timeout", type=positive_seconds, default=None, metavar="S", help="per-run time limit in seconds")
     parser.add_argument("--resume", action="store_true", help="keep runs that already finished in DIR")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser
@@ -61,9 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     if owned:
         parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")
     fractions = [f for f in args.fractions if f > 0]
-    args.out.mkdir(parents=True, exist_ok=True)
+    if not fractions:
+        parser.error("--fractions: give at least one fraction above 0 (the baseline, 0, always runs)")
+    check_writable(parser, "--out", args.out)
+    host = read_json(parser, "--host-json", args.host_json) if args.host_json else None
+    if args.host_json and not isinstance(host, dict):
+        parser.error(f"--host-json {args.host_json}: expects a JSON object as measure_host.py writes it")
+    refuse_bad_overrides(parser, args.recipe, args.overrides)
+    make_dir(parser, "--out", args.out)
 
-    host = json.loads(args.host_json.read_text()) if args.host_json else overhead.measure(args.out, args.timeout)
+    host = host if host is not None else overhead.measure(args.out, args.timeout)
     print(f"[bench] host: {json.dumps(host)}", flush=True)
     runs = overhead.run_benchmark(args.recipe, args.out, fractions, chosen, args.overrides, args.num_gpus,
                                   recipe.num_gpus, args.baseline_runs, args.repeats, host, args.resume, args.timeout)

@@ -15,18 +15,19 @@ import argparse
 from pathlib import Path
 
 from mbridge_offload.bench.resume_parity import STOP_BY, check_resume, markdown, write_results
-from mbridge_offload.bench.sweep import parse_fractions, split_overrides
-from mbridge_offload.cli.parsing import parse_command
+from mbridge_offload.bench.sweep import parse_fractions
+from mbridge_offload.cli.parsing import (CommandParser, at_least_one, check_writable, make_dir, parse_command,
+                                         positive_seconds, refuse_bad_overrides, split_fraction_overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="check_resume.py", description=__doc__.split("\n\n")[0],
+    parser = CommandParser(prog="check_resume.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, metavar="NAME")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR")
     parser.add_argument("--fractions", type=parse_fractions, default=[0.5, 1.0], metavar="F,F,...",
                         help="optimizer offload fractions to check (default 0.5,1; 0 checks a run without offload)")
-    parser.add_argument("--save-at", type=int, default=5, metavar="K", help="the step the first run saves at and "
+    parser.add_argument("--save-at", type=at_least_one("step"), default=5, metavar="K", help="the step the first run saves at and "
                         "stops (default 5); the runs train 2K steps")
     parser.add_argument("--deterministic", action="store_true",
                         help="run_recipe.py --deterministic for every run; then the resumed run must be bit-identical")
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "continues from there")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep each fraction's checkpoint (removed once compared by default: they are large)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
+    parser.add_argument("--timeout", type=positive_seconds, default=None, metavar="S", help="per-run time limit in seconds")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser
 
@@ -47,9 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_command(parser, argv)
-    if args.save_at < 1:
-        parser.error(f"--save-at expects a step >= 1, got {args.save_at}")
-    _, overrides = split_overrides(args.overrides)
+    check_writable(parser, "--out", args.out)
+    multirun, overrides = split_fraction_overrides(parser, args.overrides)
+    if multirun:
+        parser.error("give the fractions with --fractions, not as a multirun override")
+    refuse_bad_overrides(parser, args.recipe, overrides)
+    make_dir(parser, "--out", args.out)
     extra = ["--offload-tuning", args.offload_tuning] + (["--deterministic"] if args.deterministic else [])
     rows = []
     for i, fraction in enumerate(args.fractions, 1):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
 from recipes import registry
+from mbridge_offload.cli.parsing import CommandParser, at_least_one, readable_dir
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
 
@@ -20,13 +21,13 @@ EXIT_OK, EXIT_INVALID = 0, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plan_offload.py", description=__doc__.split("\n\n")[0],
+    parser = CommandParser(prog="plan_offload.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", metavar="NAME")
-    parser.add_argument("--compare", type=Path, nargs="+", metavar="SWEEP_DIR",
+    parser.add_argument("--compare", type=readable_dir, nargs="+", metavar="SWEEP_DIR",
                         help="compare the plan with the peak memory measured by sweep_offload.py runs "
                              "(markdown table) instead of planning one recipe")
-    parser.add_argument("--num-gpus", type=int, metavar="N", help="default: the recipe's GPU count")
+    parser.add_argument("--num-gpus", type=at_least_one("GPU"), metavar="N", help="default: the recipe's GPU count")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_plan_arguments(parser)
     for flag in SHORT_FLAGS:
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_intermixed_args(argv)
     if args.compare:
         quiet_import_notices()
@@ -49,20 +51,35 @@ def main(argv: list[str] | None = None) -> int:
     recipe = registry.get_or_exit(parser, args.recipe)
     num_gpus = args.num_gpus or recipe.num_gpus
 
-    quiet_import_notices()
+    from mbridge_offload import fast_check
     from mbridge_offload.planning import format_plan, plan_kwargs
-    from mbridge_offload.prepare import NotPrepared, prepare
 
     overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
-    try:
-        # the plan of the config as the recipe and the overrides make it: no offload tuning, no validation
-        prepared = prepare(recipe, overrides, num_gpus=num_gpus,
-                           num_gpus_from="--num-gpus" if args.num_gpus else "the recipe's GPU count",
-                           plan_options=plan_kwargs(args), offload_tuning="stock",
-                           step_time_budget_s=args.step_time_budget_s, validated=False)
-    except NotPrepared as refusal:
-        print(refusal.message, file=sys.stderr)
+    # the plan of the config as the recipe and the overrides make it: no offload tuning, no validation
+    options = dict(num_gpus=num_gpus, num_gpus_from="--num-gpus" if args.num_gpus else "the recipe's GPU count",
+                   plan_options=plan_kwargs(args), offload_tuning="stock",
+                   step_time_budget_s=args.step_time_budget_s, validated=False)
+    fast = fast_check.prepare_fast(recipe, overrides, **options)  # from the cache of this recipe, when there
+    if fast is not None and fast.refusal is not None:
+        print(fast.refusal.message, file=sys.stderr)
         return EXIT_INVALID
+    if fast is not None:
+        prepared = fast.prepared
+    else:
+        from mbridge_offload.fast_check import warm_worker
+
+        code = warm_worker.ask("plan_offload", argv)  # Megatron Bridge loaded already: answers in seconds
+        if code is not None:
+            return code
+        quiet_import_notices()
+        from mbridge_offload.prepare import NotPrepared, prepare
+
+        try:
+            with fast_check.recording(recipe) as building:
+                prepared = prepare(building, overrides, validator=building.validator, **options)
+        except NotPrepared as refusal:
+            print(refusal.message, file=sys.stderr)
+            return EXIT_INVALID
     result, problems = prepared.memory, prepared.report.problems
     if args.json:
         print(json.dumps({**result.to_json(), "problems": [

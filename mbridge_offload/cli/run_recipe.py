@@ -14,6 +14,7 @@ from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
 from recipes import registry
+from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
 from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS
@@ -21,23 +22,8 @@ from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
-def _at_least_one(unit: str):
-    """An argparse type: a whole number >= 1 of ``unit`` (e.g. 'GPU'), with errors that say which."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expects a whole number of {unit}s, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expects at least 1 {unit}, got {value}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run_recipe.py",
         description="Build an offload recipe, apply key=value overrides, validate, then train.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -58,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bit-reproducible training: model.deterministic_mode=True, the unfused cross entropy, "
                              "NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, CUBLAS_WORKSPACE_CONFIG=:4096:8 "
                              "(the run's first lines list them)")
-    parser.add_argument("--num-gpus", type=_at_least_one("GPU"), metavar="N",
+    parser.add_argument("--num-gpus", type=at_least_one("GPU"), metavar="N",
                         help="GPUs to validate for (default: WORLD_SIZE under a launcher, "
                              "else the recipe's own GPU count)")
     parser.add_argument("--cpu-threads", default=None, type=_cpu_threads, metavar="auto|launcher|N",
@@ -70,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{TUNED_OVERLAP_CHUNKS} chunks (measured fastest), pinned host buffers, except keys you "
                              "set; stock: the config as the recipe and your overrides made it, threads as the "
                              "launcher set them (the library's behaviour)")
-    parser.add_argument("--overlap-chunks", type=_at_least_one("chunk"), metavar="K",
+    parser.add_argument("--overlap-chunks", type=at_least_one("chunk"), metavar="K",
                         help="with optimizer.overlap_cpu_optimizer_d2h_h2d=True: overlap in K chunks of about equal "
                              f"size instead of one CPU optimizer per tensor (default when tuned: "
                              f"{TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
@@ -95,11 +81,16 @@ def _cpu_threads(text: str):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _num_gpus(args: argparse.Namespace, recipe: registry.Recipe) -> tuple[int, str]:
+def _num_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace,
+              recipe: registry.Recipe) -> tuple[int, str]:
     if args.num_gpus is not None:
         return args.num_gpus, "--num-gpus"
     if os.environ.get("WORLD_SIZE"):
-        return int(os.environ["WORLD_SIZE"]), "WORLD_SIZE"
+        text = os.environ["WORLD_SIZE"]
+        try:
+            return at_least_one("GPU")(text), "WORLD_SIZE"
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"WORLD_SIZE (environment) {error}; unset it or give --num-gpus N")
     return recipe.num_gpus, "the recipe's GPU count; set --num-gpus N for another"
 
 
@@ -140,6 +131,17 @@ def show_prepared(prepared) -> None:
     print(prepared.report.format())
 
 
+def _refused(prepared, args: argparse.Namespace) -> int:
+    """A prepared config that breaks a rule: say why in --out when launching (not in a dry run), exit 2."""
+    if args.out and not args.dry_run:
+        # a refused launch is a finished run for whoever launched it into --out (sweep_offload.py's
+        # rows, --resume): say why there, in the report's words
+        from mbridge_offload.runtime.run_outcome import write_failure
+
+        write_failure(args.out, refusal_reason(prepared.report.errors))
+    return EXIT_INVALID
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -155,36 +157,63 @@ def main(argv: list[str] | None = None) -> int:
     if not args.recipe:
         parser.error("--recipe NAME is required (see --list)")
     recipe = registry.get_or_exit(parser, args.recipe)
-    num_gpus, gpus_from = _num_gpus(args, recipe)
+    num_gpus, gpus_from = _num_gpus(parser, args, recipe)
+    if not args.dry_run:  # a dry run writes nothing; a launch writes its run folder
+        check_writable(parser, "--out", args.out or Path("runs") / recipe.name)
     overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
-
-    print(f"Building {recipe.name} (loading Megatron Bridge) ...", file=sys.stderr, flush=True)
-    started = time.monotonic()
-    quiet_import_notices()
     from mbridge_offload.planning import plan_kwargs
+
+    options = dict(num_gpus=num_gpus, num_gpus_from=gpus_from,
+                   plan_options=plan_kwargs(args, launching=not args.dry_run),
+                   offload_tuning=args.offload_tuning, overlap_chunks=args.overlap_chunks,
+                   cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s,
+                   deterministic=args.deterministic)
+    started = time.monotonic()
+
+    # From the cache of this recipe, when it can answer exactly: refusals, and dry runs validated before.
+    from mbridge_offload import fast_check
+
+    fast = fast_check.prepare_fast(recipe, overrides, **options)
+    if fast is not None and (fast.refusal is not None or not fast.prepared.report.ok or args.dry_run):
+        note = "" if fast.complete else fast_check.PARTIAL_NOTE.format(seconds=time.monotonic() - started)
+        if fast.refusal is not None:
+            if fast.refusal.auto_line:
+                print(fast.refusal.auto_line)
+            print(fast.refusal.message, file=sys.stderr)
+            if note:
+                print(note, file=sys.stderr)
+            return EXIT_INVALID
+        show_prepared(fast.prepared)
+        print(note or f"(answered from the cache of this recipe in {time.monotonic() - started:.1f} s)",
+              file=sys.stderr)
+        return _refused(fast.prepared, args) if not fast.prepared.report.ok else EXIT_OK
+
+    if args.dry_run:  # a worker that has Megatron Bridge loaded answers in seconds (fast_check/warm_worker.py)
+        from mbridge_offload.fast_check import warm_worker
+
+        code = warm_worker.ask("run_recipe", argv)
+        if code is not None:
+            return code
+    print(f"Building {recipe.name} (loading Megatron Bridge) ...", file=sys.stderr, flush=True)
+    quiet_import_notices()
     from mbridge_offload.prepare import NotPrepared, prepare
 
     try:
-        prepared = prepare(recipe, overrides, num_gpus=num_gpus, num_gpus_from=gpus_from,
-                           plan_options=plan_kwargs(args, launching=not args.dry_run),
-                           offload_tuning=args.offload_tuning, overlap_chunks=args.overlap_chunks,
-                           cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s,
-                           deterministic=args.deterministic)
+        with fast_check.recording(recipe) as building:
+            prepared = prepare(building, overrides, validator=building.validator, **options)
     except NotPrepared as refusal:
         if refusal.auto_line:
             print(refusal.auto_line)
         print(refusal.message, file=sys.stderr)
+        if building.validator.partial:
+            print(fast_check.SLOW_PARTIAL_NOTE, file=sys.stderr)
         return EXIT_INVALID
     show_prepared(prepared)
     print(f"(built and validated in {time.monotonic() - started:.1f} s)", file=sys.stderr)
+    if building.validator.partial and not prepared.report.ok:
+        print(fast_check.SLOW_PARTIAL_NOTE, file=sys.stderr)
     if not prepared.report.ok:
-        if args.out and not args.dry_run:
-            # a refused launch is a finished run for whoever launched it into --out (sweep_offload.py's
-            # rows, --resume): say why there, in the report's words
-            from mbridge_offload.runtime.run_outcome import write_failure
-
-            write_failure(args.out, refusal_reason(prepared.report.errors))
-        return EXIT_INVALID
+        return _refused(prepared, args)
     if args.dry_run:
         return EXIT_OK
     from mbridge_offload.describe import offload_summary, topology

@@ -10,22 +10,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from mbridge_offload.cli.parsing import parse_command
-from mbridge_offload.bench.sweep import (FRACTION_KEY, build_rows, parse_fractions, run_sweep, split_overrides,
-                                         write_sweep)
+from mbridge_offload.cli.parsing import (CommandParser, at_least_one, check_writable, make_dir, not_negative,
+                                         parse_command, positive_seconds, refuse_bad_overrides,
+                                         split_fraction_overrides)
+from mbridge_offload.bench.sweep import FRACTION_KEY, build_rows, parse_fractions, run_sweep, write_sweep
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sweep_offload.py", description=__doc__.split("\n\n")[0],
+    parser = CommandParser(prog="sweep_offload.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, metavar="NAME")
     parser.add_argument("--fractions", type=parse_fractions, metavar="F,F,...",
                         help="optimizer offload fractions (default 0,0.25,0.5,0.75,1)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR")
-    parser.add_argument("--num-gpus", type=int, metavar="N")
-    parser.add_argument("--baseline-runs", type=int, default=2, metavar="K",
+    parser.add_argument("--num-gpus", type=at_least_one("GPU"), metavar="N")
+    parser.add_argument("--baseline-runs", type=not_negative("run"), default=2, metavar="K",
                         help="identical fraction-0 runs for the noise floor (default 2)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit in seconds")
+    parser.add_argument("--timeout", type=positive_seconds, default=None, metavar="S", help="per-run time limit in seconds")
     parser.add_argument("--resume", action="store_true",
                         help="keep runs that already finished in DIR (summary.json, or failure.json for a "
                              "failed run, killed and timed-out runs included): an interrupted sweep goes on where "
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_command(parser, argv)
-    multirun, overrides = split_overrides(args.overrides)
+    check_writable(parser, "--out", args.out)
+    multirun, overrides = split_fraction_overrides(parser, args.overrides)
     if multirun and args.fractions and multirun != args.fractions:
         parser.error(f"--fractions and {FRACTION_KEY}=... disagree; give one")
     fractions = multirun or args.fractions or [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         fractions = [0.0, *fractions]  # parity and savings are measured against the baseline
     extra = (["--num-gpus", str(args.num_gpus)] if args.num_gpus else []) + (["--deterministic"] if args.deterministic
                                                                              else [])
-    args.out.mkdir(parents=True, exist_ok=True)
+    refuse_bad_overrides(parser, args.recipe, overrides)
+    make_dir(parser, "--out", args.out)
 
     results, baselines = run_sweep(args.recipe, fractions, args.out, overrides, extra, args.baseline_runs,
                                    args.timeout, args.resume)

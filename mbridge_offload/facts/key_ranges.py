@@ -7,6 +7,7 @@ these ranges as ordinary rules of its table (with the same id, words and fix).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -46,30 +47,90 @@ def fixed(text: str) -> Callable[[Any], str]:
 
 
 def offload_modules(cfg: Any) -> set[str]:
-    """The fine-grained offload modules a config names."""
-    return set(cfg.model.offload_modules or [])
+    """The fine-grained offload modules a config names (as text; a single name counts as one module)."""
+    modules = cfg.model.offload_modules or []
+    if isinstance(modules, str):
+        modules = [modules]
+    try:
+        return {str(m) for m in modules}
+    except TypeError:  # not a collection: report it as the one (unknown) module it is
+        return {str(modules)}
+
+
+_ABSENT = object()
+
+
+def value_at(cfg: Any, key: str) -> Any:
+    """The value at ``key``, or ``_ABSENT`` where the config has no such key (a range then has nothing to
+    check)."""
+    try:
+        return get_path(cfg, key)
+    except (KeyError, AttributeError, TypeError):
+        return _ABSENT
+
+
+def is_number(value: Any) -> bool:
+    """A real, finite number (not a bool, not NaN or infinite)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_count(value: Any, low: int = 1, high: int | None = None) -> bool:
+    """A whole number (not a bool) from ``low`` to ``high``."""
+    return (isinstance(value, int) and not isinstance(value, bool) and value >= low
+            and (high is None or value <= high))
 
 
 def _share(id: str, key: str, of_what: str, fix: str) -> KeyRange:
+    def holds(cfg: Any) -> bool:
+        value = value_at(cfg, key)
+        return value is _ABSENT or (is_number(value) and 0.0 <= value <= 1.0)
+
     return KeyRange(id=id, key=key, text=f"must be a number from 0 to 1: the share of {of_what}",
-                    holds=lambda cfg: 0.0 <= get_path(cfg, key) <= 1.0, fix=fixed(fix))
+                    holds=holds, fix=fixed(fix))
 
 
 def _not_negative(id: str, key: str, note: str, fix: str) -> KeyRange:
-    return KeyRange(id=id, key=key, text=f"must be >= 0 ({note})", holds=lambda cfg: get_path(cfg, key) >= 0,
-                    fix=fixed(fix))
+    def holds(cfg: Any) -> bool:
+        value = value_at(cfg, key)
+        return value is _ABSENT or (is_number(value) and value >= 0)
+
+    return KeyRange(id=id, key=key, text=f"must be >= 0 ({note})", holds=holds, fix=fixed(fix))
+
+
+def _count(id: str, key: str, high: int, what: str, fix: str, nullable: bool = False) -> KeyRange:
+    """A whole number from 1 to ``high`` (or null where the config allows it: the library's default)."""
+
+    def holds(cfg: Any) -> bool:
+        value = value_at(cfg, key)
+        return value is _ABSENT or (nullable and value is None) or is_count(value, 1, high)
+
+    return KeyRange(id=id, key=key, text=f"must be a whole number from 1 to {high}" + (" or null" if nullable else "")
+                    + f" ({what})", holds=holds, fix=fixed(fix))
 
 
 OPTIMIZER_OFFLOAD_FRACTION = _share(
     "optimizer-offload/fraction-range", OFFLOAD_FRACTION_KEY,
     "optimizer states (and their Adam step) moved to the CPU", fix="optimizer.optimizer_offload_fraction=0.5")
 
+def _num_layers_holds(cfg: Any) -> bool:
+    n, layers = value_at(cfg, "model.cpu_offloading_num_layers"), value_at(cfg, "model.num_layers")
+    if n is _ABSENT:
+        return True
+    if not is_count(layers, 1):  # model.num_layers is wrong itself: its own range reports it
+        return is_count(n, 0)
+    return is_count(n, 0) and n < layers
+
+
+def _num_layers_fix(cfg: Any) -> str:
+    n, layers = value_at(cfg, "model.cpu_offloading_num_layers"), value_at(cfg, "model.num_layers")
+    n = n if is_count(n, 0) else 0
+    return f"model.cpu_offloading_num_layers={max(0, min(n, layers - 1)) if is_count(layers, 1) else 0}"
+
+
 CPU_OFFLOADING_NUM_LAYERS = KeyRange(
     id="activation-offload/num-layers-range", key="model.cpu_offloading_num_layers",
     text="must satisfy 0 <= cpu_offloading_num_layers < model.num_layers",
-    holds=lambda cfg: 0 <= cfg.model.cpu_offloading_num_layers < cfg.model.num_layers,
-    fix=lambda cfg: ("model.cpu_offloading_num_layers="
-                     f"{max(0, min(cfg.model.cpu_offloading_num_layers, cfg.model.num_layers - 1))}"),
+    holds=_num_layers_holds, fix=_num_layers_fix,
     observed=lambda cfg: f"{cfg.model.cpu_offloading_num_layers} (model.num_layers={cfg.model.num_layers})",
     fix_text="model.cpu_offloading_num_layers=<n below model.num_layers>")
 
@@ -94,10 +155,69 @@ DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS = _not_negative(
     "fine-grained/pp-balance", "model.delta_offload_bytes_across_pp_ranks",
     "bytes", fix="model.delta_offload_bytes_across_pp_ranks=0")
 
+# The sizes every rule and the planner divide by or count over: a zero, a negative, a null where none is
+# allowed, or a number past any real model is refused here, by key, instead of failing inside a rule.
+# The upper bounds are far above real models and keep the planner's per-layer, per-expert counting bounded.
+MAX_PARALLEL = 4096
+MAX_LAYERS = 1024
+MAX_HEADS = 4096
+MAX_EXPERTS = 1024
+MAX_WIDTH = 1 << 24
+MAX_TOKENS = 1 << 31
+
+GRID_RANGES: tuple[KeyRange, ...] = (
+    _count("parallel/tp-range", "model.tensor_model_parallel_size", MAX_PARALLEL, "tensor parallel size",
+           "model.tensor_model_parallel_size=1"),
+    _count("parallel/pp-range", "model.pipeline_model_parallel_size", MAX_PARALLEL, "pipeline parallel size",
+           "model.pipeline_model_parallel_size=1"),
+    _count("parallel/cp-range", "model.context_parallel_size", MAX_PARALLEL, "context parallel size",
+           "model.context_parallel_size=1"),
+    _count("parallel/ep-range", "model.expert_model_parallel_size", MAX_PARALLEL, "expert parallel size",
+           "model.expert_model_parallel_size=1"),
+    _count("parallel/etp-range", "model.expert_tensor_parallel_size", MAX_PARALLEL,
+           "expert tensor parallel size; null: the tensor parallel size", "model.expert_tensor_parallel_size=null",
+           nullable=True),
+    _count("parallel/num-layers-range", "model.num_layers", MAX_LAYERS, "transformer layers",
+           "model.num_layers=<the model's layer count>"),
+    _count("parallel/heads-range", "model.num_attention_heads", MAX_HEADS, "attention heads",
+           "model.num_attention_heads=<the model's head count>"),
+    _count("parallel/query-groups-range", "model.num_query_groups", MAX_HEADS,
+           "key/value head groups; null: one per head", "model.num_query_groups=null", nullable=True),
+    _count("parallel/experts-range", "model.num_moe_experts", MAX_EXPERTS, "MoE experts; null: a dense model",
+           "model.num_moe_experts=null", nullable=True),
+    _count("parallel/hidden-size-range", "model.hidden_size", MAX_WIDTH, "hidden size",
+           "model.hidden_size=<the model's hidden size>"),
+    _count("parallel/ffn-hidden-size-range", "model.ffn_hidden_size", MAX_WIDTH, "MLP width",
+           "model.ffn_hidden_size=<the model's MLP width>", nullable=True),
+    _count("parallel/kv-channels-range", "model.kv_channels", MAX_WIDTH, "head dimension; null: hidden/heads",
+           "model.kv_channels=null", nullable=True),
+    _count("parallel/vocab-size-range", "model.vocab_size", MAX_WIDTH, "vocabulary size",
+           "model.vocab_size=<the tokenizer's vocabulary size>", nullable=True),
+    _count("parallel/seq-length-range", "model.seq_length", MAX_TOKENS, "tokens per sample",
+           "--seq-length 4096"),
+    _count("parallel/dataset-seq-length-range", "dataset.seq_length", MAX_TOKENS, "tokens per sample",
+           "--seq-length 4096"),
+    _count("parallel/global-batch-range", "train.global_batch_size", MAX_TOKENS, "samples per step",
+           "train.global_batch_size=<a multiple of micro batch x data parallel size>"),
+    _count("parallel/micro-batch-range", "train.micro_batch_size", MAX_TOKENS, "samples per micro batch",
+           "train.micro_batch_size=1"),
+    _count("parallel/train-iters-range", "train.train_iters", MAX_TOKENS,
+           "training steps; null: set by train.train_samples", "train.train_iters=100", nullable=True),
+)
+
 KEY_RANGES: tuple[KeyRange, ...] = (
     OPTIMIZER_OFFLOAD_FRACTION, CPU_OFFLOADING_NUM_LAYERS, OFFLOAD_MODULES_KNOWN,
-    ACTIVATION_OFFLOAD_FRACTION, MIN_OFFLOADED_TENSOR_SIZE, DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS,
+    ACTIVATION_OFFLOAD_FRACTION, MIN_OFFLOADED_TENSOR_SIZE, DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS, *GRID_RANGES,
 )
+
+
+def grid_sane(cfg: Any) -> bool:
+    """Every size of the parallel grid, batch and model shape is in its range: the rules and the planner
+    that divide by them may run (the ranges report what is not)."""
+    try:
+        return all(key_range.holds(cfg) for key_range in GRID_RANGES)
+    except Exception:
+        return False
 
 
 def range_violations(cfg: Any, keys: Iterable[str]) -> list[tuple[KeyRange, str, str]]:

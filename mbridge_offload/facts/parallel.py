@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def _whole(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 @dataclass(frozen=True)
 class ParallelSizes:
     """The parallel sizes of ``model`` on ``num_gpus`` GPUs."""
@@ -18,9 +22,11 @@ class ParallelSizes:
 
     @classmethod
     def of(cls, model, num_gpus: int) -> "ParallelSizes":
-        return cls(num_gpus=num_gpus, tp=model.tensor_model_parallel_size, pp=model.pipeline_model_parallel_size,
-                   cp=model.context_parallel_size, ep=model.expert_model_parallel_size,
-                   etp=model.expert_tensor_parallel_size or 1)
+        """The sizes as the config has them; one that is not a whole number (null, a bool, text) counts as 0,
+        which no grid splits into (its range rule reports the key)."""
+        return cls(num_gpus=_whole(num_gpus), tp=_whole(model.tensor_model_parallel_size),
+                   pp=_whole(model.pipeline_model_parallel_size), cp=_whole(model.context_parallel_size),
+                   ep=_whole(model.expert_model_parallel_size), etp=_whole(model.expert_tensor_parallel_size or 1))
 
     @property
     def model_parallel(self) -> int:
@@ -30,16 +36,16 @@ class ParallelSizes:
     @property
     def dp(self) -> int | None:
         """Data-parallel size, or None when the GPU count does not split into the model grid."""
-        if self.num_gpus % self.model_parallel:
+        if self.model_parallel < 1 or self.num_gpus < 1 or self.num_gpus % self.model_parallel:
             return None
         return self.num_gpus // self.model_parallel
 
     @property
     def dense_optimizer_shards(self) -> int:
         """Ranks the distributed optimizer shards dense states over: DP x CP (at least 1)."""
-        return max(1, self.num_gpus // (self.tp * self.pp))
+        return max(1, self.num_gpus // max(1, self.tp * self.pp))
 
     @property
     def expert_optimizer_shards(self) -> int:
         """Ranks expert states are sharded over: the expert-data-parallel group (at least 1)."""
-        return max(1, self.num_gpus // (self.pp * self.ep * self.etp))
+        return max(1, self.num_gpus // max(1, self.pp * self.ep * self.etp))

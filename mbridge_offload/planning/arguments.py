@@ -4,6 +4,8 @@ slow Megatron import."""
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import Any
 
 from mbridge_offload.planning.capacity import gpu_memory_gib_here, host_memory_available_gib
@@ -12,31 +14,64 @@ from mbridge_offload.planning.memory_plan import (DEFAULT_HOST_LINK_GBPS, DEFAUL
                                                   HOST_MEMORY_AVAILABLE_NOW, HOST_MEMORY_GIVEN)
 
 
+def _number(low: float, inclusive: bool, what: str):
+    """An argparse type: a finite number above ``low`` (or at least ``low`` when ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects {what} (a number), got {text!r}") from None
+        if not math.isfinite(value) or value < low or (value == low and not inclusive):
+            bound = f"{'at least' if inclusive else 'above'} {low:g}"
+            raise argparse.ArgumentTypeError(f"expects {what} {bound}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def _ranks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number of ranks, got {text!r}") from None
+    if not 1 <= value <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"expects at least 1 rank per node, got {value}")
+    return value
+
+
+GIB_ABOVE_0 = _number(0.0, False, "GiB")
+GIB_AT_LEAST_0 = _number(0.0, True, "GiB")
+GBPS_ABOVE_0 = _number(0.0, False, "GB/s")
+SECONDS_ABOVE_0 = _number(0.0, False, "seconds")
+
+
 def add_plan_arguments(parser) -> None:
     """The planner's options, shared by plan_offload.py and run_recipe.py."""
     group = parser.add_argument_group("memory plan")
-    group.add_argument("--gpu-memory-gib", type=float, metavar="G",
+    group.add_argument("--gpu-memory-gib", type=GIB_ABOVE_0, metavar="G",
                        help="GPU memory per device (default: this GPU's, else 80 for an H100 80GB)")
-    group.add_argument("--host-memory-gib", type=float, metavar="H",
+    group.add_argument("--host-memory-gib", type=GIB_ABOVE_0, metavar="H",
                        help="host memory per node (default: not checked for a plan or dry run; "
                             "this machine's MemAvailable when launching)")
-    group.add_argument("--gpus-per-node", type=int, metavar="N", help="ranks per node (default min(GPUs, 8))")
-    group.add_argument("--margin-gib", type=float, default=DEFAULT_MARGIN_GIB, metavar="M",
+    group.add_argument("--gpus-per-node", type=_ranks, metavar="N", help="ranks per node (default min(GPUs, 8))")
+    group.add_argument("--margin-gib", type=GIB_AT_LEAST_0, default=DEFAULT_MARGIN_GIB, metavar="M",
                        help=f"GPU memory kept free for workspace and fragmentation (default {DEFAULT_MARGIN_GIB:g})")
-    group.add_argument("--host-margin-gib", type=float, default=DEFAULT_HOST_MARGIN_GIB, metavar="M",
+    group.add_argument("--host-margin-gib", type=GIB_AT_LEAST_0, default=DEFAULT_HOST_MARGIN_GIB, metavar="M",
                        help="host memory kept free per offloading rank beyond the planned peak of the first optimizer "
                             f"step, for what the H200 measurements do not cover (default {DEFAULT_HOST_MARGIN_GIB:g})")
-    group.add_argument("--host-link-gbps", type=float, default=DEFAULT_HOST_LINK_GBPS, metavar="B",
+    group.add_argument("--host-link-gbps", type=GBPS_ABOVE_0, default=DEFAULT_HOST_LINK_GBPS, metavar="B",
                        help=f"host<->GPU bandwidth per direction in GB/s (default {DEFAULT_HOST_LINK_GBPS:g}, PCIe Gen5 x16)")
-    group.add_argument("--host-memory-gbps", type=float, default=H200_HOST_MEMORY_GBPS, metavar="B",
+    group.add_argument("--host-memory-gbps", type=GBPS_ABOVE_0, default=H200_HOST_MEMORY_GBPS, metavar="B",
                        help=f"host memory bandwidth per node in GB/s that the cores reach, which the CPU Adam of all "
                             f"its ranks shares (default {H200_HOST_MEMORY_GBPS:g}, the project's 16-core H200 host; "
                             "scripts/measure_host.py measures yours)")
-    group.add_argument("--host-memory-total-gbps", type=float, default=H200_HOST_MEMORY_TOTAL_GBPS, metavar="B",
+    group.add_argument("--host-memory-total-gbps", type=GBPS_ABOVE_0, default=H200_HOST_MEMORY_TOTAL_GBPS, metavar="B",
                        help="host memory bandwidth per node in GB/s for all traffic, the copies' DMA with the cores' "
                             f"work (default {H200_HOST_MEMORY_TOTAL_GBPS:g}, the best measured on the H200 host; "
                             "scripts/measure_host.py measures yours as host_memory_total_gbps)")
-    group.add_argument("--step-time-budget-s", type=float, metavar="S",
+    group.add_argument("--step-time-budget-s", type=SECONDS_ABOVE_0, metavar="S",
                        help="refuse when the offload work alone (copies and CPU Adam) needs longer than S seconds "
                             "per step")
 

@@ -13,7 +13,12 @@ def host_memory_available_gib() -> float | None:
 
 
 def gpu_memory_gib_here() -> float | None:
-    """Memory of this machine's first GPU, or None without a usable one."""
+    """Memory of this machine's first GPU, or None without a usable one (torch is imported only where an
+    NVIDIA device exists: a plan on a machine without one answers without that import)."""
+    import glob
+
+    if not glob.glob("/dev/nvidia[0-9]*") and not glob.glob("/dev/dxg"):
+        return None
     try:
         import torch
 

@@ -93,6 +93,8 @@ def plan_with_recommendation(cfg, num_gpus: int, fraction: float | None = None, 
     """plan() plus its recommendation (the smallest fitting fraction, or what would fit), and, where the
     host does not fit, the largest fraction it holds."""
     result = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+    if result.unplanned:
+        return result
     result = dataclasses.replace(result, recommendation=recommend(cfg, num_gpus, **kwargs))
     if result.fits_host is False:
         largest, at_largest = largest_host_fitting_fraction(cfg, num_gpus, **kwargs)

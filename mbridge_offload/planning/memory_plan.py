@@ -107,6 +107,7 @@ class Plan:
     recommendation: str = ""
     notes: tuple[str, ...] = ()
     stages: tuple[StagePlan, ...] = ()  # per pipeline stage
+    unplanned: str = ""  # why no plan was made (sizes out of their ranges: the validation reports them)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,6 +141,41 @@ def _offloaded(shards: list[tuple[Tensor, int]], fraction: float) -> list[tuple[
     return out
 
 
+def unplannable(cfg, num_gpus: Any, fraction: Any = None) -> str:
+    """Why ``cfg`` cannot be planned ("" when it can): a size the planner divides by or counts over is out of
+    its range (facts.key_ranges), the GPU count is not a whole number >= 1, or the fraction not from 0 to 1.
+    The planner then answers with an empty plan that says so instead of dividing by zero or counting to
+    10**11; the validator reports each key."""
+    from mbridge_offload.facts.key_ranges import KEY_RANGES, is_count, is_number
+
+    if not is_count(num_gpus, 1):
+        return f"the GPU count {num_gpus!r} is not a whole number >= 1"
+    if fraction is not None and not (is_number(fraction) and 0 <= fraction <= 1):
+        return f"the offload fraction {fraction!r} is not a number from 0 to 1"
+    try:
+        bad = [r.key for r in KEY_RANGES if not r.holds(cfg)]
+    except Exception as error:  # noqa: BLE001 - a config the ranges cannot read is no config to plan
+        return f"the config cannot be read ({type(error).__name__}: {error})"
+    if bad:
+        return f"{', '.join(dict.fromkeys(bad))} out of range (see the validation report)"
+    return ""
+
+
+def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib: float | None, margin_gib: float,
+                host_margin_gib: float, host_link_gbps: float, host_memory_gbps: float,
+                host_memory_total_gbps: float, host_memory_source: str) -> Plan:
+    return Plan(num_gpus=num_gpus if isinstance(num_gpus, int) else 0, fraction=0.0, gpu_memory_gib=gpu_memory_gib,
+                host_memory_gib=host_memory_gib, margin_gib=margin_gib, host_margin_gib=host_margin_gib,
+                params_per_rank=0, optimizer_params_per_rank=0, offloaded_params_per_rank=0, weights_bytes_gpu=0,
+                grads_bytes_gpu=0, optimizer_bytes_gpu=0, state_bytes_gpu=0, activation_bytes_gpu=0,
+                total_bytes_gpu=0, offloaded_bytes_host_per_rank=0, pinned_bytes_host_per_rank=0,
+                host_bytes_per_node=0, host_peak_bytes_per_node=0, ranks_per_node=0, transfer_bytes_per_step=0,
+                transfer_time_lower_bound_s=0.0, host_link_gbps=host_link_gbps, offload_time_lower_bound_s=0.0,
+                offload_time_bound_by="", host_memory_gbps=host_memory_gbps,
+                host_memory_total_gbps=host_memory_total_gbps, fits_gpu=True, fits_host=None,
+                host_memory_source=host_memory_source, notes=(f"not planned: {why}",), unplanned=why)
+
+
 def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
          host_memory_gib: float | None = None, margin_gib: float = DEFAULT_MARGIN_GIB,
          host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None,
@@ -150,6 +186,10 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     m, opt = cfg.model, cfg.optimizer
     if fraction is None:
         fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0
+    why = unplannable(cfg, num_gpus, fraction)
+    if why:
+        return _empty_plan(num_gpus, why, gpu_memory_gib, host_memory_gib, margin_gib, host_margin_gib, host_link_gbps,
+                           host_memory_gbps, host_memory_total_gbps, host_memory_source)
     sizes = ParallelSizes.of(m, num_gpus)
     distributed = bool(opt.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer)
     grad_bytes = 4 if getattr(cfg.ddp, "grad_reduce_in_fp32", True) else 2

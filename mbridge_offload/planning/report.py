@@ -12,6 +12,8 @@ from mbridge_offload.validation.problem import Problem
 
 
 def format_plan(p: Plan) -> str:
+    if p.unplanned:
+        return f"  not planned: {p.unplanned}"
     def g(n: int) -> str:
         return f"{n / GIB:.2f} GiB"
 
@@ -65,6 +67,8 @@ def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[Problem]:
     """What the plan refuses, as problems of source "planner": host overflow and the offload-time budget
     are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
     problems = []
+    if p.unplanned:
+        return problems
     if p.fits_host is False:
         problems.append(Problem(
             rule_id="memory/host-fit", key=FRACTION_KEY,

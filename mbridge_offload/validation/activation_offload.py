@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import CPU_OFFLOADING_NUM_LAYERS, fixed
 from mbridge_offload.validation.fine_grained import fine_grained_on
+from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import ACTIVATION, Context, Rule
 
 
@@ -11,7 +12,7 @@ def activation_offload_on(ctx: Context) -> bool:
     return bool(ctx.model.cpu_offloading)
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = guarded(
     Rule.of_range(ACTIVATION, CPU_OFFLOADING_NUM_LAYERS),
     Rule(id="activation-offload/pipeline-parallel", mechanism=ACTIVATION, key="model.pipeline_model_parallel_size",
          text="layer-level activation offload needs pipeline parallel size 1",

@@ -12,7 +12,8 @@ between save and resume (different state layouts)."""
 from __future__ import annotations
 
 from mbridge_offload.facts.checkpoint_dir import latest_iteration_dir
-from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.facts.key_ranges import fixed, is_number
+from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import CHECKPOINT, Context, Rule
 
 
@@ -32,7 +33,7 @@ def _saved(ctx: Context, name: str):
 
 
 def _effective_fraction(offload, fraction) -> float:
-    return float(fraction or 0.0) if offload else 0.0
+    return float(fraction) if offload and is_number(fraction) else 0.0
 
 
 def _fraction_now(ctx: Context) -> float:
@@ -43,7 +44,7 @@ def _fraction_saved(ctx: Context) -> float:
     return _effective_fraction(_saved(ctx, "optimizer_cpu_offload"), _saved(ctx, "optimizer_offload_fraction"))
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = guarded(
     Rule(id="checkpoint/offload-turned-on", mechanism=CHECKPOINT, key="optimizer.optimizer_cpu_offload",
          text="a checkpoint saved without optimizer offload cannot be resumed with it (the hybrid optimizer "
               "needs a master copy of each parameter that such a checkpoint lacks)",

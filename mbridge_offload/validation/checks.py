@@ -2,8 +2,9 @@
 
 All problems are reported at once, each with the dotted key, its current value, the rule and a fix
 to paste. Upstream ``ConfigContainer.validate()`` stops at its first error and mutates what it
-checks, so it runs on a copy (``upstream.py``), and its error is translated into the same form (and
-dropped when it repeats a problem the rule table already reported).
+checks: its checks are rules of the table (``upstream_rules.py``), so they all show at once; then it runs
+on a copy (``upstream.py``), and its error is translated into the same form (and dropped when it repeats a
+problem the rule table already reported).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Mapping
 from mbridge_offload.validation.problem import Problem, Report
 from mbridge_offload.validation.registry import RULES
 from mbridge_offload.validation.rule import Context
-from mbridge_offload.validation.upstream import translate_upstream, upstream_error
+from mbridge_offload.validation.upstream import translate_upstream, upstream_failure
 
 
 def check_rules(ctx: Context) -> list[Problem]:
@@ -32,9 +33,9 @@ def validate(cfg: Any, num_gpus: int, environ: Mapping[str, str] | None = None,
     ctx = Context(cfg=cfg, num_gpus=num_gpus, environ=dict(os.environ if environ is None else environ))
     problems = check_rules(ctx)
     if upstream:
-        message = upstream_error(cfg, num_gpus, ctx.environ)
-        if message is not None:
-            translated = translate_upstream(message, cfg, ctx)
+        failure = upstream_failure(cfg, num_gpus, ctx.environ)
+        if failure is not None:
+            translated = translate_upstream(failure, cfg, ctx)
             already = {p.rule_id for p in problems}
             if not translated.rule_id or translated.rule_id not in already:
                 problems.append(translated)

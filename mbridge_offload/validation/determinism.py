@@ -6,6 +6,7 @@ from __future__ import annotations
 from mbridge_offload.facts.config_tree import show
 from mbridge_offload.facts.determinism import CUBLAS_WORKSPACE_CHOICES, DETERMINISTIC_ENV, NCCL_ALGO_CHOICES
 from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import DETERMINISM, Context, Rule
 
 
@@ -24,7 +25,7 @@ def _env_rule(name: str, choices: tuple[str, ...], why: str) -> Rule:
                 observed=lambda c: f"{show(c.env(name))} (environment variable)")
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = guarded(
     Rule(id="deterministic/cross-entropy-fusion", mechanism=DETERMINISM, key="model.cross_entropy_loss_fusion",
          text="deterministic mode needs the unfused cross entropy (the fused kernel is not deterministic)",
          applies=deterministic_mode_on, holds=lambda c: not getattr(c.model, "cross_entropy_loss_fusion", False),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.fine_grained import fine_grained_on
+from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import ENVIRONMENT, Context, Rule
 
 
@@ -23,7 +24,7 @@ def _resiliency_features(ctx: Context) -> list[str]:
     return used
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = guarded(
     Rule(id="env/transformer-engine", mechanism=ENVIRONMENT, key="model.transformer_impl",
          text="transformer_impl=transformer_engine (and every activation offload) needs Transformer Engine importable",
          applies=lambda c: (c.model.transformer_impl == "transformer_engine" or activation_offload_on(c)

@@ -6,6 +6,7 @@ from mbridge_offload.facts.config_tree import show
 from mbridge_offload.facts.key_ranges import (ACTIVATION_OFFLOAD_FRACTION, DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS,
                                               MIN_OFFLOADED_TENSOR_SIZE, OFFLOAD_MODULES_KNOWN, fixed,
                                               offload_modules)
+from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.installed import version_tuple
 from mbridge_offload.validation.rule import FINE_GRAINED, Context, Rule
 
@@ -21,12 +22,17 @@ def _modules(ctx: Context) -> set[str]:
     return offload_modules(ctx.cfg)
 
 
+def _recompute_modules(ctx: Context) -> list[str]:
+    modules = ctx.model.recompute_modules or []
+    return [modules] if isinstance(modules, str) else [str(m) for m in modules]
+
+
 def _nvte_v1_needed(ctx: Context) -> bool:
     te = ctx.installed_te
     return fine_grained_on(ctx) and te not in (None, "unknown") and version_tuple(te) >= (2, 10, 0)
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = guarded(
     Rule.of_range(FINE_GRAINED, OFFLOAD_MODULES_KNOWN),
     Rule.of_range(FINE_GRAINED, ACTIVATION_OFFLOAD_FRACTION),
     Rule.of_range(FINE_GRAINED, MIN_OFFLOADED_TENSOR_SIZE),
@@ -61,9 +67,9 @@ RULES: tuple[Rule, ...] = (
     Rule(id="fine-grained/not-inside-moe-recompute", mechanism=FINE_GRAINED, key="model.recompute_modules",
          text="MoE-internal modules cannot be offloaded while selective recompute wraps the whole MoE layer",
          applies=lambda c: fine_grained_on(c) and c.model.recompute_granularity == "selective"
-         and "moe" in (c.model.recompute_modules or []) and bool(_modules(c) & MOE_MODULES),
+         and "moe" in _recompute_modules(c) and bool(_modules(c) & MOE_MODULES),
          holds=lambda c: False,
-         fix=lambda c: "model.recompute_modules=[" + ",".join(m for m in c.model.recompute_modules if m != "moe") + "]",
+         fix=lambda c: "model.recompute_modules=[" + ",".join(m for m in _recompute_modules(c) if m != "moe") + "]",
          fix_text="remove moe from model.recompute_modules"),
     Rule(id="fine-grained/cuda-graphs", mechanism=FINE_GRAINED, key="model.cuda_graph_impl",
          text="with CUDA graphs, fine-grained offload needs cuda_graph_impl none, transformer_engine or "

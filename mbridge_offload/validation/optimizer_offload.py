@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes  # the planner's bytes per element: one notion of "below fp32"
-from mbridge_offload.facts.key_ranges import OPTIMIZER_OFFLOAD_FRACTION, fixed
+from mbridge_offload.facts.key_ranges import OPTIMIZER_OFFLOAD_FRACTION, fixed, is_number
+from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
 PRECISION_AWARE_DTYPES = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")
@@ -23,7 +24,13 @@ def _lower_precision_states(ctx: Context) -> bool:
     return any(dtype_bytes(getattr(ctx.opt, name)) < 4 for name in PRECISION_AWARE_DTYPES)
 
 
-RULES: tuple[Rule, ...] = (
+def _fraction(ctx: Context) -> float | None:
+    """The offload fraction when it is a number (its range rule reports anything else)."""
+    value = ctx.opt.optimizer_offload_fraction
+    return value if is_number(value) else None
+
+
+RULES: tuple[Rule, ...] = guarded(
     Rule.of_range(OPTIMIZER, OPTIMIZER_OFFLOAD_FRACTION),
     Rule(id="optimizer-offload/distributed-optimizer", mechanism=OPTIMIZER, key="optimizer.use_distributed_optimizer",
          text="optimizer offload needs the distributed optimizer (HybridDeviceOptimizer works on its shard)",
@@ -40,12 +47,12 @@ RULES: tuple[Rule, ...] = (
          fix=fixed("optimizer.decoupled_weight_decay=True")),
     Rule(id="optimizer-offload/fraction-zero", mechanism=OPTIMIZER, key="optimizer.optimizer_offload_fraction",
          text="with optimizer offload on and fraction 0 nothing is offloaded, yet the hybrid optimizer runs",
-         applies=optimizer_offload_on, holds=lambda c: c.opt.optimizer_offload_fraction > 0.0,
+         applies=lambda c: optimizer_offload_on(c) and _fraction(c) is not None, holds=lambda c: _fraction(c) > 0.0,
          fix=fixed("optimizer.optimizer_offload_fraction=0.5  (or optimizer.optimizer_cpu_offload=False)"),
          severity="warning"),
     Rule(id="optimizer-offload/fraction-ignored", mechanism=OPTIMIZER, key="optimizer.optimizer_cpu_offload",
          text="optimizer_offload_fraction > 0 has no effect while optimizer_cpu_offload is False",
-         applies=lambda c: not optimizer_offload_on(c) and c.opt.optimizer_offload_fraction > 0.0,
+         applies=lambda c: not optimizer_offload_on(c) and (_fraction(c) or 0.0) > 0.0,
          holds=lambda c: False,
          fix=fixed("optimizer.optimizer_cpu_offload=True  (or optimizer.optimizer_offload_fraction=0)"),
          severity="warning"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
-from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.validation.rule import PARALLELISM, Context, Rule, always
+from mbridge_offload.facts.key_ranges import GRID_RANGES, fixed, grid_sane
+from mbridge_offload.validation.guard import gpus_ok, guarded, sane
+from mbridge_offload.validation.rule import PARALLELISM, Context, Rule
 
 
 def _divisors(n: int) -> list[int]:
@@ -73,26 +74,27 @@ def _fix_seq_length_cp(ctx: Context) -> str:
     return f"--seq-length {math.ceil(ctx.model.seq_length / unit) * unit}"
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = guarded(
+    *(Rule.of_range(PARALLELISM, key_range) for key_range in GRID_RANGES),
     Rule(id="parallel/world-size", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
          text="the GPU count must be a multiple of TP x PP x CP",
-         applies=always, holds=lambda c: c.dp is not None, observed=_grid,
+         applies=lambda c: grid_sane(c.cfg), holds=lambda c: gpus_ok(c) and c.dp is not None, observed=_grid,
          fix=_fix_world, fix_text="--num-gpus <multiple of TP*PP*CP>, or smaller TP/PP/CP"),
     Rule(id="parallel/layers-per-stage", mechanism=PARALLELISM, key="model.pipeline_model_parallel_size",
          text="model.num_layers must be divisible by the pipeline parallel size",
-         applies=lambda c: c.model.pipeline_model_parallel_size > 1 and not _uneven_pipeline(c),
+         applies=sane(lambda c: c.model.pipeline_model_parallel_size > 1 and not _uneven_pipeline(c)),
          holds=lambda c: c.model.num_layers % c.model.pipeline_model_parallel_size == 0,
          observed=lambda c: f"{c.model.pipeline_model_parallel_size} (model.num_layers={c.model.num_layers})",
          fix=_fix_pp, fix_text="model.pipeline_model_parallel_size=<divisor of num_layers>"),
     Rule(id="parallel/global-batch", mechanism=PARALLELISM, key="train.global_batch_size",
          text="train.global_batch_size must be divisible by micro_batch_size x data-parallel size",
-         applies=lambda c: c.dp is not None, holds=lambda c: c.cfg.train.global_batch_size % _batch_unit(c) == 0,
+         applies=sane(lambda c: c.dp is not None), holds=lambda c: c.cfg.train.global_batch_size % _batch_unit(c) == 0,
          observed=lambda c: (f"{c.cfg.train.global_batch_size} (micro batch {c.cfg.train.micro_batch_size} "
                              f"x DP {c.dp} = {_batch_unit(c)})"),
          fix=_fix_global_batch, fix_text="train.global_batch_size=<multiple of micro_batch_size*DP>"),
     Rule(id="parallel/heads-per-tp", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
          text="attention heads and query groups must be divisible by the tensor parallel size",
-         applies=always,
+         applies=sane(lambda c: True),
          holds=lambda c: c.model.num_attention_heads % c.model.tensor_model_parallel_size == 0
          and (c.model.num_query_groups or c.model.num_attention_heads) % c.model.tensor_model_parallel_size == 0,
          observed=lambda c: (f"{c.model.tensor_model_parallel_size} (heads {c.model.num_attention_heads}, "
@@ -100,12 +102,12 @@ RULES: tuple[Rule, ...] = (
          fix=_fix_tp_heads, fix_text="model.tensor_model_parallel_size=<divisor of the query groups>"),
     Rule(id="parallel/experts-per-ep", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="model.num_moe_experts must be divisible by the expert parallel size",
-         applies=lambda c: c.num_experts > 0, holds=lambda c: c.num_experts % c.model.expert_model_parallel_size == 0,
+         applies=sane(lambda c: c.num_experts > 0), holds=lambda c: c.num_experts % c.model.expert_model_parallel_size == 0,
          observed=lambda c: f"{c.model.expert_model_parallel_size} (experts {c.num_experts})",
          fix=_fix_ep, fix_text="model.expert_model_parallel_size=<divisor of num_moe_experts>"),
     Rule(id="parallel/expert-grid", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="EP x expert TP must divide the GPUs of one pipeline stage (GPUs / PP)",
-         applies=lambda c: c.num_experts > 0 and c.num_gpus % c.model.pipeline_model_parallel_size == 0,
+         applies=sane(lambda c: c.num_experts > 0 and c.num_gpus % c.model.pipeline_model_parallel_size == 0),
          holds=lambda c: (c.num_gpus // c.model.pipeline_model_parallel_size)
          % (c.model.expert_model_parallel_size * c.model.expert_tensor_parallel_size) == 0,
          observed=lambda c: (f"EP{c.model.expert_model_parallel_size} x ETP{c.model.expert_tensor_parallel_size} "
@@ -113,11 +115,11 @@ RULES: tuple[Rule, ...] = (
          fix=_fix_ep, fix_text="model.expert_model_parallel_size=<divisor of GPUs/PP>"),
     Rule(id="parallel/ep-needs-experts", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="expert parallelism needs an MoE model (model.num_moe_experts set)",
-         applies=lambda c: c.model.expert_model_parallel_size > 1, holds=lambda c: c.num_experts > 0,
+         applies=sane(lambda c: c.model.expert_model_parallel_size > 1), holds=lambda c: c.num_experts > 0,
          fix=fixed("model.expert_model_parallel_size=1")),
     Rule(id="parallel/seq-length-match", mechanism=PARALLELISM, key="dataset.seq_length",
          text="dataset.seq_length must equal model.seq_length",
-         applies=lambda c: hasattr(c.cfg.dataset, "seq_length"),
+         applies=sane(lambda c: hasattr(c.cfg.dataset, "seq_length")),
          holds=lambda c: c.cfg.dataset.seq_length == c.model.seq_length,
          observed=lambda c: f"{c.cfg.dataset.seq_length} (model.seq_length={c.model.seq_length})",
          fix=lambda c: (f"dataset.seq_length={c.model.seq_length}  "
@@ -125,7 +127,7 @@ RULES: tuple[Rule, ...] = (
          fix_text="set both model.seq_length and dataset.seq_length (--seq-length N)"),
     Rule(id="parallel/seq-length-cp", mechanism=PARALLELISM, key="model.seq_length",
          text="with context parallelism, seq_length must be divisible by 2 x CP",
-         applies=lambda c: c.model.context_parallel_size > 1,
+         applies=sane(lambda c: c.model.context_parallel_size > 1),
          holds=lambda c: c.model.seq_length % (2 * c.model.context_parallel_size) == 0,
          fix=_fix_seq_length_cp, fix_text="--seq-length <multiple of 2*CP>"),
 )

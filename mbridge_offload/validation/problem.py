@@ -16,8 +16,15 @@ class Problem:
     severity: str = "error"
     rule_id: str = ""
     source: str = "plugin"  # "plugin" (rule table) or "upstream" (ConfigContainer.validate)
+    origin: str = ""  # an upstream message with no rule: where it came from ("upstream: <function> / <section>")
 
     def format(self) -> str:
+        if not self.rule_id and self.origin:  # upstream's own words, whole: no rule of ours states it
+            head = f"{self.severity.upper():7} [{self.origin}]" + (f" {self.key} = {self.value}" if self.key else "")
+            said = "\n                  ".join(self.rule.strip().splitlines())
+            return (f"{head}\n"
+                    f"        upstream: {said}\n"
+                    f"        fix:  {self.fix}")
         tag = self.rule_id or self.source
         return (f"{self.severity.upper():7} [{tag}] {self.key} = {self.value}\n"
                 f"        rule: {self.rule}\n"

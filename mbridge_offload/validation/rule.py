@@ -25,7 +25,8 @@ PARALLELISM = "parallelism"
 ENVIRONMENT = "environment"
 DETERMINISM = "deterministic mode"
 CHECKPOINT = "checkpoint resume"
-MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT, DETERMINISM, CHECKPOINT)
+RUNTIME = "runtime failure (diagnose only)"  # rules read from a run's log by diagnose.py, never from a config
+MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT, DETERMINISM, CHECKPOINT, RUNTIME)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Rule:
     severity: str = "error"  # "error" blocks a launch, "warning" is reported only
     observed: Callable[[Context], str] | None = None  # the value to show, when not the key's own
     fix_text: str = ""  # the fix in the docs table, where ``fix`` depends on the config
+    log_signatures: tuple[str, ...] = ()  # regexes of log lines that show this rule broken (diagnose.py)
 
     @classmethod
     def of_range(cls, mechanism: str, key_range: KeyRange) -> "Rule":

@@ -1,28 +1,40 @@
 """Upstream ``ConfigContainer.validate()`` (via ``runtime_config_update``), run on a copy in an isolated
 process state, and its error translated into a ``Problem``: the rule of the table that states the same
-constraint (with its fix), else the config key the message is about."""
+constraint (with its fix), found by the site that raised it (``upstream_rules.SITES``, for the checks of
+``megatron.bridge.training.config``) or by its words (``_UPSTREAM_TO_RULE``, for checks that validate()
+reaches elsewhere, e.g. TransformerConfig's); else upstream's message whole, with the section and function
+it came from and the config key it names, if any."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import io
+import linecache
 import os
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from mbridge_offload.facts.config_tree import KeyPathError, get_path, show, walk
 from mbridge_offload.validation.problem import Problem
 from mbridge_offload.validation.registry import RULES_BY_ID
-from mbridge_offload.validation.rule import Context
+from mbridge_offload.validation.rule import Context, Rule
+from mbridge_offload.validation.upstream_rules import UNREACHABLE, site_target
 
-# Upstream messages -> the rule that states the same constraint (its fix is used).
+# Upstream messages raised outside megatron.bridge.training.config (TransformerConfig.__post_init__, reached
+# through model.finalize()) -> the rule that states the same constraint (its fix is used). The checks of
+# that module itself are mapped by their site: upstream_rules.SITES.
 _UPSTREAM_TO_RULE: tuple[tuple[str, str], ...] = (
     (r"CPU offloading can be done only for layers less than", "activation-offload/num-layers-range"),
     (r"no support for Pipeline parallelism with CPU offloading", "activation-offload/pipeline-parallel"),
     (r"CPU offloading does not work when activation recomputation", "activation-offload/recompute"),
     (r"CUDA graphs not supported with CPU offloading", "activation-offload/cuda-graphs"),
+    (r"Only one of self\.fp16: .* and self\.bf16 .* should be True", "precision/model-bf16-or-fp16"),
+    (r"Using recompute_granularity: full so recompute_method must be", "recompute/full-needs-method"),
+    (r"When using recompute_granularity: full recompute_num_layers must be between", "recompute/full-needs-num-layers"),
+    (r"When using recompute_granularity: selective recompute_num_layers must be None", "recompute/selective-no-num-layers"),
     (r"fine_grained_activation_offloading cannot be enabled with cpu_offloading", "activation-offload/not-with-fine-grained"),
     (r"NVTE_CPU_OFFLOAD_V1", "fine-grained/nvte-cpu-offload-v1"),
     (r"Fine-grained activation offloading is only supported with transformer_engine", "fine-grained/transformer-engine"),
@@ -31,28 +43,29 @@ _UPSTREAM_TO_RULE: tuple[tuple[str, str], ...] = (
     (r"fused_group_mlp", "fine-grained/fused-group-mlp"),
     (r"activation_offload_fraction must be in range", "fine-grained/fraction-range"),
     (r"min_offloaded_tensor_size must be non-negative", "fine-grained/min-tensor-size"),
-    (r"world size \(\d+\) is not divisible by total_model_size", "parallel/world-size"),
-    (r"Sequence length in model config", "parallel/seq-length-match"),
     (r"num_attention_heads .*must be a multiple of tensor_model_parallel_size|"
      r"num_query_groups .*must be a multiple of tensor_model_parallel_size", "parallel/heads-per-tp"),
     (r"num_moe_experts .* must be a multiple of expert_model_parallel_size", "parallel/experts-per-ep"),
     (r"Sequence length must be divisible by 2 \* context parallel size", "parallel/seq-length-cp"),
-    (r"Cross Entropy Fusion is currently not deterministic", "deterministic/cross-entropy-fusion"),
-    (r"NCCL_ALGO must be one of", "deterministic/nccl-algo"),
 )
 
 # Upstream messages with no rule of ours: the key they are about and the fix.
 _UPSTREAM_KEYS: tuple[tuple[str, str, str], ...] = (
-    (r"eval_global_batch_size", "validation.eval_global_batch_size",
-     "validation.eval_global_batch_size=<multiple of eval_micro_batch_size x DP>"),
     (r"main_grads_dtype|main_params_dtype|exp_avg_dtype|exp_avg_sq_dtype", "optimizer.use_precision_aware_optimizer",
      "optimizer.use_precision_aware_optimizer=True  (or set the optimizer dtypes back to float32)"),
     (r"use-precision-aware-optimizer", "optimizer.use_precision_aware_optimizer",
      "optimizer.use_precision_aware_optimizer=False"),
-    (r"bf16=True and fp16=True", "mixed_precision", "mixed_precision=bf16_mixed"),
-    (r"lr_warmup|lr_decay|warmup", "scheduler.lr_warmup_iters",
-     "scheduler.lr_warmup_iters=<fewer than train.train_iters>"),
 )
+
+
+@dataclass(frozen=True)
+class UpstreamFailure:
+    """What upstream's validation raised, and where."""
+
+    message: str
+    site_text: str | None = None  # the normalized text of the site of megatron.bridge.training.config that raised
+    where: str = "ConfigContainer.validate"  # "<function chain> / <section>", for a message left untranslated
+    section: str = ""
 
 
 def _config_fields(cfg: Any) -> Iterator[str]:
@@ -61,34 +74,114 @@ def _config_fields(cfg: Any) -> Iterator[str]:
     return (key for key, _, _ in walk(cfg, levels=3, into_dict=lambda key: False, private=True))
 
 
-def translate_upstream(message: str, cfg: Any, ctx: Context) -> Problem:
-    """An upstream error message as a Problem: the rule it matches, else the key it names."""
-    first_line = message.strip().splitlines()[0] if message.strip() else "(no message)"
+def _from_rule(rule: Rule, ctx: Context, first_line: str) -> Problem:
+    try:
+        value = rule.value(ctx)
+    except (KeyPathError, AttributeError, TypeError, ZeroDivisionError, ValueError):
+        try:
+            value = show(get_path(ctx.cfg, rule.key))
+        except (KeyPathError, AttributeError, TypeError):
+            value = "(unset)"
+    try:
+        fix = rule.fix(ctx)
+    except (KeyPathError, AttributeError, TypeError, ZeroDivisionError, ValueError):
+        fix = ""
+    fix = fix or rule.fix_text or f"set {rule.key} so that: {rule.text}"
+    return Problem(key=rule.key, value=value, rule=f"{rule.text} (upstream: {first_line})", fix=fix,
+                   severity="error", rule_id=rule.id, source="upstream")
+
+
+def rule_for(failure: UpstreamFailure) -> str | None:
+    """The id of the rule stating the constraint upstream refused: by the site that raised, else by words."""
+    if failure.site_text is not None:
+        target = site_target(failure.site_text)
+        if target and not target.startswith(UNREACHABLE) and target in RULES_BY_ID:
+            return target
     for pattern, rule_id in _UPSTREAM_TO_RULE:
-        if re.search(pattern, message):
-            rule = RULES_BY_ID[rule_id]
-            try:
-                value = rule.value(ctx)
-                fix = rule.fix(ctx)
-            except (KeyPathError, AttributeError, TypeError, ZeroDivisionError):
-                value, fix = "?", rule.fix_text or "see the rule"
-            return Problem(key=rule.key, value=value, rule=f"{rule.text} (upstream: {first_line})", fix=fix,
-                           severity="error", rule_id=rule_id, source="upstream")
+        if re.search(pattern, failure.message):
+            return rule_id
+    return None
+
+
+def translate_upstream(message: str | UpstreamFailure, cfg: Any, ctx: Context) -> Problem:
+    """An upstream error as a Problem: the rule it matches, else upstream's words whole, with where they
+    came from and the key they name."""
+    failure = message if isinstance(message, UpstreamFailure) else UpstreamFailure(message, *_site_of_text(message))
+    text = failure.message.strip() or "(no message)"
+    first_line = text.splitlines()[0]
+    rule_id = rule_for(failure)
+    if rule_id is not None:
+        return _from_rule(RULES_BY_ID[rule_id], ctx, first_line)
     key, fix = "", ""
     for pattern, upstream_key, upstream_fix in _UPSTREAM_KEYS:
-        if re.search(pattern, message):
+        if re.search(pattern, text):
             key, fix = upstream_key, upstream_fix
             break
     if not key:  # name the longest config field that the message mentions
-        mentioned = [k for k in _config_fields(cfg) if re.search(rf"\b{re.escape(k.rsplit('.', 1)[-1])}\b", message)]
-        key = max(mentioned, key=lambda k: len(k.rsplit(".", 1)[-1]), default="(config)")
-        fix = f"change {key} as the rule says" if mentioned else "see the rule"
-    try:
-        value = show(get_path(cfg, key))
-    except KeyPathError:
-        value = "?"
-    return Problem(key=key, value=value, rule=f"upstream ConfigContainer.validate(): {first_line}", fix=fix,
-                   severity="error", rule_id="", source="upstream")
+        mentioned = [k for k in _config_fields(cfg) if re.search(rf"\b{re.escape(k.rsplit('.', 1)[-1])}\b", text)]
+        if failure.section and any(k.startswith(failure.section + ".") for k in mentioned):
+            mentioned = [k for k in mentioned if k.startswith(failure.section + ".")]
+        key = max(mentioned, key=lambda k: len(k.rsplit(".", 1)[-1]), default="")
+        fix = (f"change {key} as upstream's message says" if key else
+               f"change what upstream's message names (raised in {failure.where})")
+    value = ""
+    if key:
+        try:
+            value = show(get_path(cfg, key))
+        except KeyPathError:
+            value = ""
+    return Problem(key=key, value=value, rule=text, fix=fix, severity="error", rule_id="", source="upstream",
+                   origin=f"upstream: {failure.where}")
+
+
+def _site_of_text(message: str) -> tuple[str | None, str, str]:
+    """(site text, where, section) of a message known only by its words."""
+    from mbridge_offload.validation.upstream_sites import site_for_message
+
+    site = site_for_message(message.strip())
+    if site is None:
+        return None, "ConfigContainer.validate", ""
+    return site.text, _where(site.function, site.section), site.section
+
+
+def _where(function: str, section: str) -> str:
+    chain = function if function.startswith("ConfigContainer.validate") else f"ConfigContainer.validate -> {function}"
+    if function == "runtime_config_update" or function == "apply_environment_variables":
+        chain = f"runtime_config_update -> {function}" if function != "runtime_config_update" else function
+    return f"{chain} / {section}" if section else chain
+
+
+def _failure_from(error: BaseException) -> UpstreamFailure:
+    """Where in upstream's code ``error`` was raised: the site of the config module (when it raised there),
+    the chain of functions (``ConfigContainer.validate -> SchedulerConfig.finalize``) and the config section."""
+    from mbridge_offload.validation.upstream_sites import function_at, section_of, site_at
+
+    message = str(error) or type(error).__name__
+    frames = []  # (qualified name, file, line, in the config module) from the outermost call in
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        in_config = function_at(code.co_filename, tb.tb_lineno) is not None
+        frames.append((getattr(code, "co_qualname", code.co_name), code.co_filename, tb.tb_lineno, in_config))
+        tb = tb.tb_next
+    config_frames = [f for f in frames if f[3]]
+    if not config_frames:
+        return UpstreamFailure(message, None, "ConfigContainer.validate", "")
+    chain = [f[0] for f in config_frames]
+    if len(chain) > 1 and chain[0] == "runtime_config_update":
+        chain = chain[1:]
+    name, filename, lineno, _ = config_frames[-1]
+    if frames[-1][3]:  # raised by a check of the config module itself
+        site = site_at(filename, lineno)
+        section = section_of(name)
+        where = " -> ".join(chain) + (f" / {section}" if section else "")
+        return UpstreamFailure(message, site.text if site else None, where, section)
+    # raised further down (a section's own __post_init__, e.g. TransformerConfig's via model.finalize())
+    line = linecache.getline(filename, lineno)
+    call = re.search(r"(?:self|cfg|config)\.(\w+)\.\w+\(", line)
+    section = call.group(1) if call else section_of(name)
+    where = " -> ".join([*chain, frames[-1][0]]) + (f" / {section}" if section else "")
+    return UpstreamFailure(message, None, where, section)
 
 
 @contextlib.contextmanager
@@ -112,14 +205,21 @@ def _isolated_process_state(num_gpus: int, environ: Mapping[str, str]) -> Iterat
         torch.use_deterministic_algorithms(deterministic)
 
 
-def upstream_error(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> str | None:
-    """Run Megatron Bridge's own pre-launch validation on a copy; its error message, or None."""
+def upstream_failure(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> UpstreamFailure | None:
+    """Run Megatron Bridge's own pre-launch validation on a copy; what it raised and where, or None."""
     from megatron.bridge.training.config import runtime_config_update
 
     trial = copy.deepcopy(cfg)
     with _isolated_process_state(num_gpus, environ):
         try:
             runtime_config_update(trial)
-        except (AssertionError, ValueError, TypeError, RuntimeError, KeyError, AttributeError) as error:
-            return str(error) or type(error).__name__
+        except (AssertionError, ValueError, TypeError, RuntimeError, KeyError, AttributeError,
+                ModuleNotFoundError) as error:
+            return _failure_from(error)
     return None
+
+
+def upstream_error(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> str | None:
+    """Run Megatron Bridge's own pre-launch validation on a copy; its error message, or None."""
+    failure = upstream_failure(cfg, num_gpus, environ)
+    return None if failure is None else failure.message

@@ -1,4 +1,4 @@
-"""The override layer: Hydra grammar, typed conversion, range checks, did-you-mean, purity."""
+"""The override layer: Hydra grammar, typed conversion, did-you-mean, purity; ranges left to the validator."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from overrides import OverrideErrors, apply_overrides
 from overrides.short_flags import to_overrides
 from mbridge_offload.describe import config_diff
+from mbridge_offload.validation import validate
 
 DENSE = "qwen3_1b_proxy_pretrain_config"
 MOE_FG = "qwen3_30b_a3b_proxy_fine_grained_offload_config"
@@ -32,14 +33,10 @@ MALFORMED = (
     [f"{k}={v}" for k in INT_KEYS for v in ("abc", "1.5", "True", "[1,2]")]
     + [f"{k}={v}" for k in FLOAT_KEYS for v in ("abc", "True", "[0.5]", "nan")]
     + [f"{k}={v}" for k in BOOL_KEYS for v in ("maybe", "1", "0.5", "[True]", "yes")]
-    + [  # out of range (rule table), null where not allowed, bad choices
-        "optimizer.optimizer_offload_fraction=1.5", "optimizer.optimizer_offload_fraction=-0.1",
-        "optimizer.optimizer_offload_fraction=2", "optimizer.optimizer_offload_fraction=100",
-        "optimizer.optimizer_offload_fraction=null", "model.activation_offload_fraction=1.01",
-        "model.activation_offload_fraction=-1", "model.cpu_offloading_num_layers=-1",
-        "model.cpu_offloading_num_layers=16", "model.min_offloaded_tensor_size=-1",
-        "model.offload_modules=[foo]", "model.offload_modules=[expert_fc2,moe_act]",
-        "model.offload_modules=expert_fc1", "model.hidden_size=null",
+    + [  # null where not allowed, bad choices
+        "optimizer.optimizer_offload_fraction=null", "model.offload_modules=expert_fc1", "model.hidden_size=null",
+        "optimizer.main_grads_dtype=float64", "model.recompute_method=sometimes", "model.num_layers=null",
+        "model.attention_backend=fast", "rng.seed=null",
         "model.cuda_graph_impl=fast", "model.transformer_impl=te", "model.recompute_granularity=partial",
         "optimizer.main_grads_dtype=float64x", "model.moe_token_dispatcher_type=a2a",
     ]
@@ -79,10 +76,48 @@ def test_malformed_override_is_refused_with_the_key_named(dense, text):
 
 def test_all_errors_of_one_command_are_reported_together(dense):
     texts = ["optimizer.optimizer_offload_fraction=abc", "model.cpu_offload=True", "train.train_iters=x",
-             "optimizer.optimizer_cpu_offload=maybe", "model.activation_offload_fraction=3"]
+             "optimizer.optimizer_cpu_offload=maybe", "model.activation_offload_fraction=[3]"]
     with pytest.raises(OverrideErrors) as caught:
         apply_overrides(dense, texts + ["train.global_batch_size=16"])
     assert [e.text for e in caught.value.errors] == texts
+
+
+def test_a_refusal_carries_the_copy_with_the_other_overrides_applied(dense):
+    before = copy.deepcopy(dense)
+    with pytest.raises(OverrideErrors) as caught:
+        apply_overrides(dense, ["train.train_iters=x", "train.global_batch_size=16", "model.cpu_offload=True",
+                                "model.cpu_offloading=True"])
+    applied = caught.value.applied
+    assert applied is not dense
+    assert applied.train.global_batch_size == 16 and applied.model.cpu_offloading is True
+    assert applied.train.train_iters == dense.train.train_iters
+    assert config_diff(before, dense) == []
+
+
+OUT_OF_RANGE = {  # override -> the rule of the table (facts/key_ranges.py) that refuses it, on the final values
+    "optimizer.optimizer_offload_fraction=1.5": "optimizer-offload/fraction-range",
+    "optimizer.optimizer_offload_fraction=-0.1": "optimizer-offload/fraction-range",
+    "optimizer.optimizer_offload_fraction=100": "optimizer-offload/fraction-range",
+    "model.activation_offload_fraction=1.01": "fine-grained/fraction-range",
+    "model.activation_offload_fraction=-1": "fine-grained/fraction-range",
+    "model.cpu_offloading_num_layers=-1": "activation-offload/num-layers-range",
+    "model.cpu_offloading_num_layers=16": "activation-offload/num-layers-range",
+    "model.min_offloaded_tensor_size=-1": "fine-grained/min-tensor-size",
+    "model.offload_modules=[foo]": "fine-grained/modules-known",
+    "model.offload_modules=[expert_fc2,moe_act]": "fine-grained/modules-known",
+    "model.delta_offload_bytes_across_pp_ranks=-5": "fine-grained/pp-balance",
+}
+
+
+@pytest.mark.parametrize("text", sorted(OUT_OF_RANGE))
+def test_a_value_out_of_range_is_applied_and_the_validator_names_key_value_range_and_fix(dense, text):
+    cfg = apply_overrides(dense, [text])  # applicable: the override layer does not judge ranges
+    key = text.split("=", 1)[0]
+    problems = [p for p in validate(cfg, 1, environ={}, upstream=False).errors if p.rule_id == OUT_OF_RANGE[text]]
+    assert len(problems) == 1, text
+    problem = problems[0]
+    assert problem.key == key and text.split("=", 1)[1].strip("[]").split(",")[0] in problem.value
+    assert problem.rule and problem.fix.startswith(key + "=")
 
 
 def test_values_are_converted_to_the_declared_type(dense):
@@ -118,13 +153,15 @@ def test_override_order_does_not_change_the_result(dense):
 
 
 def test_range_check_reads_the_final_values_whatever_the_order(dense):
-    # 12 layers offloaded is invalid for 16 layers? no: valid; but invalid once num_layers=8, in any order.
+    # 12 layers offloaded is valid for 16 layers, invalid once num_layers=8, in any order of the overrides.
     for texts in (["model.num_layers=8", "model.cpu_offloading_num_layers=12"],
                   ["model.cpu_offloading_num_layers=12", "model.num_layers=8"]):
-        with pytest.raises(OverrideErrors) as caught:
-            apply_overrides(dense, texts)
-        assert caught.value.errors[0].key == "model.cpu_offloading_num_layers"
-        assert "model.cpu_offloading_num_layers=7" in caught.value.errors[0].fix
+        cfg = apply_overrides(dense, texts)
+        problems = [p for p in validate(cfg, 1, environ={}, upstream=False).errors
+                    if p.rule_id == "activation-offload/num-layers-range"]
+        assert [p.key for p in problems] == ["model.cpu_offloading_num_layers"]
+        assert problems[0].value == "12 (model.num_layers=8)"
+        assert "model.cpu_offloading_num_layers=7" in problems[0].fix
 
 
 def test_did_you_mean_uses_real_field_names(dense):

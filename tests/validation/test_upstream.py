@@ -14,13 +14,17 @@ MOE = "qwen3_30b_a3b_pretrain_config"
 
 
 def test_upstream_validate_runs_and_is_translated(built):
-    # Nothing in the rule table covers the eval batch; upstream's check does.
+    # The eval batch check is upstream's, translated into a rule of the table: reported once, with our fix.
     cfg = apply_overrides(built("qwen3_1b_proxy_pretrain_config"), ["validation.eval_global_batch_size=7"])
+    message = upstream_error(cfg, 1, {})
+    assert "eval_global_batch_size (7) must be divisible" in message
+    problem = translate_upstream(message, cfg, Context(cfg, 1, environ={}))
+    assert problem.source == "upstream" and problem.rule_id == "parallel/eval-global-batch"
+    assert problem.key == "validation.eval_global_batch_size" and problem.value.startswith("7 ")
     report = validate(cfg, 1, environ={})
-    assert not report.ok
     (problem,) = report.errors
-    assert problem.source == "upstream" and problem.key == "validation.eval_global_batch_size"
-    assert problem.value == "7" and "eval_global_batch_size (7) must be divisible" in problem.rule
+    assert problem.rule_id == "parallel/eval-global-batch" and problem.source == "plugin"
+    assert problem.fix == "validation.eval_global_batch_size=8"
 
 
 def test_upstream_message_maps_to_our_rule_and_fix(built):

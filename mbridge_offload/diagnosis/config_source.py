@@ -1,0 +1,124 @@
+"""The config a diagnosed run trained, for computing its fix with the planner: the ``run_config.yaml``
+Megatron Bridge saved (in the run folder or a checkpoint beside it), else the recipe and overrides of the
+command line its log starts with. None when neither is there: the fix then stays generic.
+
+A saved run_config.yaml is read without Megatron, as nested mappings that the planner reads by attribute
+(``cfg.model.num_layers``); dtypes saved as ``{_target_: torch.bfloat16}`` become their byte sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mbridge_offload.diagnosis.run_facts import Command
+from mbridge_offload.facts.checkpoint_dir import RUN_CONFIG_FILE, latest_iteration_dir
+
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "uint8": 1,
+                "int8": 1}
+
+
+class SavedConfig(dict):
+    """A run_config.yaml section: a mapping (config_tree's set_path edits it) read by attribute."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        return SavedConfig({key: copy.deepcopy(value, memo) for key, value in self.items()})
+
+
+@dataclass(frozen=True)
+class SavedDtype:
+    """A dtype as run_config.yaml saves it; ``itemsize`` is what facts.dtypes.dtype_bytes reads."""
+
+    name: str
+    itemsize: int
+
+
+def _convert(node: Any) -> Any:
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str) and target.startswith("torch.") and target[6:] in _DTYPE_BYTES:
+            return SavedDtype(target, _DTYPE_BYTES[target[6:]])
+        return SavedConfig({key: _convert(value) for key, value in node.items()})
+    if isinstance(node, list):
+        return [_convert(value) for value in node]
+    return node
+
+
+def load_run_config(path: Path) -> SavedConfig | None:
+    """A run_config.yaml as the planner reads it, or None when it cannot be read as a training config."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        """run_config.yaml may carry Python tags (dtypes, enums): read them as their text."""
+
+    _Loader.add_multi_constructor("", lambda loader, suffix, node: (
+        loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None))
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), dict) for k in ("model", "optimizer", "train")):
+        return None
+    return _convert(data)
+
+
+def find_run_config(run_dir: Path | None) -> Path | None:
+    """run_config.yaml of the run: in its folder, or in the newest checkpoint under it (two levels deep)."""
+    if run_dir is None or not run_dir.is_dir():
+        return None
+    if (run_dir / RUN_CONFIG_FILE).is_file():
+        return run_dir / RUN_CONFIG_FILE
+    candidates = [run_dir] + sorted(child for child in run_dir.iterdir() if child.is_dir())
+    for folder in candidates:
+        newest = latest_iteration_dir(folder)
+        if newest is not None and (newest / RUN_CONFIG_FILE).is_file():
+            return newest / RUN_CONFIG_FILE
+    return None
+
+
+def build_from_command(command: Command) -> Any | None:
+    """The recipe's config with the command's overrides (loads Megatron Bridge); None if that fails."""
+    from overrides import apply_overrides
+    from recipes import registry
+
+    try:
+        recipe = registry.get(command.recipe)
+    except KeyError:
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            cfg = recipe.build()
+            return apply_overrides(cfg, [o for o in command.overrides if not o.endswith("=auto")])
+        except (ValueError, TypeError, AttributeError, KeyError):  # OverrideErrors is a ValueError
+            return None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    cfg: Any
+    source: str  # in words, for the report
+
+
+def run_config(run_dir: Path | None, command: Command | None, build: bool = True) -> RunConfig | None:
+    """The run's config from the best source there is, or None."""
+    saved = find_run_config(run_dir)
+    if saved is not None:
+        cfg = load_run_config(saved)
+        if cfg is not None:
+            return RunConfig(cfg, f"{saved}")
+    if build and command is not None:
+        cfg = build_from_command(command)
+        if cfg is not None:
+            return RunConfig(cfg, f"recipe {command.recipe} with the log's overrides ({len(command.overrides)})")
+    return None

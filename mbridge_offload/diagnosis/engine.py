@@ -1,0 +1,331 @@
+"""From a run's output to what went wrong: each failure the rule table knows, the lines that show it, how
+to confirm it and the fix. Only what the output shows is reported: a rule needs its log signature (and,
+where the signature alone is not enough, the run facts that tell it apart); nothing is guessed.
+
+The words and fixes come from the validator's rule table: runtime failures are its diagnose-only rules
+(validation/runtime_failures.py); configuration errors in a log map to the rule that states them
+(upstream.py's table of upstream messages, the validator's own report lines, the imports a setting needs).
+Where the run's config is found, the planner computes the fix (fixes.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from mbridge_offload.diagnosis.config_source import RunConfig, run_config
+from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder
+from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
+from mbridge_offload.validation.registry import RULES, RULES_BY_ID
+from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM
+from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
+
+SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
+WARMUP_LIMIT = 3.0  # a first step this many times the steady step is the warm-up the rule describes
+MAX_EVIDENCE = 3
+_NEAR = 40  # lines around a match searched for what tells a signature's causes apart
+_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
+_VALIDATOR_LINE = re.compile(r"^\s*(ERROR)\s+\[([\w./-]+)\]")  # a refusal of the validator (its warnings ran)
+_EXCEPTION_LINE = re.compile(r"^\s*(AssertionError|ValueError)\b:?\s*(.*)")
+_RAISED = re.compile(r"\b\w*(Error|Exception)\b|upstream|\bassert\b")
+PRECISE_HINT = ("for a computed fix, pass the run folder (DIR with run_config.yaml, or a checkpoint's iter_* "
+                "folder beside the log) or a log that starts with the run_recipe.py command")
+
+
+@dataclass
+class Finding:
+    rule_id: str
+    mechanism: str
+    severity: str
+    key: str
+    what: str
+    evidence: list[Line] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
+    measured: str = ""
+    confirm: str = ""
+    fix: str = ""
+    fix_basis: str = ""  # how the fix was computed, or why it is the generic one
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["evidence"] = [{"file": str(l.path), "line": l.number, "rank": l.rank, "text": l.text}
+                            for l in self.evidence]
+        data["ranks"] = sorted(self.ranks)
+        return data
+
+
+@dataclass
+class Diagnosis:
+    log: Path
+    lines: int
+    findings: list[Finding]
+    config_source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"log": str(self.log), "lines": self.lines, "config": self.config_source or None,
+                "recognised": bool(self.findings), "findings": [f.to_json() for f in self.findings]}
+
+
+def _raised(lines: list[Line], index: int) -> bool:
+    """An error is raised (or the validator reports one) at this line or the three before it."""
+    return any(_RAISED.search(line.text) for line in lines[max(0, index - 3): index + 1])
+
+
+def _near(lines: list[Line], index: int, pattern: str) -> bool:
+    window = lines[max(0, index - _NEAR): index + _NEAR]
+    return any(re.search(pattern, line.text) for line in window)
+
+
+class _Run:
+    """One LOG argument: its lines, facts, and its config once a finding asks for it."""
+
+    def __init__(self, path: Path, build_config: bool):
+        self.path = path
+        self.lines = read_lines(path)
+        self.facts: RunFacts = run_facts(self.lines, run_folder(path))
+        self._build = build_config
+        self._config: RunConfig | None | str = "unread"
+
+    @property
+    def config(self) -> RunConfig | None:
+        if self._config == "unread":
+            self._config = run_config(self.facts.run_dir, self.facts.command, build=self._build)
+            if self._config is not None:
+                self._fill_facts(self._config.cfg)
+        return self._config  # type: ignore[return-value]
+
+    def _fill_facts(self, cfg: Any) -> None:
+        facts = self.facts
+        if facts.optimizer_offload is None:
+            facts.optimizer_offload = bool(cfg.optimizer.optimizer_cpu_offload)
+            facts.fraction = float(cfg.optimizer.optimizer_offload_fraction or 0.0) if facts.optimizer_offload else 0.0
+        if facts.activation_offload is None:
+            facts.activation_offload = bool(cfg.model.cpu_offloading)
+        if facts.fine_grained is None:
+            facts.fine_grained = bool(getattr(cfg.model, "fine_grained_activation_offloading", False))
+
+    def knows(self, name: str) -> Any:
+        """A fact from the output, else from the run's config (read on first need)."""
+        value = getattr(self.facts, name)
+        if value is None and self.config is not None:
+            value = getattr(self.facts, name)
+        return value
+
+    @property
+    def num_gpus(self) -> int:
+        if self.facts.num_gpus:
+            return self.facts.num_gpus
+        ranks = {line.rank for line in self.lines if line.rank is not None}
+        if ranks:
+            return max(ranks) + 1
+        m = self.config.cfg.model if self.config else None
+        return (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size) if m else 1
+
+
+def _oom_variant(run: _Run) -> str:
+    if run.knows("activation_offload"):
+        return "runtime/oom-with-activation-offload"
+    fraction = run.knows("fraction")
+    if run.knows("optimizer_offload") and fraction is not None and 0.0 < fraction < 1.0:
+        return "runtime/oom-partial-offload"
+    return "runtime/cuda-oom"
+
+
+# Signatures that alone do not tell the cause: what else the log (or the run) must show.
+_CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
+    ("runtime/pinned-host-memory", r"CUDA error: out of memory"):
+        lambda run, i: _near(run.lines, i, r"pin_memory|pinned|[Hh]ostAlloc|pin_cpu"),
+    ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
+        lambda run, i: _near(run.lines, i, r"_update_fp32_params_by_new_state|hybrid_optimizer"),
+    ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
+    ("runtime/cpu-threads", r"Setting OMP_NUM_THREADS environment variable for each process to be 1"):
+        lambda run, i: bool(run.knows("optimizer_offload")),
+}
+_NUMERIC = {"runtime/full-offload-slowdown", "runtime/fine-grained-warmup"}  # judged on step times, below
+_SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule.id not in _NUMERIC
+               for pattern in rule.log_signatures]
+
+
+def _matches(run: _Run) -> list[tuple[str, int, str]]:
+    """(rule id, line index, measured) for every line that shows a rule broken."""
+    found = []
+    for i, line in enumerate(run.lines):
+        text = line.text
+        for rule_id, pattern, regex in _SIGNATURES:
+            if regex.search(text):
+                condition = _CONDITIONS.get((rule_id, pattern))
+                if condition is None or condition(run, i):
+                    found.append((rule_id, i, ""))
+        validator = _VALIDATOR_LINE.match(text)
+        if validator and validator.group(2) in RULES_BY_ID:
+            found.append((validator.group(2), i, ""))
+        for pattern, rule_id in CONFIG_RULE_LOG_SIGNATURES:
+            if re.search(pattern, text):
+                found.append((rule_id, i, ""))
+        for pattern, rule_id in _UPSTREAM_TO_RULE:  # upstream's messages, where an error is raised or reported
+            if re.search(pattern, text) and _raised(run.lines, i):
+                found.append((rule_id, i, ""))
+        exception = _EXCEPTION_LINE.match(text)
+        if exception and not any(re.search(p, text) for p, _ in _UPSTREAM_TO_RULE):
+            for pattern, key, fix in _UPSTREAM_KEYS:
+                if re.search(pattern, text):
+                    found.append((f"upstream:{key}", i, fix))
+                    break
+    return found
+
+
+def _finding(rule_id: str) -> Finding:
+    rule = RULES_BY_ID[rule_id]
+    fix = rule.fix_text or rule.fix(None)  # type: ignore[arg-type]  # runtime and constant fixes ignore ctx
+    confirm = CONFIRM.get(rule_id) or ("uv run scripts/run_recipe.py --recipe NAME --dry-run <the run's overrides> "
+                                       f"reports [{rule_id}]")
+    return Finding(rule_id=rule_id, mechanism=rule.mechanism, severity=rule.severity, key=rule.key, what=rule.text,
+                   confirm=confirm, fix=fix, fix_basis="the rule table's fix")
+
+
+def _step_findings(run: _Run, baseline_s: float | None) -> list[Finding]:
+    facts, found = run.facts, []
+    steady = _steady(facts)
+    if not steady or len(facts.step_times_s) < 2:
+        return found
+    source = facts.step_times_from
+    if baseline_s and run.knows("optimizer_offload") and run.knows("fraction") == 1.0 \
+            and steady / baseline_s > SLOWDOWN_LIMIT:
+        finding = _finding("runtime/full-offload-slowdown")
+        finding.measured = (f"{steady:.3f} s per step at fraction 1 against {baseline_s:.3f} s without offload: "
+                            f"{steady / baseline_s:.2f}x (step times from {source})")
+        found.append(finding)
+    first = facts.step_times_s[0]
+    if run.knows("fine_grained") and first > WARMUP_LIMIT * steady:
+        finding = _finding("runtime/fine-grained-warmup")
+        finding.measured = (f"first step {first:.2f} s, then {steady:.2f} s per step ({first / steady:.1f}x; "
+                            f"step times from {source})")
+        found.append(finding)
+    iteration_lines = [l for l in run.lines if "elapsed time per iteration (ms)" in l.text and l.rank in (None, 0)]
+    for finding in found:
+        finding.evidence = iteration_lines[:2]
+    return found
+
+
+def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
+    from mbridge_offload.diagnosis import fixes  # the planner: only once a fix is computed
+
+    if finding.rule_id not in (*_OOM_IDS, "runtime/host-memory-killed", "runtime/full-offload-slowdown"):
+        return
+    config = run.config
+    if config is None:
+        finding.fix_basis = f"generic: no config of this run was found; {PRECISE_HINT}"
+        return
+    cfg, gpus = config.cfg, run.num_gpus
+    try:
+        if finding.rule_id in _OOM_IDS:
+            computed = fixes.oom_fix(cfg, gpus, oom)
+        elif finding.rule_id == "runtime/host-memory-killed":
+            if run.facts.host_memory_gib is None:
+                finding.fix_basis = ("generic: the log does not say the node's memory (run_recipe.py prints it in "
+                                     "its plan: 'host: per node ... of N GiB'); plan_offload.py --host-memory-gib N "
+                                     "optimizer.optimizer_offload_fraction=auto computes it")
+                return
+            computed = fixes.host_fix(cfg, gpus, run.facts.host_memory_gib, run.facts.gpu_memory_gib)
+        else:
+            computed = fixes.slowdown_fix(cfg, gpus, run.facts.gpu_memory_gib)
+    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        finding.fix_basis = f"generic: the planner could not read this config ({type(error).__name__}: {error})"
+        return
+    if computed is not None:
+        finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; config: {config.source}"
+
+
+def _recipe(facts: RunFacts) -> str | None:
+    return facts.command.recipe if facts.command else (facts.summary or {}).get("recipe")
+
+
+def _steady(facts: RunFacts) -> float | None:
+    return (facts.summary or {}).get("step_time_s") or facts.steady_step_s
+
+
+def _baseline_step(runs: list[_Run]) -> dict[Path, float | None]:
+    """Each run's step time without offload: a sibling baseline run folder (a sweep's fraction-0, a
+    benchmark's baseline), else a run of the same recipe without offload given alongside it."""
+    result = {}
+    for run in runs:
+        baseline = None
+        if run.facts.run_dir is not None:
+            for name in ("baseline", "fraction-0"):
+                summary = read_summary(run.facts.run_dir.parent / name)
+                if summary and summary.get("step_time_s") and summary.get("recipe") in (None, _recipe(run.facts)):
+                    baseline = float(summary["step_time_s"])
+                    break
+        if baseline is None:
+            baseline = next((_steady(other.facts) for other in runs if other is not run
+                             and other.facts.optimizer_offload is False and _steady(other.facts)
+                             and _recipe(other.facts) is not None and _recipe(other.facts) == _recipe(run.facts)),
+                            None)
+        result[run.path] = baseline
+    return result
+
+
+def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
+    by_rule: dict[str, Finding] = {}
+    oom = None
+    for rule_id, i, upstream_fix in _matches(run):
+        line = run.lines[i]
+        if rule_id in _OOM_IDS:
+            rule_id = _oom_variant(run)
+            oom = oom or OutOfMemory.parse(line.text)
+        if rule_id not in by_rule:
+            if rule_id.startswith("upstream:"):
+                key = rule_id.split(":", 1)[1]
+                by_rule[rule_id] = Finding(rule_id="", mechanism="upstream ConfigContainer.validate()",
+                                           severity="error", key=key, what=f"upstream: {line.text.strip()}",
+                                           confirm="uv run scripts/run_recipe.py --recipe NAME --dry-run <the run's "
+                                                   "overrides> reports it before any launch",
+                                           fix=upstream_fix, fix_basis="upstream.py's table")
+            else:
+                by_rule[rule_id] = _finding(rule_id)
+        finding = by_rule[rule_id]
+        if line.rank is not None:
+            finding.ranks.add(line.rank)
+        if len(finding.evidence) < MAX_EVIDENCE and all(e.text != line.text for e in finding.evidence):
+            finding.evidence.append(line)
+    findings = list(by_rule.values()) + _step_findings(run, baseline_s)
+    for finding in findings:
+        if finding.rule_id in _OOM_IDS and oom is not None:
+            finding.measured = oom.words()
+        _compute_fix(run, finding, oom)
+    findings.sort(key=lambda f: (f.severity != "error", min((e.number for e in f.evidence), default=0)))
+    config = run._config if isinstance(run._config, RunConfig) else None
+    return Diagnosis(log=run.path, lines=len(run.lines), findings=findings,
+                     config_source=config.source if config else "")
+
+
+def diagnose(paths: list[Path], build_config: bool = True) -> list[Diagnosis]:
+    """Every failure each LOG shows. LogError (naming the file) when a LOG cannot be read; ``build_config``
+    False never loads Megatron (fixes then come from a saved run_config.yaml or stay generic)."""
+    runs = [_Run(Path(path), build_config) for path in paths]
+    baselines = _baseline_step(runs)
+    return [diagnose_run(run, baselines[run.path]) for run in runs]
+
+
+def format_diagnosis(diagnosis: Diagnosis) -> str:
+    head = f"{diagnosis.log} ({diagnosis.lines} lines)"
+    if not diagnosis.findings:
+        return (f"{head}: nothing recognised. No line matches a failure of the rule table; nothing is guessed. "
+                "(diagnose.py --list shows what it recognises.)")
+    out = [f"{head}: {len(diagnosis.findings)} finding{'s' if len(diagnosis.findings) != 1 else ''}"]
+    for f in diagnosis.findings:
+        ranks = f" (ranks {', '.join(map(str, sorted(f.ranks)))})" if f.ranks else ""
+        out.append(f"  {f.severity.upper():7} [{f.rule_id or 'upstream'}] {f.key}{ranks}")
+        out.append(f"        what:     {f.what}")
+        for line in f.evidence:
+            text = line.text.strip()
+            out.append(f"        evidence: {line.path.name}:{line.number}: {text[:240]}{'...' if len(text) > 240 else ''}")
+        if f.measured:
+            out.append(f"        measured: {f.measured}")
+        out.append(f"        confirm:  {f.confirm}")
+        out.append(f"        fix:      {f.fix}")
+        if f.fix_basis:
+            out.append(f"                  ({f.fix_basis})")
+    return "\n".join(out)

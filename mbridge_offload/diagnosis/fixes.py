@@ -1,0 +1,81 @@
+"""Fixes computed with the planner from the run's config and what its log measured: the next optimizer
+offload fraction after a CUDA OOM, the largest the host holds after a SIGKILL, the smallest that fits when
+full offload is slow. Each returns the override text and how it was computed, or None when it cannot say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mbridge_offload.diagnosis.run_facts import OutOfMemory
+from mbridge_offload.facts.units import GIB
+from mbridge_offload.planning import largest_host_fitting_fraction, plan, smallest_fitting_fraction, what_would_fit
+from mbridge_offload.planning.fraction_search import AUTO_STEP
+
+DEFAULT_GPU_GIB = 80.0  # the planner's default, where neither the OOM message nor the log says
+
+
+def current_fraction(cfg: Any) -> float:
+    opt = cfg.optimizer
+    return float(opt.optimizer_offload_fraction or 0.0) if opt.optimizer_cpu_offload else 0.0
+
+
+def _switch(fraction: float) -> str:
+    return (f"optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction={fraction:g}" if fraction
+            else "optimizer.optimizer_cpu_offload=False")
+
+
+def _cheapest(options: list[str]) -> list[str]:
+    """what_would_fit's options, those that need no more GPUs first."""
+    return sorted(options, key=lambda option: "--num-gpus" in option)
+
+
+def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None) -> tuple[str, str]:
+    """The smallest larger fraction that the planner fits on this GPU (with its margin) and that frees at least
+    what the failed allocation lacked (the measured part of the need); else the cheapest change that fits."""
+    failed = current_fraction(cfg)
+    gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or DEFAULT_GPU_GIB
+    shortfall = (oom.shortfall_gib if oom else None) or 0.0
+    at_failure = plan(cfg, num_gpus, fraction=failed, gpu_memory_gib=gpu_gib)
+    steps = int(round(1 / AUTO_STEP))
+    for i in range(1, steps + 1):
+        fraction = round(i * AUTO_STEP, 2)
+        if fraction <= failed:
+            continue
+        candidate = plan(cfg, num_gpus, fraction=fraction, gpu_memory_gib=gpu_gib)
+        freed = (at_failure.total_bytes_gpu - candidate.total_bytes_gpu) / GIB
+        if candidate.fits_gpu and freed >= shortfall:
+            return _switch(fraction), (
+                f"planner, {num_gpus} GPU(s) of {gpu_gib:.2f} GiB: fraction {fraction:g} frees {freed:.1f} GiB "
+                f"against fraction {failed:g} (the failed allocation lacked {shortfall:.2f} GiB) and plans "
+                f"{candidate.total_bytes_gpu / GIB:.1f} GiB with {candidate.margin_gib:g} GiB margin")
+    options = _cheapest(what_would_fit(cfg, num_gpus, gpu_memory_gib=gpu_gib))
+    if options:
+        return options[0], (f"planner: no optimizer offload fraction fits {gpu_gib:.2f} GiB; the cheapest change "
+                            f"that does" + (f" (others: {'; '.join(options[1:])})" if options[1:] else ""))
+    return ("more GPUs (--num-gpus), or a smaller model/sequence",
+            f"planner: neither a fraction nor the usual changes fit {gpu_gib:.2f} GiB")
+
+
+def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None) -> tuple[str, str] | None:
+    """After a SIGKILL: the largest fraction whose first-step host peak fits the node."""
+    fraction, at = largest_host_fitting_fraction(cfg, num_gpus, host_memory_gib=host_gib,
+                                                 gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB)
+    if fraction is None or at is None:
+        return None
+    gpu_note = "" if at.fits_gpu else "; the GPU does not fit at that fraction: more nodes or GPUs too"
+    return _switch(fraction), (f"planner: the largest fraction whose first-step host peak "
+                               f"({at.host_peak_bytes_per_node / GIB:.1f} GiB per node) fits {host_gib:g} GiB"
+                               + gpu_note)
+
+
+def slowdown_fix(cfg: Any, num_gpus: int, gpu_gib: float | None) -> tuple[str, str] | None:
+    """After a slow fraction-1 run: the smallest fraction the GPU fits, with the overlap on."""
+    gpu = gpu_gib or DEFAULT_GPU_GIB
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, gpu_memory_gib=gpu)
+    if fraction is None or fraction >= 1.0:
+        return None
+    return (_switch(fraction) + (" optimizer.overlap_cpu_optimizer_d2h_h2d=True" if fraction else "")
+            + " --cpu-threads auto",
+            f"planner: the smallest fraction that fits {gpu:g} GiB"
+            + ("" if gpu_gib else " (the planner's default GPU size; the log does not say)")
+            + f" plans {fitting.total_bytes_gpu / GIB:.1f} GiB")

@@ -1,0 +1,182 @@
+"""What a run's output says about the run: the command that started it, the offload settings and CPU
+threads of its header, its step times, and the numbers of torch's out-of-memory message. Each fact is
+None where the output does not say it (then the run's config may: config_source.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
+
+_SIZE = r"([\d.]+) (GiB|MiB|KiB|B)\b"
+_UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "B": 1 / 1024 ** 3}
+_ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+)")
+_GPUS_IN_HEADER = re.compile(r"^(?:Recipe|Training) \S+ \((\d+) GPUs?: ")
+_COMMAND = re.compile(r"(?:run_recipe(?:\.py)?|mbridge-run-recipe)\s+(.*)$")
+
+
+def _gib(number: str, unit: str) -> float:
+    return float(number) * _UNIT[unit]
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """The numbers of torch's ``CUDA out of memory`` message, in GiB (None where the message lacks them)."""
+
+    requested_gib: float
+    capacity_gib: float | None = None
+    free_gib: float | None = None
+    allocated_gib: float | None = None  # by PyTorch
+    reserved_unallocated_gib: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "OutOfMemory | None":
+        requested = re.search(r"Tried to allocate " + _SIZE, text)
+        if not requested:
+            return None
+        capacity = re.search(r"total capacity of " + _SIZE + r" of which " + _SIZE + " is free", text)
+        allocated = re.search(r"Of the allocated memory " + _SIZE + " is allocated by PyTorch", text)
+        reserved = re.search(_SIZE + " is reserved by PyTorch but unallocated", text)
+        return cls(requested_gib=_gib(*requested.groups()),
+                   capacity_gib=_gib(*capacity.groups()[:2]) if capacity else None,
+                   free_gib=_gib(*capacity.groups()[2:]) if capacity else None,
+                   allocated_gib=_gib(*allocated.groups()) if allocated else None,
+                   reserved_unallocated_gib=_gib(*reserved.groups()) if reserved else None)
+
+    @property
+    def shortfall_gib(self) -> float | None:
+        """What the failed allocation lacked: at least this much must come off the GPU."""
+        return None if self.free_gib is None else max(0.0, self.requested_gib - self.free_gib)
+
+    def words(self) -> str:
+        parts = [f"tried to allocate {self.requested_gib:.2f} GiB"]
+        if self.capacity_gib is not None:
+            parts.append(f"{self.free_gib:.2f} GiB free of {self.capacity_gib:.2f} GiB")
+        if self.allocated_gib is not None:
+            held = f"PyTorch held {self.allocated_gib:.2f} GiB"
+            if self.reserved_unallocated_gib is not None:
+                held += f" (+{self.reserved_unallocated_gib:.2f} GiB reserved, unused)"
+            parts.append(held)
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Command:
+    """``run_recipe.py --recipe NAME ... key=value ...`` as the log's first line records it."""
+
+    recipe: str
+    overrides: tuple[str, ...]
+    num_gpus: int | None
+
+    @classmethod
+    def parse(cls, text: str) -> "Command | None":
+        match = _COMMAND.search(text)
+        if not match:
+            return None
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:
+            return None
+        recipe, num_gpus, overrides, i = None, None, [], 0
+        while i < len(words):
+            word = words[i]
+            value = words[i + 1] if i + 1 < len(words) else None
+            if word == "--recipe" and value:
+                recipe, i = value, i + 2
+            elif word == "--num-gpus" and value and value.isdigit():
+                num_gpus, i = int(value), i + 2
+            elif word.startswith("-") and "=" not in word:
+                # another flag of run_recipe.py: skip its value unless the next word is a flag or an override
+                i += 2 if value is not None and not value.startswith("-") and "=" not in value else 1
+            else:
+                if "=" in word:
+                    overrides.append(word)
+                i += 1
+        return cls(recipe, tuple(overrides), num_gpus) if recipe else None
+
+
+@dataclass
+class RunFacts:
+    """What the output (and the run folder's summary.json) says; None: it does not say."""
+
+    run_dir: Path | None = None
+    command: Command | None = None
+    num_gpus: int | None = None
+    optimizer_offload: bool | None = None
+    fraction: float | None = None
+    activation_offload: bool | None = None
+    fine_grained: bool | None = None
+    threads: int | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    step_times_from: str = ""
+    summary: dict | None = None
+    gpu_memory_gib: float | None = None  # from the memory plan run_recipe.py prints
+    host_memory_gib: float | None = None
+
+    @property
+    def steady_step_s(self) -> float | None:
+        """The median step time after the first step (the warm-up)."""
+        rest = sorted(self.step_times_s[1:])
+        return rest[len(rest) // 2] if rest else None
+
+
+def read_summary(run_dir: Path | None) -> dict | None:
+    if run_dir is None or not (run_dir / SUMMARY_FILE).is_file():
+        return None
+    try:
+        data = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
+    facts = RunFacts(run_dir=run_dir)
+    iterations: dict[int, float] = {}
+    for line in lines:
+        text = line.text.strip()
+        if facts.command is None and "--recipe" in text:
+            facts.command = Command.parse(text)
+        if facts.num_gpus is None and (match := _GPUS_IN_HEADER.match(text)):
+            facts.num_gpus = int(match.group(1))
+        if text.startswith("optimizer offload: "):
+            on = text.startswith("optimizer offload: ON")
+            facts.optimizer_offload = on
+            share = re.search(r"ON, ([\d.]+)% of optimizer states", text)
+            facts.fraction = float(share.group(1)) / 100 if share else (None if on else 0.0)
+        elif text.startswith("activation offload (layer-level): "):
+            facts.activation_offload = text.endswith(": off") is False
+        elif text.startswith("fine-grained activation offload: "):
+            facts.fine_grained = text.endswith(": off") is False
+        elif match := re.match(r"CPU threads per rank: (\d+)", text):
+            facts.threads = int(match.group(1))
+        elif match := re.match(r"GPU: total .* GiB of ([\d.]+) GiB", text):
+            facts.gpu_memory_gib = float(match.group(1))
+        elif match := re.match(r"host: per node .* ranks? of ([\d.]+) GiB", text):
+            facts.host_memory_gib = float(match.group(1))
+        elif match := _ITERATION.search(text):
+            if line.rank in (None, 0):
+                iterations.setdefault(int(match.group(1)), float(match.group(2)) / 1000)
+    if facts.num_gpus is None and facts.command is not None:
+        facts.num_gpus = facts.command.num_gpus
+    facts.summary = read_summary(run_dir)
+    if facts.summary and facts.summary.get("step_times_s"):
+        facts.step_times_s, facts.step_times_from = list(facts.summary["step_times_s"]), f"{run_dir}/{SUMMARY_FILE}"
+    elif iterations:
+        facts.step_times_s = [iterations[k] for k in sorted(iterations)]
+        facts.step_times_from = "the log's iteration lines"
+    summary = facts.summary or {}
+    if facts.optimizer_offload is None and "optimizer_cpu_offload" in summary:
+        facts.optimizer_offload = bool(summary["optimizer_cpu_offload"])
+        facts.fraction = float(summary.get("optimizer_offload_fraction") or 0.0) if facts.optimizer_offload else 0.0
+    if facts.threads is None and summary.get("cpu_threads_per_rank"):
+        facts.threads = int(summary["cpu_threads_per_rank"])
+    if facts.command is None and isinstance(summary.get("recipe"), str):  # the recipe, its overrides unknown
+        facts.command = Command(summary["recipe"], (), summary.get("num_gpus"))
+    if facts.num_gpus is None and summary.get("num_gpus"):
+        facts.num_gpus = int(summary["num_gpus"])
+    return facts

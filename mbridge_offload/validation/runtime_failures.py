@@ -1,0 +1,149 @@
+"""Rules of what goes wrong once a run is launched: read from its log by ``scripts/diagnose.py``, never
+checked on a config (they never apply in validation). Each has the log lines that show it
+(``log_signatures``), the cause in words, the fix to paste, and how to confirm it (``CONFIRM``).
+
+Failures of configuration rules that show in a log (upstream's assertions, an import an APEX-only
+setting needs) keep their own rule: upstream's messages map through ``upstream.py``'s table, the rest
+through ``CONFIG_RULE_LOG_SIGNATURES`` here.
+"""
+
+from __future__ import annotations
+
+from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.validation.rule import RUNTIME, Context, Rule
+
+_OOM = (r"CUDA out of memory\. Tried to allocate", r"torch\.(cuda\.)?OutOfMemoryError")
+
+
+def never(ctx: Context) -> bool:
+    """Runtime failures are read from logs: no config breaks them before a launch."""
+    return False
+
+
+def _rule(id: str, key: str, text: str, fix: str, signatures: tuple[str, ...], severity: str = "error") -> Rule:
+    return Rule(id=id, mechanism=RUNTIME, key=key, text=text, applies=never, holds=lambda ctx: True, fix=fixed(fix),
+                severity=severity, log_signatures=signatures)
+
+
+RULES: tuple[Rule, ...] = (
+    _rule("runtime/cuda-oom", "optimizer.optimizer_offload_fraction",
+          "the GPU ran out of memory: weights, gradients, the GPU share of the optimizer states and the activations "
+          "exceed what PyTorch's allocator could get",
+          "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
+          "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)", _OOM),
+    _rule("runtime/oom-partial-offload", "optimizer.optimizer_offload_fraction",
+          "out of GPU memory with part of the optimizer states offloaded: the share left on the GPU plus the "
+          "activations still does not fit",
+          "optimizer.optimizer_offload_fraction=<the next fraction that fits>  (diagnose.py asks the planner)", _OOM),
+    _rule("runtime/oom-with-activation-offload", "optimizer.optimizer_cpu_offload",
+          "out of GPU memory with layer-level activation offload: it moves activations only, and on a large model "
+          "the weights, gradients and optimizer states fill the GPU",
+          "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<what fits>  (add optimizer "
+          "offload; or more GPUs / TP / PP)", _OOM),
+    _rule("runtime/host-memory-killed", "optimizer.optimizer_offload_fraction",
+          "a rank was killed with SIGKILL (signal 9), the kernel's answer to a node out of host memory: offloaded "
+          "optimizer states and pinned buffers live there, and the node's use peaks inside the first optimizer step",
+          "a smaller optimizer.optimizer_offload_fraction (the largest the host holds), fewer ranks per node or more "
+          "nodes; plan with more headroom: --host-margin-gib",
+          (r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)", r"Signals\.SIGKILL", r"killed by signal 9\b",
+           r"^Killed\s*$", r"Out of memory: Killed process", r"invoked oom-killer", r"oom[-_]kill event",
+           r"srun: error: .*Killed")),
+    _rule("runtime/pinned-host-memory", "optimizer.pin_cpu_grads",
+          "allocating pinned (page-locked) host memory failed: the offload copies use pinned buffers, bounded by the "
+          "node's free memory and the memlock limit (ulimit -l)",
+          "a smaller optimizer.optimizer_offload_fraction, or optimizer.pin_cpu_grads=False "
+          "optimizer.pin_cpu_params=False (slower copies); in a container raise memlock (--ulimit memlock=-1)",
+          (r"cudaHostAlloc", r"CachingHostAllocator.*(fail|error|out of memory)",
+           r"pin_memory.*(fail|error|out of memory)", r"CUDA error: out of memory")),
+    _rule("runtime/nccl-timeout", "dist.distributed_timeout_minutes",
+          "a collective waited past the NCCL timeout: another rank had stopped (killed, out of memory, an exception) "
+          "or was far slower (a long CPU optimizer step)",
+          "fix the first rank that failed (its error is above the timeout); if every rank was only slow: "
+          "dist.distributed_timeout_minutes=30",
+          (r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL.*[Tt]imeout",
+           r"NCCL.*(timed out|Timeout\(ms\)=)")),
+    _rule("runtime/dataset-helper-makefile", "(launch)",
+          "Megatron's initialisation ran make to build the dataset helper, and the pip wheel ships no Makefile",
+          "launch through scripts/run_recipe.py: it uses the wheel's compiled helper instead of make",
+          (r"make: \*\*\* No targets specified and no makefile found",)),
+    _rule("runtime/resume-offload-keyerror", "checkpoint.load",
+          "resuming with optimizer offload failed in HybridDeviceOptimizer._update_fp32_params_by_new_state "
+          "(KeyError: tensor(...)): upstream cannot load its own offloaded checkpoint",
+          "launch through scripts/run_recipe.py (or python -m mbridge_offload.cli.run_recipe): it installs the "
+          "resume fix of mbridge_offload/runtime/resume_fix.py", (r"KeyError: tensor\(",)),
+    _rule("runtime/cpu-threads", "--cpu-threads",
+          "the CPU optimizer ran with too few threads per rank (torchrun gives each rank OMP_NUM_THREADS=1 when a "
+          "node runs several): 100% offload ran 4.3x slower than no offload with 1 thread, 1.85x with 16 (H200)",
+          "--cpu-threads auto  (run_recipe.py's default; or export OMP_NUM_THREADS=<cores / ranks per node>)",
+          (r"WARNING: the CPU optimizer runs on \d+ thread", r"CPU threads per rank: 1\b",
+           r"Setting OMP_NUM_THREADS environment variable for each process to be 1"), severity="warning"),
+    _rule("runtime/full-offload-slowdown", "optimizer.optimizer_offload_fraction",
+          "at optimizer offload fraction 1 a step took more than 4x the step without offload: every Adam step runs "
+          "on the CPU and every gradient and parameter crosses the host link each step",
+          "optimizer.optimizer_offload_fraction=<the smallest that fits> optimizer.overlap_cpu_optimizer_d2h_h2d=True "
+          "--cpu-threads auto  (bench_offload.py shows the host's floor)",
+          (r"elapsed time per iteration \(ms\)",), severity="warning"),
+    _rule("runtime/fine-grained-warmup", "model.fine_grained_activation_offloading",
+          "the first step with fine-grained activation offload is much slower than the rest: it allocates the pinned "
+          "host buffers and records the offload order, which later steps reuse",
+          "nothing to fix: judge speed after warm-up (summary.json's step_time_s excludes the warm-up steps)",
+          (r"elapsed time per iteration \(ms\)",), severity="warning"),
+    _rule("runtime/checkpoint-write-failed", "checkpoint.save",
+          "writing the checkpoint failed: the file writer stopped mid-file ('unexpected pos'), what a full disk gives "
+          "(with optimizer offload a checkpoint takes ~18 bytes per parameter)",
+          "free disk space, or checkpoint.save=<a folder on a larger disk> checkpoint.most_recent_k=1",
+          (r"No space left on device", r"unexpected pos \d+ vs \d+", r"Disk quota exceeded")),
+    _rule("runtime/stop-killed-data-loader-workers", "train.exit_signal_handler_for_dataloader",
+          "a stop signal sent to the whole job (a Slurm preemption, scancel, Ctrl-C) killed the data-loader workers: "
+          "torch's workers die on a SIGTERM that is not their parent's, and the rank failed before it could save",
+          "train.exit_signal_handler_for_dataloader=True train.exit_signal_handler=True  (run_recipe.py sets both "
+          "when checkpoint.save is set)",
+          (r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? is killed by signal: Terminated",)),
+    _rule("runtime/hf-hub-unreachable", "tokenizer.tokenizer_type",
+          "the run tried to reach the Hugging Face hub and could not (an offline node, or HF_HUB_OFFLINE=1)",
+          "use a recipe of this project (NullTokenizer and mock data, built without the hub), or download on a "
+          "connected host and run with HF_HOME=<that cache> HF_HUB_OFFLINE=1",
+          (r"We couldn't connect to 'https://huggingface\.co'", r"LocalEntryNotFoundError", r"OfflineModeIsEnabled",
+           r"huggingface_hub.*(ConnectionError|ConnectTimeout|MaxRetryError|NameResolutionError)",
+           r"Max retries exceeded with url: .*huggingface\.co")),
+)
+
+# How to confirm each runtime failure before changing anything.
+CONFIRM: dict[str, str] = {
+    "runtime/cuda-oom": "plan it: uv run scripts/plan_offload.py --recipe NAME --num-gpus N <your overrides> "
+                        "--gpu-memory-gib <the GPU's>; it shows the GPU bytes and the smallest fraction that fits",
+    "runtime/oom-partial-offload": "uv run scripts/plan_offload.py ... optimizer.optimizer_offload_fraction=auto "
+                                   "prints the smallest fraction the GPU fits",
+    "runtime/oom-with-activation-offload": "uv run scripts/plan_offload.py ... shows weights + grads + optimizer "
+                                           "against activations: activation offload only reduces the latter",
+    "runtime/host-memory-killed": "dmesg | grep -i -E 'killed process|oom' on the node, or Slurm's 'oom-kill event'; "
+                                  "summary.json/metrics: peak_node_host_used_gib near the node's memory",
+    "runtime/pinned-host-memory": "ulimit -l (memlock) and free -g on the node; the run's pinned_host_gib in "
+                                  "metrics.rank*.jsonl",
+    "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
+                            "compare step times across ranks",
+    "runtime/dataset-helper-makefile": "python -c 'from megatron.core.datasets import helpers_cpp' imports: the "
+                                       "compiled helper is there and only the build step failed",
+    "runtime/resume-offload-keyerror": "the traceback passes through hybrid_optimizer.py "
+                                       "_update_fp32_params_by_new_state while loading checkpoint.load",
+    "runtime/cpu-threads": "the run's header line 'CPU threads per rank: N'; summary.json offload_breakdown: "
+                           "cpu_optimizer_s dominates the step",
+    "runtime/full-offload-slowdown": "summary.json step_time_s of this run against the run without offload; "
+                                     "offload_breakdown shows D2H, CPU Adam and H2D",
+    "runtime/fine-grained-warmup": "step_times_s in summary.json: only the first step(s) are slow",
+    "runtime/checkpoint-write-failed": "df -h on the checkpoint folder's disk",
+    "runtime/stop-killed-data-loader-workers": "the log shows the stop signal's arrival ('Received signal 15') "
+                                               "or the job's preemption just before; no iter_* folder was written",
+    "runtime/hf-hub-unreachable": "env | grep HF_; curl -sI https://huggingface.co from the node",
+}
+
+# Log lines of configuration rules that upstream's validate() does not raise (upstream.py maps those):
+# an import a setting needs, failing inside the run.
+CONFIG_RULE_LOG_SIGNATURES: tuple[tuple[str, str], ...] = (
+    (r"gradient_accumulation_fusion set to True but the custom CUDA extension fused_weight_gradient_mlp_cuda|"
+     r"(ModuleNotFoundError|ImportError): No module named '(apex|fused_weight_gradient_mlp_cuda)'",
+     "env/apex-gradient-accumulation-fusion"),
+    (r"(ModuleNotFoundError|ImportError): No module named 'nvidia_resiliency_ext'", "env/nvidia-resiliency-ext"),
+    (r"(ModuleNotFoundError|ImportError): No module named 'fast_hadamard_transform'", "env/fast-hadamard-transform"),
+    (r"(ModuleNotFoundError|ImportError): No module named 'transformer_engine'", "env/transformer-engine"),
+)

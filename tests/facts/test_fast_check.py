@@ -1,0 +1,143 @@
+"""The fast path (mbridge_offload/fast_check): a recipe's snapshot answers exactly as the real config does,
+the cache is keyed by everything that could change an answer (never stale), and run_recipe's dry run and
+refusals from the cache print what the slow path prints."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from recipes import registry
+from mbridge_offload.fast_check import snapshot, store
+
+OVERRIDES = (
+    ["optimizer.optimizer_offload_fraction=1.5"], ["optimizer.optimizer_ofload_fraction=0.5"],
+    ["model.num_layers=abc", "train.micro_batch_size=0"], ["+model.foo=1"], ["~model.num_layers"],
+    ["++env_vars.NVTE_CPU_OFFLOAD_V1=1"], ["model.offload_modules=[expert_fc1,bogus]"],
+    ["model.recompute_granularity=full", "model.cpu_offloading=True"], ["train.global_batch_size=null"],
+    ["optimizer.optimizer_cpu_offload=maybe"], ["model.tensor_model_parallel_size=0"],
+)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MBRIDGE_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MBRIDGE_OFFLOAD_NO_CACHE", raising=False)
+    return tmp_path / "cache"
+
+
+def _outcome(cfg, overrides):
+    from overrides import OverrideErrors, apply_overrides
+
+    try:
+        return apply_overrides(cfg, overrides)
+    except OverrideErrors as errors:
+        return errors.format()
+
+
+@pytest.mark.parametrize("name", [r.name for r in registry.RECIPES])
+def test_snapshot_answers_as_the_real_config(built, name):
+    from mbridge_offload.describe import offload_summary, topology
+    from mbridge_offload.planning import format_plan, plan_with_recommendation
+    from mbridge_offload.validation import validate
+
+    real = built(name)
+    look_alike = snapshot.load(snapshot.dump(real))
+    assert snapshot.fingerprint(look_alike) == snapshot.fingerprint(real)
+    gpus = registry.get(name).num_gpus
+    assert validate(look_alike, gpus, environ={}, upstream=False) == validate(real, gpus, environ={}, upstream=False)
+    assert format_plan(plan_with_recommendation(look_alike, gpus)) == format_plan(plan_with_recommendation(real, gpus))
+    assert (offload_summary(look_alike), topology(look_alike, gpus)) == (offload_summary(real), topology(real, gpus))
+    for overrides in OVERRIDES:
+        if not all(snapshot.answerable(look_alike, o.lstrip("+~").split("=")[0]) for o in overrides):
+            continue
+        a, b = _outcome(real, overrides), _outcome(look_alike, overrides)
+        if isinstance(a, str) or isinstance(b, str):
+            assert a == b, overrides
+        else:
+            assert snapshot.fingerprint(a) == snapshot.fingerprint(b), overrides
+
+
+def test_what_the_snapshot_cannot_answer_takes_the_slow_path(built):
+    look_alike = snapshot.load(snapshot.dump(built("qwen3_1b_proxy_pretrain_config")))
+    assert not snapshot.answerable(look_alike, "model.params_dtype")  # a torch dtype
+    assert not snapshot.answerable(look_alike, "model.init_method")  # a function
+    assert snapshot.answerable(look_alike, "model.no_such_key")  # an unknown key: the same refusal
+    assert snapshot.answerable(look_alike, "optimizer.optimizer_offload_fraction")
+
+
+def test_the_cache_is_keyed_by_versions_and_sources(cache, built, monkeypatch, tmp_path):
+    name = "qwen3_1b_proxy_pretrain_config"
+    store.stack_key.cache_clear()
+    store.store_base(name, built(name))
+    assert store.load_base(name) is not None
+    # another installed version: another key, nothing found
+    real_versions = store._versions
+    monkeypatch.setattr(store, "_versions", lambda: real_versions() + ["megatron-core==99"])
+    store.stack_key.cache_clear()
+    assert store.load_base(name) is None
+    monkeypatch.setattr(store, "_versions", real_versions)
+    store.stack_key.cache_clear()
+    assert store.load_base(name) is not None
+    # a changed source of the plugin: another key
+    source = tmp_path / "src"
+    (source / "recipes").mkdir(parents=True)
+    (source / "recipes" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(store, "ROOT", source)
+    monkeypatch.setattr(store, "SOURCES", ("recipes",))
+    store.stack_key.cache_clear()
+    before = store.stack_key()
+    (source / "recipes" / "a.py").write_text("x = 2\n")
+    store.stack_key.cache_clear()
+    assert store.stack_key() != before
+    store.stack_key.cache_clear()
+
+
+def test_validation_is_keyed_by_values_gpus_and_environment(built):
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    key = store.validation_key(cfg, 1, {"A": "1"})
+    assert key == store.validation_key(cfg, 1, {"A": "1", "PWD": "/elsewhere"})
+    assert key != store.validation_key(cfg, 2, {"A": "1"})
+    assert key != store.validation_key(cfg, 1, {"A": "2"})
+    from overrides import apply_overrides
+
+    assert key != store.validation_key(apply_overrides(cfg, ["train.train_iters=7"]), 1, {"A": "1"})
+    resumed = apply_overrides(cfg, ["checkpoint.load=/some/where"])
+    assert store.validation_key(resumed, 1, {"A": "1"}) is None  # reads files: never cached
+
+
+def _run(argv):
+    from mbridge_offload.cli.run_recipe import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as stop:
+            rc = stop.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_dry_run_from_the_cache_prints_what_the_slow_path_prints(cache, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    store.stack_key.cache_clear()
+    argv = ["--recipe", "qwen3_30b_a3b_pretrain_config", "--dry-run", "optimizer.optimizer_offload_fraction=0.75"]
+    rc1, out1, err1 = _run(argv)  # builds, validates, fills the cache
+    assert rc1 == 0 and "built and validated" in err1
+    rc2, out2, err2 = _run(argv)
+    assert (rc2, out2) == (rc1, out1) and "answered from the cache" in err2
+    # a refusal: at once, naming the key
+    rc3, out3, err3 = _run(argv[:3] + ["optimizer.optimizer_ofload_fraction=0.5"])
+    assert rc3 == 2 and "optimizer.optimizer_ofload_fraction" in out3 + err3
+    assert "did you mean optimizer.optimizer_offload_fraction" in out3 + err3
+    rc4, out4, err4 = _run(argv[:3] + ["-tp", "0"])
+    assert rc4 == 2 and "model.tensor_model_parallel_size" in out4 and "Traceback" not in err4
+
+
+def test_no_cache_when_turned_off(cache, monkeypatch, built):
+    monkeypatch.setenv("MBRIDGE_OFFLOAD_NO_CACHE", "1")
+    store.store_base("qwen3_1b_proxy_pretrain_config", built("qwen3_1b_proxy_pretrain_config"))
+    assert store.load_base("qwen3_1b_proxy_pretrain_config") is None
+    assert not cache.exists()

@@ -1,0 +1,273 @@
+"""Every rule of validation/upstream_model_rules.py (what upstream validate() reaches outside its module: the
+model's TransformerConfig.__post_init__, Megatron Core's optimizer / DDP checks, CUDA graphs, mixed precision,
+comm overlap) has a case where it applies and holds and one where it is broken, reported with key, value, rule
+and fix, on the real recipe configs (the dense and the MoE proxy). The reasons given for the sites no user
+reaches are checked where they state a fact of the installed packages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mbridge_offload.facts.config_tree import set_path
+from mbridge_offload.validation import RULES_BY_ID, Context, check_rules
+from mbridge_offload.validation import upstream_model_rules
+
+DENSE = "qwen3_1b_proxy_pretrain_config"  # 16 layers, 16 heads, 8 query groups, silu GLU, bf16_mixed
+MOE = "qwen3_30b_a3b_proxy_pretrain_config"  # 4 layers, 128 experts top-8, alltoall, grouped GEMM, permute fusion
+TE_NEW, TE_OLD = {"te_version": "2.20.0"}, {"te_version": "1.6.0"}
+PP2 = {"model.pipeline_model_parallel_size": 2}
+GDN = {"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 4,
+       "model.linear_conv_kernel_dim": 4, "model.linear_key_head_dim": 128, "model.linear_value_head_dim": 128,
+       "model.linear_num_key_heads": 16, "model.linear_num_value_heads": 32}
+DSA = {"model.experimental_attention_variant": "dsa", "model.dsa_kernel_backend": "none"}
+FP8 = {"mixed_precision": None, "model.fp8": "hybrid", "model.fp8_recipe": "tensorwise"}
+FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
+                  "model.recompute_num_layers": 1}
+SELECTIVE = {"model.recompute_granularity": "selective"}
+TE_GRAPH = {"model.cuda_graph_impl": "transformer_engine"}
+EP_OVERLAP = {"model.overlap_moe_expert_parallel_comm": True, "model.expert_model_parallel_size": 2}
+FINE = {"model.fine_grained_activation_offloading": True, "model.offload_modules": ["expert_fc1"]}
+
+
+def case(passing, failing, recipe=DENSE, gpus=(1, 1), passing_ctx=None, failing_ctx=None):
+    return dict(recipe=recipe, passing=passing, failing=failing, gpus=gpus, passing_ctx=passing_ctx or {},
+                failing_ctx=failing_ctx or {})
+
+
+CASES = {
+    "model/transformer-engine-version": case({}, {}, recipe=MOE, passing_ctx=TE_NEW, failing_ctx=TE_OLD),
+    "model/torch-version": case({"model.overlap_moe_expert_parallel_comm": True},
+                                {"model.overlap_moe_expert_parallel_comm": True}, recipe=MOE,
+                                passing_ctx={"torch_version": "2.7.0"}, failing_ctx={"torch_version": "2.5.1"}),
+    "model/gated-delta-net": case(GDN, {**GDN, "model.linear_num_value_heads": 24}),
+    "model/dsa": case(DSA, {**DSA, "model.add_bias_linear": True}),
+    "model/multi-latent-attention-rope": case({"model.multi_latent_attention": True},
+                                              {"model.multi_latent_attention": True, "model.rotary_interleaved": True}),
+    "model/fused-qkv-rope-gate": case({"model.fused_single_qkv_rope": True},
+                                      {"model.fused_single_qkv_rope": True, "model.attention_output_gate": True}),
+    "model/rope-fusion-available": case({"model.apply_rope_fusion": True}, {"model.apply_rope_fusion": True},
+                                        passing_ctx=TE_NEW, failing_ctx={"te_version": None}),
+    "model/no-rope-freq": case({"model.no_rope_freq": 4}, {"model.no_rope_freq": 5}),
+    "model/flash-attention-version": case({"model.flash_attention_version": 3}, {"model.flash_attention_version": 1}),
+    "model/batch-invariant-mode": case(
+        {"model.batch_invariant_mode": True, "model.attention_backend": "flash", "model.flash_attention_version": 3},
+        {"model.batch_invariant_mode": True, "model.attention_backend": "flash", "model.flash_attention_version": 2}),
+    "model/inference-optimized": case({"model.transformer_impl": "inference_optimized"},
+                                      {"model.transformer_impl": "inference_optimized", "model.add_bias_linear": True}),
+    "model/inference-only-options": case(
+        {"model.transformer_impl": "inference_optimized", "model.inference_fuse_tp_communication": True},
+        {"model.inference_fuse_tp_communication": True}),
+    "model/bias-activation-fusion": case({"model.bias_activation_fusion": True},
+                                         {"model.bias_activation_fusion": True, "model.use_te_activation_func": True}),
+    "model/te-activation-func": case({"model.use_te_activation_func": True},
+                                     {"model.use_te_activation_func": True, "model.activation_func": torch.tanh}),
+    "model/activation-fp8-input-store": case({"model.activation_func_fp8_input_store": True},
+                                             {"model.activation_func_fp8_input_store": True,
+                                              "model.activation_func": F.gelu}),
+    "model/fused-residual-rmsnorm": case({"model.fused_residual_rmsnorm": True},
+                                         {"model.fused_residual_rmsnorm": True, "model.normalization": "LayerNorm"}),
+    "model/mup-base-hidden-size": case({"model.use_mup": True}, {"model.use_mup": True, "model.mup_base_hidden_size": -1}),
+    "precision/fp8-options": case(FP8, {**FP8, "model.fp8_output_proj": True}),
+    "precision/fp4-options": case({"mixed_precision": None, "model.fp4": "nvfp4"},
+                                  {"mixed_precision": None, "model.fp4": "nvfp4", "model.fp8": "hybrid"}),
+    "precision/preset-known": case({}, {"mixed_precision": "bf16_with_nothing_mixed"}),
+    "moe/ffn-hidden-size-needs-experts": case({"model.moe_ffn_hidden_size": 512, "model.moe_layer_freq": 2},
+                                              {"model.moe_ffn_hidden_size": 512}),
+    "moe/single-grouped-weight": case(
+        {"model.moe_single_grouped_weight": True, "model.use_transformer_engine_op_fuser": True},
+        {"model.moe_single_grouped_weight": True, "model.use_transformer_engine_op_fuser": False}, recipe=MOE),
+    "moe/flex-dispatcher": case({"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep"},
+                                {"model.moe_flex_dispatcher_backend": "ncclep"}, recipe=MOE),
+    "moe/flex-dispatcher-num-sms": case({"model.moe_deepep_num_sms": 20, "model.moe_hybridep_num_sms": 20},
+                                        {"model.moe_deepep_num_sms": 20, "model.moe_hybridep_num_sms": 24}, recipe=MOE),
+    "moe/shared-expert-size": case({"model.moe_shared_expert_intermediate_size": 768},
+                                   {"model.moe_shared_expert_intermediate_size": 0}, recipe=MOE),
+    "moe/shared-expert-overlap": case(
+        {"model.moe_shared_expert_intermediate_size": 768, "model.moe_shared_expert_overlap": True},
+        {"model.moe_shared_expert_intermediate_size": 768, "model.moe_shared_expert_overlap": True,
+         "model.moe_token_dispatcher_type": "allgather"}, recipe=MOE),
+    "moe/aux-loss-coeff-per-type": case(
+        {"model.moe_router_load_balancing_type": ["aux_loss", "seq_aux_loss"], "model.moe_aux_loss_coeff": [1e-3, 1e-4]},
+        {"model.moe_router_load_balancing_type": ["aux_loss", "seq_aux_loss"], "model.moe_aux_loss_coeff": 1e-3},
+        recipe=MOE),
+    "moe/capacity-factor-balancing": case({"model.moe_expert_capacity_factor": 1.0},
+                                          {"model.moe_expert_capacity_factor": 1.0,
+                                           "model.moe_router_load_balancing_type": "sinkhorn"}, recipe=MOE),
+    "moe/pad-needs-capacity": case({"model.moe_pad_expert_input_to_capacity": True, "model.moe_expert_capacity_factor": 1.0},
+                                   {"model.moe_pad_expert_input_to_capacity": True}, recipe=MOE),
+    "moe/rank-capacity-factor": case(
+        {"model.moe_expert_rank_capacity_factor": 1.5, "model.moe_token_dispatcher_type": "flex",
+         "model.moe_flex_dispatcher_backend": "ncclep"},
+        {"model.moe_expert_rank_capacity_factor": 1.5}, recipe=MOE),
+    "moe/paged-stash": case({"model.moe_paged_stash": True, "model.moe_expert_rank_capacity_factor": 1.5},
+                            {"model.moe_paged_stash": True}, recipe=MOE),
+    "moe/bias-needs-etp-1": case({"model.add_bias_linear": True},
+                                 {"model.add_bias_linear": True, "model.expert_tensor_parallel_size": 2}, recipe=MOE),
+    "moe/expert-bias-score-function": case(
+        {"model.moe_router_enable_expert_bias": True, "model.moe_router_score_function": "sigmoid"},
+        {"model.moe_router_enable_expert_bias": True}, recipe=MOE),
+    "moe/router-padding-quantization": case({**FP8, "model.moe_router_padding_for_quantization": True},
+                                            {"model.moe_router_padding_for_quantization": True}, recipe=MOE),
+    "moe/topk-1-pre-softmax": case({"model.moe_router_topk": 1, "model.moe_router_pre_softmax": True},
+                                   {"model.moe_router_topk": 1}, recipe=MOE),
+    "moe/group-limited-routing": case({"model.moe_router_group_topk": 2, "model.moe_router_num_groups": 8},
+                                      {"model.moe_router_group_topk": 2, "model.moe_router_num_groups": 12}, recipe=MOE),
+    "moe/allgather-fixed-lengths": case({"model.moe_token_dispatcher_type": "allgather"},
+                                        {"model.moe_token_dispatcher_type": "allgather",
+                                         "model.variable_seq_lengths": True}, recipe=MOE),
+    "moe/ep-comm-overlap": case(EP_OVERLAP, {**EP_OVERLAP, "model.moe_shared_expert_overlap": True}, recipe=MOE,
+                                gpus=(2, 2)),
+    "moe/wgrad-overlap": case({**EP_OVERLAP, "model.delay_wgrad_compute": True}, {"model.delay_wgrad_compute": True},
+                              recipe=MOE, gpus=(2, 2)),
+    "recompute/granularity-known": case(SELECTIVE, {"model.recompute_granularity": "partial"}),
+    "recompute/method-known": case(FULL_RECOMPUTE, {**FULL_RECOMPUTE, "model.recompute_method": "diagonal"}),
+    "recompute/distribute-saved-activations": case(
+        {**SELECTIVE, "model.distribute_saved_activations": True},
+        {**SELECTIVE, "model.distribute_saved_activations": True, "model.tensor_model_parallel_size": 2,
+         "model.sequence_parallel": True}, gpus=(1, 2)),
+    "recompute/modules-known": case({**SELECTIVE, "model.recompute_modules": ["core_attn", "mlp"]},
+                                    {**SELECTIVE, "model.recompute_modules": ["core_attn", "attention"]}),
+    "recompute/modules-need-features": case({**SELECTIVE, "model.recompute_modules": ["moe_act"]},
+                                            {**SELECTIVE, "model.recompute_modules": ["moe_act"],
+                                             "model.moe_grouped_gemm": False}, recipe=MOE),
+    "recompute/moe-layer-not-full": case({"model.moe_layer_recompute": True},
+                                         {**FULL_RECOMPUTE, "model.moe_layer_recompute": True}, recipe=MOE),
+    "fine-grained/delta-offload-bytes": case(FINE, {**FINE, "model.delta_offload_bytes_across_pp_ranks": -1},
+                                             recipe=MOE),
+    "pipeline/one-layout-way": case({**PP2, "model.num_layers_in_first_pipeline_stage": 8},
+                                    {**PP2, "model.num_layers_in_first_pipeline_stage": 8,
+                                     "model.account_for_loss_in_pipeline_split": True}, gpus=(2, 2)),
+    "pipeline/layout-valid": case({**PP2, "model.pipeline_model_parallel_layout": "Et*8|t*8L"},
+                                  {**PP2, "model.pipeline_model_parallel_layout": "Et*8|t*7L"}, gpus=(2, 2)),
+    "pipeline/uneven-stages": case({**PP2, "model.num_layers_in_first_pipeline_stage": 6},
+                                   {**PP2, "model.num_layers_in_first_pipeline_stage": 16}, gpus=(2, 2)),
+    "pipeline/embedding-loss-split": case(
+        {**PP2, "model.account_for_embedding_in_pipeline_split": True, "model.account_for_loss_in_pipeline_split": True},
+        {**PP2, "model.account_for_loss_in_pipeline_split": True}, gpus=(2, 2)),
+    "parallel/pipeline-dtype": case(PP2, {**PP2, "mixed_precision": None, "model.params_dtype": None}, gpus=(2, 2)),
+    "parallel/defer-embedding-wgrad": case(
+        {**PP2, "model.defer_embedding_wgrad_compute": True, "model.gradient_accumulation_fusion": True},
+        {**PP2, "model.defer_embedding_wgrad_compute": True}, gpus=(2, 2)),
+    "parallel/p2p-warmup-flush": case({"model.overlap_p2p_comm_warmup_flush": True, "model.overlap_p2p_comm": True,
+                                       "model.batch_p2p_comm": False}, {"model.overlap_p2p_comm_warmup_flush": True}),
+    "parallel/tp-weight-shards": case({"model.tensor_parallel_num_weight_shards": 4},
+                                      {"model.tensor_parallel_num_weight_shards": 3, "model.tensor_model_parallel_size": 2},
+                                      gpus=(1, 2)),
+    "model/cuda-graph-legacy-flags": case({"model.enable_cuda_graph": True},
+                                          {"model.enable_cuda_graph": True, "model.external_cuda_graph": True}),
+    "model/cuda-graph-impl-known": case(TE_GRAPH, {"model.cuda_graph_impl": "partial"}),
+    "model/cuda-graph-modules-valid": case({**TE_GRAPH, "model.cuda_graph_modules": ["attn"]},
+                                           {**TE_GRAPH, "model.cuda_graph_modules": ["full", "attn"]}),
+    "model/cuda-graph-inference-scope": case({"model.cuda_graph_impl": "local", "model.inference_cuda_graph_scope": "block"},
+                                             {**TE_GRAPH, "model.inference_cuda_graph_scope": "block"}),
+    "model/cuda-graph-local-full-iteration": case(
+        {"model.cuda_graph_impl": "local", "model.cuda_graph_modules": ["full_iteration"]},
+        {"model.cuda_graph_impl": "local", "model.cuda_graph_modules": ["attn"]}),
+    "model/cuda-graph-full-iteration-modules": case({"model.cuda_graph_impl": "full_iteration"},
+                                                    {"model.cuda_graph_impl": "full_iteration",
+                                                     "model.cuda_graph_modules": ["attn"]}),
+    "model/cuda-graph-moe-modules": case({**TE_GRAPH, "model.cuda_graph_modules": ["attn", "moe_router"]},
+                                         {**TE_GRAPH, "model.cuda_graph_modules": ["moe"]}, recipe=MOE),
+    "model/cuda-graph-recompute": case({**TE_GRAPH, **SELECTIVE}, {**TE_GRAPH, **FULL_RECOMPUTE}),
+    "model/cuda-graph-fine-grained-offload": case({**TE_GRAPH, **FINE},
+                                                  {**TE_GRAPH, **FINE, "model.cuda_graph_warmup_steps": 0}, recipe=MOE),
+    "optimizer/mxfp8-param-gather-overlap": case(
+        {"mixed_precision": None, "optimizer.reuse_grad_buf_for_mxfp8_param_ag": True},
+        {"mixed_precision": None, "optimizer.reuse_grad_buf_for_mxfp8_param_ag": True,
+         "optimizer.overlap_param_gather_with_optimizer_step": True}),
+    "optimizer/precision-aware-adam": case({"optimizer.use_precision_aware_optimizer": True},
+                                           {"optimizer.use_precision_aware_optimizer": True, "optimizer.optimizer": "sgd"}),
+    "optimizer/dtypes-need-precision-aware": case({"optimizer.use_precision_aware_optimizer": False},
+                                                  {"optimizer.exp_avg_dtype": torch.bfloat16}),
+    "optimizer/precision-aware-te-fused-adam": case({"optimizer.use_precision_aware_optimizer": True},
+                                                    {"optimizer.use_precision_aware_optimizer": True},
+                                                    passing_ctx=TE_NEW, failing_ctx={"te_version": None}),
+    "ddp/reuse-grad-buf-needs-fp8-param-gather": case(
+        {"mixed_precision": None, "ddp.reuse_grad_buf_for_mxfp8_param_ag": True, "ddp.fp8_param_gather": True},
+        {"mixed_precision": None, "ddp.reuse_grad_buf_for_mxfp8_param_ag": True, "ddp.fp8_param_gather": False}),
+    "ddp/nccl-ub-expandable-segments": case(
+        {"ddp.nccl_ub": True, "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+        {"ddp.nccl_ub": True, "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        passing_ctx={"torch_version": "2.10.0"}, failing_ctx={"torch_version": "2.10.0"}),
+    "ddp/fp32-accumulation-patterns": case(
+        {"mixed_precision": None, "ddp.grad_reduce_in_fp32": False,
+         "ddp.param_name_patterns_for_fp32_local_accumulation": ["router"]},
+        {"ddp.param_name_patterns_for_fp32_local_accumulation": ["router"]}),
+    "ddp/buckets": case({"ddp.num_buckets": 4}, {"ddp.num_buckets": 0}),
+}
+
+
+def test_every_rule_has_a_case():
+    assert set(CASES) == {rule.id for rule in upstream_model_rules.RULES}
+
+
+def _problems(recipe, spec, which):
+    cfg = recipe(spec["recipe"])
+    for key, value in spec[which].items():
+        set_path(cfg, key, value)
+    extra = dict(spec[f"{which}_ctx"])
+    torch_version = extra.pop("torch_version", None)
+    ctx = Context(cfg, spec["gpus"][0 if which == "passing" else 1], environ={}, **extra)
+    if torch_version:
+        ctx.torch_version = torch_version  # the PyTorch version to validate for (the rules read it as installed else)
+    return ctx, check_rules(ctx)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_passes(recipe, rule_id):
+    ctx, problems = _problems(recipe, CASES[rule_id], "passing")
+    assert RULES_BY_ID[rule_id].applies(ctx), "the passing case must exercise the rule"
+    assert rule_id not in {p.rule_id for p in problems}, [p.format() for p in problems if p.rule_id == rule_id]
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fails_with_key_value_rule_and_fix(recipe, rule_id):
+    ctx, problems = _problems(recipe, CASES[rule_id], "failing")
+    found = [p for p in problems if p.rule_id == rule_id]
+    assert found, f"{rule_id} not reported; got {[p.rule_id for p in problems]}"
+    problem, rule = found[0], RULES_BY_ID[rule_id]
+    assert problem.key == rule.key and problem.rule == rule.text
+    assert problem.value and problem.value != "?" and "unreadable" not in problem.value and problem.fix
+    assert "could not" not in problem.fix, problem.fix  # the guard's words: the rule itself raised
+
+
+def test_valid_recipes_break_none_of_these_rules(built):
+    ids = {rule.id for rule in upstream_model_rules.RULES}
+    for name in (DENSE, MOE, "qwen3_30b_a3b_proxy_fine_grained_offload_config"):
+        problems = check_rules(Context(built(name), 1, environ={"NVTE_CPU_OFFLOAD_V1": "1"}, te_version="2.20.0"))
+        assert [p.rule_id for p in problems if p.rule_id in ids] == []
+
+
+@pytest.mark.parametrize("value", [None, 0, -1])
+def test_rules_do_not_raise_on_null_zero_or_negative_values(recipe, value):
+    for key in ("model.num_layers", "model.pipeline_model_parallel_size", "model.num_moe_experts",
+                "model.moe_router_num_groups", "model.linear_num_key_heads", "model.cuda_graph_warmup_steps"):
+        for name in (DENSE, MOE):
+            cfg = recipe(name)
+            for k, v in {**GDN, **PP2, "model.moe_router_group_topk": 2}.items():
+                set_path(cfg, k, v)
+            set_path(cfg, key, value)
+            problems = check_rules(Context(cfg, 2, environ={}))
+            assert all("could not" not in p.fix for p in problems if p.rule_id in CASES), key
+
+
+# -- the reasons given for sites no user reaches, where they state a fact ------------------------------
+
+def test_the_unreachable_reasons_hold(built):
+    import importlib
+
+    cfg = built(DENSE)
+    assert importlib.util.find_spec("packaging") is not None  # "packaging is importable"
+    assert hasattr(cfg.model, "overlap_moe_expert_parallel_comm")  # comm_overlap's model_cfg check
+    assert any(hasattr(cfg.model, name) for name in ("moe_hybridep_pad_uneven_dispatch_inputs",
+                                                     "moe_hybridep_pad_variable_tokens"))  # HybridEP padding field
+    assert type(cfg.model).__name__ == "GPTModelProvider"  # no MLATransformerConfig
+    # Bridge's finalize turns sequence parallelism off without TP, before Megatron Core checks it
+    import copy
+
+    model = copy.deepcopy(cfg.model)
+    model.sequence_parallel, model.tensor_model_parallel_size = True, 1
+    model.finalize()
+    assert model.sequence_parallel is False
