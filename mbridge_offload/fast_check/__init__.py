@@ -110,6 +110,18 @@ class _Validator:
         return report
 
 
+@contextlib.contextmanager
+def _standing_in(module: types.ModuleType) -> Iterator[None]:
+    """``module`` importable under its name while the fast path runs, removed afterwards (unless the real
+    module replaced it meanwhile)."""
+    sys.modules[module.__name__] = module
+    try:
+        yield
+    finally:
+        if sys.modules.get(module.__name__) is module:
+            del sys.modules[module.__name__]
+
+
 PRESETS_MODULE = "megatron.bridge.training.mixed_precision"
 
 
@@ -136,12 +148,8 @@ def _cached_presets(presets: dict[str, Any] | None) -> Iterator[None]:
     module.get_mixed_precision_config = get_mixed_precision_config  # type: ignore[attr-defined]
     module.MIXED_PRECISION_RECIPES = {name: (lambda n=name: get_mixed_precision_config(n))  # type: ignore[attr-defined]
                                       for name in presets}
-    sys.modules[PRESETS_MODULE] = module
-    try:
+    with _standing_in(module):
         yield
-    finally:
-        if sys.modules.get(PRESETS_MODULE) is module:
-            del sys.modules[PRESETS_MODULE]
 
 
 CUDA_GRAPH_MODULE = "megatron.bridge.utils.cuda_graph"
@@ -169,12 +177,8 @@ def _cuda_graph_shim() -> Iterator[None]:
         return importlib.import_module(CUDA_GRAPH_MODULE).is_full_iteration_cuda_graph(config)
 
     module.is_full_iteration_cuda_graph = is_full_iteration_cuda_graph  # type: ignore[attr-defined]
-    sys.modules[CUDA_GRAPH_MODULE] = module
-    try:
+    with _standing_in(module):
         yield
-    finally:
-        if sys.modules.get(CUDA_GRAPH_MODULE) is module:
-            del sys.modules[CUDA_GRAPH_MODULE]
 
 
 def prepare_fast(recipe: Any, overrides: Sequence[str], **kwargs: Any) -> FastAnswer | None:

@@ -202,10 +202,11 @@ def _run_request(request: dict[str, Any], fds: list[int], added_by_imports: dict
     main = importlib.import_module(COMMANDS[request["command"]]).main
     try:
         code = main(request["argv"])
-    except SystemExit as stop:  # argparse and the commands' own refusals
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if not isinstance(stop.code, int) and stop.code is not None:
-            print(stop.code, file=sys.stderr)
+    except SystemExit as stop:  # argparse and the commands' own refusals, as the interpreter would end them
+        code = 0 if stop.code is None else stop.code
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
     except BaseException:  # noqa: BLE001  (shown to the user as the command itself would)
         import traceback
 
