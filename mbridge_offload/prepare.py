@@ -66,7 +66,7 @@ def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tu
         options = what_would_fit(cfg, num_gpus, **plan_options)
         raise NotPrepared(
             f"{AUTO_OVERRIDE}: nothing fits: even with every optimizer state on the CPU the plan needs "
-            f"{fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
+            f"{fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:.2f} GiB margin of "
             f"{fitting.gpu_memory_gib:g} GiB per GPU."
             + ("\n  What would fit: " + "\n  or ".join(options) if options else ""))
     if fitting.fits_host is False:
@@ -78,7 +78,7 @@ def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tu
             + f" (the first optimizer step's peak plus {fitting.host_margin_gib:g} GiB per rank). Fix: fewer ranks "
             "per node or more nodes, or more GPUs (less on each).")
     return fraction, (f"{AUTO_OVERRIDE} -> {fraction:g} (smallest fraction in steps of 0.05 that fits: "
-                      f"{fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:g} GiB margin of "
+                      f"{fitting.total_bytes_gpu / GIB:.1f} GiB + {fitting.margin_gib:.2f} GiB margin of "
                       f"{fitting.gpu_memory_gib:g} GiB)")
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from recipes import registry
+from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 from mbridge_offload.prepare import NotPrepared, prepare
 
 EIGHT_B = ["model.tensor_model_parallel_size=1", "model.seq_length=2048", "dataset.seq_length=2048",
            "train.global_batch_size=2"]
 H200 = {"gpu_memory_gib": 139.8}
+
 
 
 def _prepare(name, overrides, num_gpus=1, **kwargs):
@@ -31,8 +33,10 @@ def test_auto_applies_each_override_once(monkeypatch):
     prepared = _prepare("qwen3_8b_pretrain_config", [*EIGHT_B, "optimizer.optimizer_offload_fraction=auto"])
     assert sorted(applied) == sorted([*EIGHT_B, f"optimizer.optimizer_offload_fraction={prepared.auto_fraction:g}",
                                       "optimizer.optimizer_cpu_offload=True"])
-    assert prepared.auto_fraction == 0.25 and prepared.cfg.optimizer.optimizer_offload_fraction == 0.25
-    assert prepared.auto_line.startswith("optimizer.optimizer_offload_fraction=auto -> 0.25 (")
+    expected, _ = smallest_fitting_fraction(prepared.cfg, 1, **H200)
+    assert 0 < expected < 1
+    assert prepared.auto_fraction == expected and prepared.cfg.optimizer.optimizer_offload_fraction == expected
+    assert prepared.auto_line.startswith(f"optimizer.optimizer_offload_fraction=auto -> {expected:g} (")
     assert prepared.overrides == tuple(EIGHT_B)
 
 
@@ -44,7 +48,8 @@ def test_auto_keeps_the_offload_switch_the_command_line_set_and_a_second_value_i
     with pytest.raises(NotPrepared, match=twice) as refused:
         _prepare("qwen3_8b_pretrain_config", [*EIGHT_B, "optimizer.optimizer_offload_fraction=0.5",
                                              "optimizer.optimizer_offload_fraction=auto"])
-    assert refused.value.auto_line.startswith("optimizer.optimizer_offload_fraction=auto -> 0.25")  # said before
+    # said before the refusal: what auto resolved to
+    assert refused.value.auto_line.startswith(f"optimizer.optimizer_offload_fraction=auto -> {prepared.auto_fraction:g} (")
 
 
 def test_prepared_holds_the_tuned_config_the_plan_and_the_report():

@@ -1,56 +1,136 @@
-"""The memory planner against measurements: planned vs measured peak GPU and host memory of every run
-of sweep_offload.py folders (plan_offload.py --compare; docs/benchmarks/planner-accuracy.md)."""
+"""The memory planner against measurements: planned vs measured peak GPU and host memory of the runs under
+benchmark folders (plan_offload.py --compare; docs/benchmarks/planner-accuracy.md).
+
+A run folder is one training of run_recipe.py: its command (the first line of log.txt, as the sweep and the
+checks write it) says the recipe and overrides, its summary.json what it used. The calibration folders set
+the planner's fitted constants; the held-out ones (HELDOUT) were measured after them and set none, except
+the memory outside PyTorch, which is measured there (memory_plan.OUTSIDE_PYTORCH_BYTES).
+"""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
+HELDOUT = ("planner-heldout", "planner-auto")
 
-def compare_rows(sweep_dir: Path) -> list[dict]:
-    """Planned vs measured peak GPU memory for every run of a sweep folder (same overrides)."""
+
+def run_dirs(folder: Path) -> list[Path]:
+    """The run folders under ``folder`` (a sweep's fraction-F, a check's auto and fraction-F), repeats left out."""
+    found = {p.parent for p in folder.rglob("log.txt")}
+    return sorted((d for d in found if not d.name.endswith(tuple(f"-repeat{i}" for i in range(1, 10)))), key=str)
+
+
+def run_command(run_dir: Path) -> tuple[str, list[str]]:
+    """(recipe, overrides) of the run_recipe.py command at the top of the run's log.txt; for a sweep's run whose
+    log does not start with it, the sweep's recipe and overrides with the fraction of the run's folder."""
+    from mbridge_offload.bench.sweep import fraction_overrides
+
+    lines = (run_dir / "log.txt").read_text(errors="replace").splitlines()
+    words = shlex.split(lines[0]) if lines else []
+    if "--recipe" in words:
+        return words[words.index("--recipe") + 1], [w for w in words if "=" in w and not w.startswith("-")]
+    sweep = json.loads((run_dir.parent / "sweep.json").read_text())
+    return sweep["recipe"], [*sweep["overrides"], *fraction_overrides(float(run_dir.name.removeprefix("fraction-")))]
+
+
+def _fraction(overrides: list[str], summary: dict | None) -> tuple[float | None, list[str]]:
+    """The fraction the run trained at (auto resolved from its summary) and the overrides without auto."""
+    from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
+
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == FRACTION_KEY]
+    rest = [o for o in overrides if o.split("=", 1)[0] != FRACTION_KEY]
+    if summary is not None and summary.get("optimizer_offload_fraction") is not None:
+        return (summary["optimizer_offload_fraction"] if summary.get("optimizer_cpu_offload") else 0.0), rest
+    if given and given[-1] != "auto":
+        return float(given[-1]), rest
+    return None, rest
+
+
+def _ratio(planned: float, measured: float | None) -> float | None:
+    return None if measured is None else planned / measured - 1
+
+
+def compare_run(run_dir: Path) -> dict | None:
+    """Planned vs measured of one run folder (None when the fraction it ran at is unknown)."""
     from overrides import apply_overrides
     from recipes import registry
     from mbridge_offload.planning import GIB, plan
 
-    sweep = json.loads((sweep_dir / "sweep.json").read_text())
-    cfg = apply_overrides(registry.get(sweep["recipe"]).build(), sweep["overrides"])
-    rows = []
-    for row in sweep["rows"]:
-        planned = plan(cfg, 1, fraction=row["fraction"])
-        measured, host = row["peak_allocated_gib"], row.get("peak_host_rss_gib")
-        rows.append({"recipe": sweep["recipe"], "fraction": row["fraction"], "measured_gib": measured,
-                     "planned_gib": planned.total_bytes_gpu / GIB, "planned_state_gib": planned.state_bytes_gpu / GIB,
-                     "error": None if measured is None else planned.total_bytes_gpu / GIB / measured - 1,
-                     "measured_host_rss_gib": host, "planned_host_gib": planned.host_bytes_per_node / GIB,
-                     "host_error": None if host is None else planned.host_bytes_per_node / GIB / host - 1,
-                     "planned_host_peak_gib": planned.host_peak_bytes_per_node / GIB,
-                     "measured_node_peak_gib": row.get("peak_node_host_used_gib")})
-    return rows
+    recipe, overrides = run_command(run_dir)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    fraction, rest = _fraction(overrides, summary)
+    if fraction is None:
+        return None
+    cfg = apply_overrides(registry.get(recipe).build(), rest)
+    planned = plan(cfg, 1, fraction=fraction)
+    s = summary or {}
+    measured, host, device = s.get("peak_allocated_gib"), s.get("peak_host_rss_gib"), s.get("peak_device_process_used_gib")
+    return {"run": str(run_dir), "recipe": recipe, "overrides": rest, "fraction": fraction,
+            "measured_gib": measured, "planned_gib": planned.allocated_bytes_gpu / GIB,
+            "error": _ratio(planned.allocated_bytes_gpu / GIB, measured),
+            "measured_device_gib": device, "planned_device_gib": planned.total_bytes_gpu / GIB,
+            "device_error": _ratio(planned.total_bytes_gpu / GIB, device),
+            "measured_outside_pytorch_gib": s.get("device_outside_pytorch_gib") if device is not None else None,
+            "planned_state_gib": planned.state_bytes_gpu / GIB,
+            "measured_host_rss_gib": host, "planned_host_gib": planned.host_bytes_per_node / GIB,
+            "host_error": _ratio(planned.host_bytes_per_node / GIB, host),
+            "planned_host_peak_gib": planned.host_peak_bytes_per_node / GIB,
+            "measured_node_peak_gib": s.get("peak_node_host_used_gib")}
+
+
+def compare_rows(folder: Path) -> list[dict]:
+    """compare_run for every run folder under ``folder``, in order of the fraction."""
+    rows = [r for r in (compare_run(d) for d in run_dirs(folder)) if r is not None]
+    return sorted(rows, key=lambda r: (r["run"].rsplit("/", 1)[0], r["fraction"]))
+
+
+def largest_underprediction(rows: list[dict]) -> float:
+    """The largest share by which a run's whole-device use exceeded its plan (0 when none did)."""
+    return max([0.0] + [-r["device_error"] / (1 + r["device_error"]) for r in rows if r["device_error"] is not None])
 
 
 def _cell(value: float | None, fmt: str = ".2f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def compare_markdown(sweep_dirs: list[Path]) -> str:
-    lines = ["| recipe | fraction | measured peak allocated (GiB) | planned total (GiB) | error |",
+def compare_markdown(folders: list[Path]) -> str:
+    lines = ["| recipe | fraction | measured peak allocated (GiB) | planned allocated (GiB) | error |",
              "|---|---|---|---|---|"]
-    for sweep_dir in sweep_dirs:
-        for r in compare_rows(sweep_dir):
-            measured = "-" if r["measured_gib"] is None else f"{r['measured_gib']:.2f}"
-            error = "-" if r["error"] is None else f"{r['error']:+.1%}"
-            lines.append(f"| {r['recipe']} | {r['fraction']:g} | {measured} | {r['planned_gib']:.2f} | {error} |")
+    for folder in folders:
+        for r in compare_rows(folder):
+            lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_gib'])} | {r['planned_gib']:.2f} "
+                         f"| {_cell(r['error'], '+.1%')} |")
     return "\n".join(lines)
 
 
-def compare_host_markdown(sweep_dirs: list[Path]) -> str:
+def heldout_markdown(folders: list[Path]) -> str:
+    """Held-out runs: PyTorch's peak and the whole device (NVML, this process), planned and measured."""
+    lines = ["| run | recipe | overrides | fraction | peak allocated: measured / planned (GiB) | error "
+             "| whole device: measured / planned (GiB) | error | outside PyTorch, measured (GiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for folder in folders:
+        for r in compare_rows(folder):
+            if r["measured_gib"] is None:
+                continue
+            run = Path(r["run"])
+            shown = [o for o in r["overrides"] if not o.startswith(("train.train_iters", "optimizer.optimizer_cpu_offload"))]
+            lines.append(f"| {run.parent.name}/{run.name} | {r['recipe']} | {' '.join(shown)} | {r['fraction']:g} "
+                         f"| {r['measured_gib']:.2f} / {r['planned_gib']:.2f} | {_cell(r['error'], '+.1%')} "
+                         f"| {_cell(r['measured_device_gib'])} / {r['planned_device_gib']:.2f} "
+                         f"| {_cell(r['device_error'], '+.1%')} | {_cell(r['measured_outside_pytorch_gib'])} |")
+    return "\n".join(lines)
+
+
+def compare_host_markdown(folders: list[Path]) -> str:
     """Planned vs measured host memory of the same runs (one rank per node)."""
     lines = ["| recipe | fraction | measured host RSS at step ends (GiB) | planned between steps (GiB) | error "
              "| planned peak in the first optimizer step (GiB) | measured node peak (GiB) |",
              "|---|---|---|---|---|---|---|"]
-    for sweep_dir in sweep_dirs:
-        for r in compare_rows(sweep_dir):
+    for folder in folders:
+        for r in compare_rows(folder):
             lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_host_rss_gib'])} "
                          f"| {r['planned_host_gib']:.2f} | {_cell(r['host_error'], '+.1%')} "
                          f"| {r['planned_host_peak_gib']:.2f} | {_cell(r['measured_node_peak_gib'])} |")

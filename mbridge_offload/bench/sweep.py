@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from overrides.grammar import key_of
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY
 from mbridge_offload.facts.determinism import SEED_PARITY  # the seed's criterion: max |loss delta| vs baseline
+from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.runtime.run_outcome import forget_outcome, recorded, write_failure
 
 OWNED_KEYS = (OFFLOAD_SWITCH_KEY, FRACTION_KEY)
@@ -59,7 +61,10 @@ def split_overrides(overrides: list[str]) -> tuple[list[float] | None, list[str]
     return fractions, rest
 
 
-def fraction_overrides(fraction: float) -> list[str]:
+def fraction_overrides(fraction: float | str) -> list[str]:
+    """The overrides of one fraction; "auto" leaves the choice to the planner (it sets the switch too)."""
+    if fraction == "auto":
+        return [AUTO_OVERRIDE]
     if fraction == 0.0:  # the baseline: optimizer offload off altogether
         return ["optimizer.optimizer_cpu_offload=False", f"{FRACTION_KEY}=0.0"]
     return ["optimizer.optimizer_cpu_offload=True", f"{FRACTION_KEY}={fraction}"]
@@ -80,21 +85,43 @@ def call_logged(command: list[str], log, timeout_s: float | None, stop: StopSign
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pending = stop
-    while True:
-        try:
-            return process.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
-        if pending is not None and pending.when():
-            os.killpg(process.pid, getattr(signal, pending.signal_name))
-            pending = None
-        if deadline is not None and time.monotonic() > deadline:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            return "timeout"
+    # a SIGTERM to this process (a job's time limit) ends it through the cleanup below, as a Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        while True:
+            try:
+                return process.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            if pending is not None and pending.when():
+                os.killpg(process.pid, getattr(signal, pending.signal_name))
+                pending = None
+            if deadline is not None and time.monotonic() > deadline:
+                _kill_group(process)
+                return "timeout"
+    except BaseException:
+        # the run is in a session of its own: a Ctrl-C or a job's time limit reaching this process would leave it
+        # training (and holding the GPU) behind the next command
+        _kill_group(process)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-def run_one(recipe: str, fraction: float, out_dir: Path, overrides: list[str], extra_args: list[str],
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def run_one(recipe: str, fraction: float | str, out_dir: Path, overrides: list[str], extra_args: list[str],
             timeout_s: float | None, stop: StopSignal | None = None) -> dict:
     """One training in a fresh process: its summary, or the reason it failed. ``stop``: see call_logged."""
     command = [sys.executable, *RUN_RECIPE, "--recipe", recipe, "--out", str(out_dir), *extra_args,

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from mbridge_offload.bench.resume_parity import STOP_BY, check_resume, markdown, write_results
 from mbridge_offload.bench.sweep import parse_fractions
-from mbridge_offload.cli.parsing import (CommandParser, at_least_one, check_writable, make_dir, parse_command,
-                                         positive_seconds, refuse_bad_overrides, split_fraction_overrides)
+from mbridge_offload.cli.parsing import CommandParser, at_least_one, parse_single_fraction_command, positive_seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,13 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parse_command(parser, argv)
-    check_writable(parser, "--out", args.out)
-    multirun, overrides = split_fraction_overrides(parser, args.overrides)
-    if multirun:
-        parser.error("give the fractions with --fractions, not as a multirun override")
-    refuse_bad_overrides(parser, args.recipe, overrides)
-    make_dir(parser, "--out", args.out)
+    args, overrides = parse_single_fraction_command(
+        parser, argv, "give the fractions with --fractions, not as a multirun override")
     extra = ["--offload-tuning", args.offload_tuning] + (["--deterministic"] if args.deterministic else [])
     rows = []
     for i, fraction in enumerate(args.fractions, 1):

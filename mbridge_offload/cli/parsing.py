@@ -184,6 +184,21 @@ def refuse_bad_overrides(parser: argparse.ArgumentParser, recipe_name: str, over
         parser.exit(EXIT_INVALID)
 
 
+def parse_single_fraction_command(parser: argparse.ArgumentParser, argv: list[str] | None,
+                                  multirun_error: str) -> tuple[argparse.Namespace, list[str]]:
+    """The start of a check that runs one recipe with overrides into --out (check_resume, check_auto): the
+    arguments, the overrides (a multirun fraction refused with ``multirun_error``, bad overrides refused before
+    anything starts), and --out made. Refusals are one line, exit 2."""
+    args = parse_command(parser, argv)
+    check_writable(parser, "--out", args.out)
+    multirun, overrides = split_fraction_overrides(parser, args.overrides)
+    if multirun:
+        parser.error(multirun_error)
+    refuse_bad_overrides(parser, args.recipe, overrides)
+    make_dir(parser, "--out", args.out)
+    return args, overrides
+
+
 def refuse(message: str) -> int:
     """Print a refusal the command found after parsing (one line) and return exit 2."""
     print(message, file=sys.stderr)

@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.compare:
         quiet_import_notices()
-        from mbridge_offload.bench.planner_accuracy import compare_host_markdown, compare_markdown
+        from mbridge_offload.bench.planner_accuracy import compare_host_markdown, compare_markdown, heldout_markdown
 
-        print(compare_markdown(args.compare) + "\n\n" + compare_host_markdown(args.compare))
+        print("PyTorch's peak allocation:\n" + compare_markdown(args.compare)
+              + "\n\nThe whole device (where the runs recorded it, NVML):\n" + heldout_markdown(args.compare)
+              + "\n\nHost memory:\n" + compare_host_markdown(args.compare))
         return EXIT_OK
     if not args.recipe:
         parser.error("--recipe NAME is required (or --compare SWEEP_DIR ...)")

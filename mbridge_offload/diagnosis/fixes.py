@@ -47,7 +47,7 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None) -> tuple[str, str]
             return _switch(fraction), (
                 f"planner, {num_gpus} GPU(s) of {gpu_gib:.2f} GiB: fraction {fraction:g} frees {freed:.1f} GiB "
                 f"against fraction {failed:g} (the failed allocation lacked {shortfall:.2f} GiB) and plans "
-                f"{candidate.total_bytes_gpu / GIB:.1f} GiB with {candidate.margin_gib:g} GiB margin")
+                f"{candidate.total_bytes_gpu / GIB:.1f} GiB with {candidate.margin_gib:.2f} GiB margin")
     options = _cheapest(what_would_fit(cfg, num_gpus, gpu_memory_gib=gpu_gib))
     if options:
         return options[0], (f"planner: no optimizer offload fraction fits {gpu_gib:.2f} GiB; the cheapest change "

@@ -154,7 +154,7 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.fine_grained = text.endswith(": off") is False
         elif match := re.match(r"CPU threads per rank: (\d+)", text):
             facts.threads = int(match.group(1))
-        elif match := re.match(r"GPU: total .* GiB of ([\d.]+) GiB", text):
+        elif match := re.match(r"GPU: (?:fit|total) .* of ([\d.]+) GiB", text):  # "total": logs of before
             facts.gpu_memory_gib = float(match.group(1))
         elif match := re.match(r"host: per node .* ranks? of ([\d.]+) GiB", text):
             facts.host_memory_gib = float(match.group(1))

@@ -10,7 +10,8 @@ from typing import Any
 
 from mbridge_offload.planning.capacity import gpu_memory_gib_here, host_memory_available_gib
 from mbridge_offload.planning.cost_model import H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS
-from mbridge_offload.planning.memory_plan import (DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MARGIN_GIB, DEFAULT_MARGIN_GIB,
+from mbridge_offload.planning.memory_plan import (DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MARGIN_GIB,
+                                                  HELDOUT_UNDERPREDICTION_SHARE,
                                                   HOST_MEMORY_AVAILABLE_NOW, HOST_MEMORY_GIVEN)
 
 
@@ -56,8 +57,10 @@ def add_plan_arguments(parser) -> None:
                        help="host memory per node (default: not checked for a plan or dry run; "
                             "this machine's MemAvailable when launching)")
     group.add_argument("--gpus-per-node", type=_ranks, metavar="N", help="ranks per node (default min(GPUs, 8))")
-    group.add_argument("--margin-gib", type=GIB_AT_LEAST_0, default=DEFAULT_MARGIN_GIB, metavar="M",
-                       help=f"GPU memory kept free for workspace and fragmentation (default {DEFAULT_MARGIN_GIB:g})")
+    group.add_argument("--margin-gib", type=GIB_AT_LEAST_0, default=None, metavar="M",
+                       help="GPU memory kept free beyond the planned whole-device total (default: "
+                            + f"{HELDOUT_UNDERPREDICTION_SHARE:.0%}".replace("%", "%%")  # argparse formats help with %
+                            + " of that total, the largest under-prediction measured on held-out runs)")
     group.add_argument("--host-margin-gib", type=GIB_AT_LEAST_0, default=DEFAULT_HOST_MARGIN_GIB, metavar="M",
                        help="host memory kept free per offloading rank beyond the planned peak of the first optimizer "
                             f"step, for what the H200 measurements do not cover (default {DEFAULT_HOST_MARGIN_GIB:g})")

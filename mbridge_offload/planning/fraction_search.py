@@ -86,7 +86,7 @@ def recommend(cfg, num_gpus: int, **kwargs) -> str:
                 "(see memory/host-fit)")
     return (f"smallest optimizer offload fraction that fits: {fraction:g} "
             f"({fitting.total_bytes_gpu / GIB:.1f} GiB of {fitting.gpu_memory_gib:g} GiB with "
-            f"{fitting.margin_gib:g} GiB margin)")
+            f"{fitting.margin_gib:.2f} GiB margin)")
 
 
 def plan_with_recommendation(cfg, num_gpus: int, fraction: float | None = None, **kwargs) -> Plan:

@@ -24,8 +24,12 @@ def format_plan(p: Plan) -> str:
         ("GPU: weights + grads + optimizer", f"{g(p.weights_bytes_gpu)} + {g(p.grads_bytes_gpu)} + "
                                              f"{g(p.optimizer_bytes_gpu)} = {g(p.state_bytes_gpu)}"),
         ("GPU: activations (peak)", g(p.activation_bytes_gpu)),
-        ("GPU: total (+0.5 GiB context)", f"{g(p.total_bytes_gpu)} of {p.gpu_memory_gib:g} GiB, margin "
-                                          f"{p.margin_gib:g} GiB: {'fits' if p.fits_gpu else 'DOES NOT FIT'}"),
+        ("GPU: whole device", f"{g(p.allocated_bytes_gpu)} allocated by PyTorch (with workspaces) + "
+                              f"{g(p.allocator_reserve_bytes_gpu)} its allocator's reserve + "
+                              f"{g(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context, libraries, NCCL) = "
+                              f"{g(p.total_bytes_gpu)}"),
+        ("GPU: fit", f"{g(p.total_bytes_gpu)} + {p.margin_gib:.2f} GiB margin ({p.margin_source}) of "
+                     f"{p.gpu_memory_gib:g} GiB: {'fits' if p.fits_gpu else 'DOES NOT FIT'}"),
         ("host: offloaded per rank", f"{g(p.offloaded_bytes_host_per_rank)} ({g(p.pinned_bytes_host_per_rank)} pinned)"),
         ("host: per node", f"{g(p.host_bytes_per_node)} between steps, {g(p.host_peak_bytes_per_node)} at the "
                            f"first optimizer step's peak, for {p.ranks_per_node} rank(s)"
@@ -90,6 +94,6 @@ def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[Problem]:
         problems.append(Problem(
             rule_id="memory/gpu-fit", key=FRACTION_KEY,
             value=f"{p.fraction:g} ({p.total_bytes_gpu / GIB:.1f} GiB predicted)",
-            rule=f"predicted GPU memory plus {p.margin_gib:g} GiB margin exceeds {p.gpu_memory_gib:g} GiB",
+            rule=f"predicted GPU memory plus {p.margin_gib:.2f} GiB margin exceeds {p.gpu_memory_gib:g} GiB",
             fix=p.recommendation or AUTO_OVERRIDE, severity="warning", source="planner"))
     return problems

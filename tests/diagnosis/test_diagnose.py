@@ -266,3 +266,16 @@ def test_runtime_rules_are_in_the_readme_table_and_never_apply_to_a_config(built
     assert all(rule.text in rules_markdown() for rule in runtime)
     problems = check_rules(Context(built("qwen3_1b_proxy_optimizer_offload_config"), 1, environ={}))
     assert not [p for p in problems if p.rule_id.startswith("runtime/")]
+
+
+def test_run_facts_read_the_gpu_size_from_the_plan_line_of_either_format():
+    """The plan's fit line ("GPU: fit ... of 32 GiB", as the auto checks' runs printed it) and the line of runs
+    from before the whole-device plan ("GPU: total (+0.5 GiB context) ... of 139.801 GiB")."""
+    from mbridge_offload.diagnosis.logs import read_lines
+    from mbridge_offload.diagnosis.run_facts import run_facts
+
+    benchmarks = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+    new = benchmarks / "planner-auto" / "1p7b-sl2048" / "auto" / "log.txt"
+    old = benchmarks / "planner-heldout" / "moe-proxy-3" / "fraction-0" / "log.txt"
+    assert run_facts(read_lines(new), None).gpu_memory_gib == 32.0
+    assert run_facts(read_lines(old), None).gpu_memory_gib == 139.801

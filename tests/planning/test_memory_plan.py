@@ -68,11 +68,14 @@ def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(bu
 
 
 def test_the_plan_adds_up_and_is_frozen(built):
-    """The worst rank's GPU total is its state, activations and the fixed context; the state is its weights,
-    gradients and optimizer; the JSON is the plan's fields, stage records as objects."""
+    """The worst rank's GPU total is the whole device: PyTorch's allocation (state, activations, workspaces), the
+    allocator's reserve and the memory outside PyTorch; the state is its weights, gradients and optimizer; the
+    JSON is the plan's fields, stage records as objects."""
     p = plan(built("qwen3_30b_a3b_pretrain_config"), 16, fraction=0.5)
     assert p.state_bytes_gpu == p.weights_bytes_gpu + p.grads_bytes_gpu + p.optimizer_bytes_gpu
-    assert p.total_bytes_gpu == p.state_bytes_gpu + p.activation_bytes_gpu + int(0.5 * GIB)
+    assert p.allocated_bytes_gpu == p.state_bytes_gpu + p.activation_bytes_gpu + int(0.5 * GIB)
+    assert p.total_bytes_gpu == p.allocated_bytes_gpu + p.allocator_reserve_bytes_gpu + p.outside_pytorch_bytes_gpu
+    assert p.allocated_bytes_gpu < p.allocated_bytes_gpu + p.allocator_reserve_bytes_gpu < p.total_bytes_gpu
     assert p.weights_bytes_gpu == 2 * p.params_per_rank  # bf16
     data = p.to_json()
     assert list(data) == [f.name for f in dataclasses.fields(Plan)]
@@ -82,3 +85,20 @@ def test_the_plan_adds_up_and_is_frozen(built):
         p.fraction = 1.0
     with pytest.raises(TypeError):
         Plan(16, 0.5)  # built by keyword only
+
+
+def test_the_margin_scales_with_the_plan_unless_given(built):
+    """Without --margin-gib, auto keeps the held-out share of the planned total free; a given margin replaces it."""
+    from mbridge_offload.planning.memory_plan import HELDOUT_UNDERPREDICTION_SHARE
+
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    small, large = plan(cfg, 1, fraction=1.0), plan(cfg, 1, fraction=0.0)
+    for p in (small, large):
+        assert p.margin_gib == pytest.approx(HELDOUT_UNDERPREDICTION_SHARE * p.total_bytes_gpu / GIB)
+        assert "held-out" in p.margin_source
+    assert small.margin_gib < large.margin_gib
+    given = plan(cfg, 1, fraction=1.0, margin_gib=3.0)
+    assert given.margin_gib == 3.0 and "--margin-gib" in given.margin_source
+    room = (small.total_bytes_gpu / GIB) + small.margin_gib
+    assert plan(cfg, 1, fraction=1.0, gpu_memory_gib=room + 0.01).fits_gpu
+    assert not plan(cfg, 1, fraction=1.0, gpu_memory_gib=room - 0.01).fits_gpu

@@ -7,6 +7,7 @@ import pytest
 from overrides import apply_overrides
 from mbridge_offload.planning import GIB, plan
 from mbridge_offload.validation import validate
+from mbridge_offload.planning.memory_plan import BASE_GPU_BYTES, device_total_bytes
 
 MOE = "qwen3_30b_a3b_proxy_pretrain_config"
 
@@ -30,13 +31,16 @@ def test_activation_offload_refused_and_fine_grained_accepted_with_pp(built):
     assert validate(fg, 4, environ={}).ok
 
 
+
 def test_plan_per_stage(built):
     cfg = apply_overrides(built(MOE), ["model.pipeline_model_parallel_size=2", "model.expert_model_parallel_size=2"])
     p = plan(cfg, 4, fraction=0.5, gpu_memory_gib=139.8)
     assert [s.stage for s in p.stages] == [0, 1]
     assert p.total_bytes_gpu == max(s.total_bytes_gpu for s in p.stages)
     assert p.stages[1].activation_bytes_gpu > p.stages[0].activation_bytes_gpu  # logits on the last stage
-    assert round(p.stages[0].total_bytes_gpu / GIB, 2) == 13.29 and round(p.stages[1].total_bytes_gpu / GIB, 2) == 15.93
+    allocated = [s.state_bytes_gpu + s.activation_bytes_gpu + BASE_GPU_BYTES for s in p.stages]
+    assert round(allocated[0] / GIB, 2) == 13.29 and round(allocated[1] / GIB, 2) == 15.93
+    assert [s.total_bytes_gpu for s in p.stages] == [device_total_bytes(a)[1] for a in allocated]
     # More offload, less GPU memory on every stage.
     q = plan(cfg, 4, fraction=1.0)
     assert all(b.total_bytes_gpu < a.total_bytes_gpu for a, b in zip(p.stages, q.stages))

@@ -150,7 +150,7 @@ def test_plan_offload(warm_cache, config_keys, data):
         assert names_what_it_refuses(text, argv, config_keys), (argv, text[-2000:])
 
 
-# --- the commands that start trainings: sweep_offload.py, bench_offload.py, check_resume.py -----------
+# --- the commands that start trainings: sweep_offload.py, bench_offload.py, check_resume.py, check_auto.py
 
 def _launch_stubs(mp: pytest.MonkeyPatch, calls: list) -> None:
     def launched(*args, **kwargs):
@@ -159,11 +159,13 @@ def _launch_stubs(mp: pytest.MonkeyPatch, calls: list) -> None:
 
     import mbridge_offload.bench.host_measure as host_measure
     import mbridge_offload.bench.overhead as overhead
+    import mbridge_offload.cli.check_auto as check_auto
     import mbridge_offload.cli.check_resume as check_resume
     import mbridge_offload.cli.sweep_offload as sweep_offload
 
     mp.setattr(sweep_offload, "run_sweep", launched)
     mp.setattr(check_resume, "check_resume", launched)
+    mp.setattr(check_auto, "check_auto", launched)
     mp.setattr(overhead, "measure", launched)
     mp.setattr(overhead, "run_benchmark", launched)
     mp.setattr(host_measure, "measure_host", launched)
@@ -174,6 +176,7 @@ COMMAND_OPTIONS = {
     "bench_offload": ("--fractions", "--configs", "--num-gpus", "--baseline-runs", "--repeats", "--timeout",
                       "--host-json"),
     "check_resume": ("--fractions", "--save-at", "--offload-tuning", "--stop-by", "--timeout"),
+    "check_auto": ("--device-gib", "--steps", "--timeout"),
 }
 
 

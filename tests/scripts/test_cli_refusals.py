@@ -46,6 +46,7 @@ def a_file(tmp_path):
 COMMANDS_WITH_RECIPE = {
     "run_recipe": ["--dry-run"], "plan_offload": [], "sweep_offload": ["--out", "OUT"],
     "bench_offload": ["--out", "OUT"], "check_resume": ["--out", "OUT"],
+    "check_auto": ["--out", "OUT", "--device-gib", "16"],
 }
 
 
@@ -76,6 +77,9 @@ def test_bad_flag(command, tmp_path):
     ("sweep_offload", ["--recipe", RECIPE, "--out", "OUT", "--timeout", "-1"], "--timeout"),
     ("bench_offload", ["--recipe", RECIPE, "--out", "OUT", "--repeats", "0"], "--repeats"),
     ("check_resume", ["--recipe", RECIPE, "--out", "OUT", "--save-at", "0"], "--save-at"),
+    ("check_auto", ["--recipe", RECIPE, "--out", "OUT", "--device-gib", "0"], "--device-gib"),
+    ("check_auto", ["--recipe", RECIPE, "--out", "OUT", "--device-gib", "16", "--steps", "0"], "--steps"),
+    ("check_auto", ["--recipe", RECIPE, "--out", "OUT"], "--device-gib"),
     ("measure_host", ["--threads", "0,x"], "--threads"),
     ("measure_host", ["--size-mib", "0"], "--size-mib"),
 ])
@@ -114,6 +118,7 @@ def test_unreadable_file(tmp_path):
     ("sweep_offload", ["--recipe", RECIPE, "--out", "TARGET"]),
     ("bench_offload", ["--recipe", RECIPE, "--out", "TARGET"]),
     ("check_resume", ["--recipe", RECIPE, "--out", "TARGET"]),
+    ("check_auto", ["--recipe", RECIPE, "--out", "TARGET", "--device-gib", "16"]),
     ("measure_host", ["--json", "TARGET/host.json"]),
 ])
 def test_a_folder_it_cannot_write(command, argv, a_file, tmp_path, monkeypatch):
@@ -152,6 +157,7 @@ def test_world_size_that_is_not_a_count(monkeypatch):
     ["scripts/sweep_offload.py", "--recipe", RECIPE, "--out", "/dev/null/x"],
     ["scripts/bench_offload.py", "--recipe", RECIPE, "--out", "o", "--host-json", "/nonexistent.json"],
     ["scripts/check_resume.py", "--recipe", RECIPE, "--out", "o", "--bogus"],
+    ["scripts/check_auto.py", "--recipe", RECIPE, "--out", "o", "--device-gib", "16", "--bogus"],
     ["scripts/measure_host.py", "--json", "/dev/null/host.json"],
 ])
 def test_refusals_need_no_megatron(argv, tmp_path):

@@ -1,0 +1,171 @@
+"""Does ``optimizer.optimizer_offload_fraction=auto`` hold on a GPU of a given size? Two trainings of one
+configuration, each in a fresh process beside a device ballast (bench/device_ballast.py) that leaves exactly
+the device's size free: one at the fraction auto picks for that size (it must train), one at the next 0.05
+below (it must run out of memory, or leave less free than the margin auto stated). Writes DIR/auto_check.json
+and .md. The device memory a run used is its own, from NVML (CUDA context and library workspaces included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mbridge_offload.bench.device_ballast import Ballast
+from mbridge_offload.bench.sweep import run_one
+from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE, AUTO_STEP
+
+# run_recipe.py's line for auto (prepare.resolve_auto): the fraction, the planned total, the margin, the device
+AUTO_LINE = re.compile(re.escape(AUTO_OVERRIDE) + r" -> ([0-9.]+) \(.*?: ([0-9.]+) GiB \+ ([0-9.]+) GiB margin of "
+                       r"([0-9.]+) GiB\)")
+OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
+# torch's out-of-memory message names every other process on the device and what it holds
+OTHER_PROCESS = re.compile(r"Process (\d+) has ([0-9.]+) (GiB|MiB) memory in use")
+BALLAST_TOLERANCE_GIB = 0.01  # the ballast leaves the asked memory free to its 2 MiB blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoChoice:
+    """What run_recipe.py said auto chose."""
+
+    fraction: float
+    planned_total_gib: float
+    margin_gib: float
+    device_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    """One of the two trainings."""
+
+    fraction: float
+    outcome: str  # "trained", "out of memory", "failed: <reason>" or "not valid: <why>"
+    device_used_gib: float | None  # this process's peak whole-device use (NVML), None when it did not train
+    headroom_gib: float | None  # the device's size minus that
+    run_dir: str
+
+
+def auto_choice(log_text: str) -> AutoChoice | None:
+    match = AUTO_LINE.search(log_text)
+    if match is None:
+        return None
+    fraction, total, margin, device = (float(g) for g in match.groups())
+    return AutoChoice(fraction=fraction, planned_total_gib=total, margin_gib=margin, device_gib=device)
+
+
+def strangers_in(text: str, ballast_pid: int) -> dict[int, float]:
+    """Processes other than the ballast that torch's out-of-memory message says held device memory."""
+    found = {}
+    for pid, amount, unit in OTHER_PROCESS.findall(text):
+        if int(pid) != ballast_pid:
+            found[int(pid)] = float(amount) / (1024 if unit == "MiB" else 1)
+    return found
+
+
+def outcome_of(result: dict, device_gib: float, ballast_held_gib: float, ballast_pid: int,
+               strangers_after: dict[int, float]) -> RunOutcome:
+    """A run_one result as a RunOutcome: trained (with its device use), out of memory, or failed; not valid when
+    another process than the ballast held device memory at the end or in the out-of-memory message."""
+    log = Path(result["dir"]) / "log.txt"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    strangers = {**strangers_in(text, ballast_pid), **strangers_after}
+    if strangers:
+        held = ", ".join(f"process {pid} {gib:.2f} GiB" for pid, gib in sorted(strangers.items()))
+        return RunOutcome(fraction=result["fraction"], outcome=f"not valid: another process held the GPU ({held})",
+                          device_used_gib=None, headroom_gib=None, run_dir=result["dir"])
+    summary = result.get("summary")
+    if summary is not None:
+        own = summary.get("peak_device_process_used_gib")
+        if own is None and summary.get("peak_device_used_gib") is not None:  # NVML blind: the device less the ballast
+            own = summary["peak_device_used_gib"] - ballast_held_gib
+        return RunOutcome(fraction=result["fraction"], outcome="trained", device_used_gib=own,
+                          headroom_gib=None if own is None else device_gib - own, run_dir=result["dir"])
+    reason = result.get("reason", "no summary and no failure recorded")
+    outcome = "out of memory" if OUT_OF_MEMORY.search(reason) or OUT_OF_MEMORY.search(text) else f"failed: {reason}"
+    return RunOutcome(fraction=result["fraction"], outcome=outcome, device_used_gib=None, headroom_gib=None,
+                      run_dir=result["dir"])
+
+
+def judge(choice: AutoChoice | None, at_auto: RunOutcome | None, below: RunOutcome | None) -> tuple[bool, str]:
+    """(ok, why): auto's run trained, and the run one step below ran out of memory or left less than the margin."""
+    if choice is None or at_auto is None:
+        return False, "auto chose no fraction (see the auto run's log)"
+    for run in (at_auto, below):
+        if run is not None and run.outcome.startswith("not valid"):
+            return False, f"the run at {run.fraction:g} is {run.outcome}: run the pair again on a free GPU"
+    if at_auto.outcome != "trained":
+        return False, f"the run at auto's fraction {choice.fraction:g} did not train: {at_auto.outcome}"
+    if below is None:
+        return True, "auto chose no offload (fraction 0): nothing below it"
+    if below.outcome == "out of memory":
+        return True, f"{below.fraction:g} runs out of memory"
+    if below.outcome != "trained":
+        return False, f"the run at {below.fraction:g} failed for another reason: {below.outcome}"
+    if below.headroom_gib is None:
+        return False, f"the run at {below.fraction:g} trained and its device use was not recorded"
+    if below.headroom_gib < choice.margin_gib:
+        return True, (f"{below.fraction:g} trains with {below.headroom_gib:.2f} GiB free, less than the "
+                      f"{choice.margin_gib:.2f} GiB margin")
+    return False, (f"{below.fraction:g} trains with {below.headroom_gib:.2f} GiB free, more than the "
+                   f"{choice.margin_gib:.2f} GiB margin: auto could have chosen it")
+
+
+def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], steps: int,
+               timeout_s: float | None) -> dict:
+    """The two trainings and their verdict, as one row."""
+    common = [*overrides, f"train.train_iters={steps}"]
+    memory = ["--gpu-memory-gib", f"{device_gib:g}"]
+    def beside_ballast(fraction: float | str, name: str) -> RunOutcome | None:
+        with Ballast(device_gib, out / f"ballast-{name}.log") as ballast:
+            _check_ballast(ballast, device_gib)
+            result = run_one(recipe, fraction, out / name, common, memory, timeout_s)
+            strangers = ballast.strangers()
+        chosen = auto_choice((out / name / "log.txt").read_text(errors="replace")) if fraction == "auto" else None
+        if fraction == "auto" and chosen is None:
+            return None
+        return outcome_of({**result, "fraction": chosen.fraction if chosen else fraction}, device_gib,
+                          ballast.state["held_gib"], ballast.process.pid, strangers)
+
+    at_auto = beside_ballast("auto", "auto")
+    choice = auto_choice((out / "auto" / "log.txt").read_text(errors="replace"))
+    below = None
+    if choice is not None and choice.fraction > 0:
+        fraction = round(choice.fraction - AUTO_STEP, 2)
+        below = beside_ballast(fraction, f"fraction-{fraction:g}")
+    ok, why = judge(choice, at_auto, below)
+    return {"recipe": recipe, "overrides": overrides, "device_gib": device_gib, "steps": steps,
+            "auto": None if choice is None else asdict(choice), "at_auto": None if at_auto is None else asdict(at_auto),
+            "below": None if below is None else asdict(below), "ok": ok, "verdict": why}
+
+
+def _check_ballast(ballast: Ballast, device_gib: float) -> None:
+    if abs(ballast.state["free_gib"] - device_gib) > BALLAST_TOLERANCE_GIB:
+        raise RuntimeError(f"the device has {ballast.state['free_gib']:.2f} GiB free, not the {device_gib:g} GiB "
+                           "asked: something else holds the GPU, or it is smaller than asked")
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| recipe | overrides | device (GiB) | auto | planned total + margin (GiB) | at auto: outcome, used, free "
+             "(GiB) | 0.05 below: outcome, used, free (GiB) | ok | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        auto, at, below = r["auto"], r["at_auto"], r["below"]
+        chosen = "-" if auto is None else f"{auto['fraction']:g}"
+        planned = "-" if auto is None else f"{auto['planned_total_gib']:.1f} + {auto['margin_gib']:.2f}"
+        at_text = "-" if at is None else f"{at['outcome']}, {_gib(at['device_used_gib'])}, {_gib(at['headroom_gib'])}"
+        below_text = ("-" if below is None else
+                      f"{below['fraction']:g}: {below['outcome']}, {_gib(below['device_used_gib'])}, "
+                      f"{_gib(below['headroom_gib'])}")
+        lines.append(f"| {r['recipe']} | {' '.join(r['overrides'])} | {r['device_gib']:g} | {chosen} | {planned} | "
+                     f"{at_text} | {below_text} | {'yes' if r['ok'] else 'NO'} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+def write_results(out: Path, rows: list[dict]) -> None:
+    (out / "auto_check.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "auto_check.md").write_text(markdown(rows) + "\n")

@@ -1,0 +1,77 @@
+"""check_auto.py's reading of runs: auto's choice from run_recipe.py's own line, the outcome of each run, and
+the verdict on the pair, including runs that shared the GPU with another process (H200 runs under
+docs/benchmarks/planner-auto/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mbridge_offload.bench.auto_check import RunOutcome, auto_choice, judge, outcome_of, strangers_in
+
+AUTO_RUNS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "planner-auto"
+
+
+def test_auto_choice_reads_the_line_prepare_prints(built):
+    from mbridge_offload.planning import GIB
+    from mbridge_offload.prepare import resolve_auto
+
+    cfg = built("qwen3_1p7b_pretrain_config")
+    fraction, line = resolve_auto(cfg, 1, {"gpu_memory_gib": 40.0})
+    choice = auto_choice("some output\n" + line + "\nmore output")
+    assert choice is not None and choice.fraction == fraction and choice.device_gib == 40.0
+    from mbridge_offload.planning import plan
+
+    chosen = plan(cfg, 1, fraction=fraction, gpu_memory_gib=40.0)
+    assert choice.planned_total_gib == round(chosen.total_bytes_gpu / GIB, 1)
+    assert choice.margin_gib == round(chosen.margin_gib, 2)
+    assert auto_choice("no auto here") is None
+
+
+def test_outcome_of_a_recorded_pair():
+    """The 1.7B pair on a 32 GiB device: both runs trained; the one below left more than the margin free."""
+    case = AUTO_RUNS / "1p7b-sl2048"
+    ballast = json.loads((case / "ballast-auto.log").read_text().split("ballast ready ", 1)[1].splitlines()[0])
+    at_auto = outcome_of({"fraction": 0.65, "dir": str(case / "auto"),
+                          "summary": json.loads((case / "auto" / "summary.json").read_text())},
+                         32.0, ballast["held_gib"], ballast_pid=-1, strangers_after={})
+    assert at_auto.outcome == "trained" and 0 < at_auto.headroom_gib < 32
+    choice = auto_choice((case / "auto" / "log.txt").read_text())
+    below = outcome_of({"fraction": 0.6, "dir": str(case / "fraction-0.6"),
+                        "summary": json.loads((case / "fraction-0.6" / "summary.json").read_text())},
+                       32.0, ballast["held_gib"], ballast_pid=-1, strangers_after={})
+    ok, why = judge(choice, at_auto, below)
+    assert not ok and "auto could have chosen it" in why
+
+
+def test_a_run_beside_another_process_is_not_valid():
+    """The MoE pair's auto run ran out of memory while a run left by an interrupted command held 22.78 GiB:
+    torch's message names that process, and the verdict says the pair must run again."""
+    log = (AUTO_RUNS / "moe-proxy-2-sl8192" / "auto" / "log.txt").read_text()
+    assert strangers_in(log, ballast_pid=2415) == {2319: 22.78}
+    outcome = outcome_of({"fraction": 0.7, "dir": str(AUTO_RUNS / "moe-proxy-2-sl8192" / "auto"),
+                          "reason": "CUDA out of memory."}, 36.0, 103.79, ballast_pid=2415, strangers_after={})
+    assert outcome.outcome.startswith("not valid") and "2319" in outcome.outcome
+    choice = auto_choice(log)
+    ok, why = judge(choice, outcome, None)
+    assert not ok and "run the pair again" in why
+
+
+@pytest.mark.parametrize("below_outcome, headroom, expected", [
+    ("out of memory", None, True),
+    ("trained", 0.3, True),
+    ("trained", 2.0, False),
+    ("failed: exit code 1", None, False),
+])
+def test_judge(below_outcome, headroom, expected):
+    from mbridge_offload.bench.auto_check import AutoChoice
+
+    choice = AutoChoice(fraction=0.5, planned_total_gib=30.0, margin_gib=0.6, device_gib=32.0)
+    at_auto = RunOutcome(fraction=0.5, outcome="trained", device_used_gib=29.0, headroom_gib=3.0, run_dir="a")
+    below = RunOutcome(fraction=0.45, outcome=below_outcome, device_used_gib=None if headroom is None else 32 - headroom,
+                       headroom_gib=headroom, run_dir="b")
+    assert judge(choice, at_auto, below)[0] is expected
+    failed_auto = RunOutcome(fraction=0.5, outcome="out of memory", device_used_gib=None, headroom_gib=None, run_dir="a")
+    assert judge(choice, failed_auto, below)[0] is False
