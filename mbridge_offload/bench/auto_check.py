@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mbridge_offload.bench.device_ballast import Ballast
+from mbridge_offload.bench.device_ballast import Ballast, BallastError
 from mbridge_offload.bench.sweep import run_one
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE, AUTO_STEP
 
@@ -141,7 +141,7 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
 
 def _check_ballast(ballast: Ballast, device_gib: float) -> None:
     if abs(ballast.state["free_gib"] - device_gib) > BALLAST_TOLERANCE_GIB:
-        raise RuntimeError(f"the device has {ballast.state['free_gib']:.2f} GiB free, not the {device_gib:g} GiB "
+        raise BallastError(f"the device has {ballast.state['free_gib']:.2f} GiB free, not the {device_gib:g} GiB "
                            "asked: something else holds the GPU, or it is smaller than asked")
 
 

@@ -22,6 +22,10 @@ from pathlib import Path
 from mbridge_offload.facts.units import GIB
 
 READY = "ballast ready "
+
+
+class BallastError(RuntimeError):
+    """The GPU cannot be made the asked size: it is shared, smaller than asked, or the ballast did not start."""
 BLOCK = GIB
 ROUNDING = 2 << 20  # the caching allocator rounds large blocks to 2 MiB
 
@@ -80,7 +84,7 @@ class Ballast:
     def __enter__(self) -> "Ballast":
         others = device_processes()
         if others:
-            raise RuntimeError("the GPU is not free: " + ", ".join(f"process {pid} holds {gib:.2f} GiB"
+            raise BallastError("the GPU is not free: " + ", ".join(f"process {pid} holds {gib:.2f} GiB"
                                                                for pid, gib in sorted(others.items()))
                                + "; the device's size cannot be set beside them")
         self.log = self.log_path.open("w")
@@ -89,7 +93,7 @@ class Ballast:
         line = self.process.stdout.readline()
         if not line.startswith(READY):
             self.__exit__()
-            raise RuntimeError(f"the device ballast did not start (see {self.log_path}): {line.strip()!r}")
+            raise BallastError(f"the device ballast did not start (see {self.log_path}): {line.strip()!r}")
         self.state = {**json.loads(line[len(READY):]), "pid": self.process.pid}
         self.log.write(READY + json.dumps(self.state) + "\n")
         self.log.flush()

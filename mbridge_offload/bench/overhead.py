@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overrides.grammar import key_of
-from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one
+from mbridge_offload.bench.progress import RunProgress
+from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one, run_status
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.runtime.run_outcome import recorded
 
@@ -79,15 +80,14 @@ def measure(out: Path, timeout_s: float | None) -> dict:
 
 
 def run(recipe: str, fraction: float, run_dir: Path, overrides: list[str], args: list[str],
-        resume: bool, timeout_s: float | None) -> dict:
+        resume: bool, timeout_s: float | None, progress: RunProgress) -> dict:
     earlier = recorded(run_dir) if resume else {}
     if earlier:
-        print(f"[bench] {run_dir.name}: kept from an earlier run", flush=True)
+        progress.kept(run_dir.name)
         return {"fraction": fraction, "dir": str(run_dir), "reused": True, **earlier}
-    print(f"[bench] {run_dir.name} ...", flush=True)
+    progress.starting(run_dir.name)
     result = run_one(recipe, fraction, run_dir, overrides, args, timeout_s)
-    print(f"[bench] {run_dir.name}: {'ok' if 'summary' in result else 'FAILED: ' + result.get('reason', '')} "
-          f"({result['wall_s']} s)", flush=True)
+    progress.finished(run_dir.name, run_status(result), result["wall_s"])
     return result
 
 
@@ -274,10 +274,12 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
         chosen.remove(same)
         chosen.insert(0, same)
     baselines, runs = [], {}  # runs: (fraction, name) -> that configuration's runs, one per round
+    per_round = len(fractions) * sum(1 for name in chosen if not (name == "tuned" and shared))
+    progress = RunProgress(label="[bench]", total=baseline_runs + repeats * per_round)
     for k in range(repeats):  # rounds interleave the configurations, so slow drift of the machine hits all alike
         for b in range(k, baseline_runs, repeats):
             baselines.append(run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")),
-                                 overrides, gpus, resume, timeout_s))
+                                 overrides, gpus, resume, timeout_s, progress))
         for fraction in fractions:
             for name in chosen:
                 if name == "tuned" and shared:
@@ -286,7 +288,7 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
                 run_dir = out / (f"fraction-{fraction:g}-{name}" + (f"-repeat{k}" if k else ""))
                 runs.setdefault((fraction, name), []).append(
                     run(recipe, fraction, run_dir, [*overrides, *config["overrides"]],
-                        [*gpus, *config["args"]], resume, timeout_s))
+                        [*gpus, *config["args"]], resume, timeout_s, progress))
     results = []
     for fraction in fractions:
         for name in chosen:

@@ -27,6 +27,7 @@ from overrides.grammar import key_of
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY
 from mbridge_offload.facts.determinism import SEED_PARITY  # the seed's criterion: max |loss delta| vs baseline
+from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.runtime.run_outcome import forget_outcome, recorded, write_failure
 
@@ -151,6 +152,10 @@ def run_one(recipe: str, fraction: float | str, out_dir: Path, overrides: list[s
     # --resume then keeps it like any other finished run instead of launching it again
     write_failure(out_dir, result["reason"])
     return result
+
+
+def run_status(result: dict) -> str:
+    return "ok" if "summary" in result else f"FAILED: {result.get('reason')}"
 
 
 def max_abs_delta(a: list, b: list) -> float | None:
@@ -278,6 +283,7 @@ def run_sweep(recipe: str, fractions: list[float], out: Path, overrides: list[st
     """Every fraction's run (the baseline's ``baseline_runs`` times), in order: (one result per fraction,
     the baseline's results). With ``resume``, a run that already finished in its folder is kept."""
     results, baselines = [], []
+    progress = RunProgress(label="[sweep]", total=sum(baseline_runs if f == 0.0 else 1 for f in fractions))
     for fraction in fractions:
         runs = baseline_runs if fraction == 0.0 else 1
         for repeat in range(runs):
@@ -286,13 +292,11 @@ def run_sweep(recipe: str, fractions: list[float], out: Path, overrides: list[st
             earlier = recorded(run_dir) if resume else {}
             if earlier:
                 result = {"fraction": fraction, "dir": str(run_dir), "wall_s": 0.0, "reused": True, **earlier}
-                print(f"[sweep] {name}: kept from an earlier run", flush=True)
+                progress.kept(name)
             else:
-                print(f"[sweep] {name} ...", flush=True)
+                progress.starting(name)
                 result = run_one(recipe, fraction, run_dir, overrides, extra_args, timeout_s)
-            if not result.get("reused"):
-                status = ("ok" if "summary" in result else f"FAILED: {result.get('reason')}")
-                print(f"[sweep] {name}: {status} ({result['wall_s']} s)", flush=True)
+                progress.finished(name, run_status(result), result["wall_s"])
             if fraction == 0.0:
                 baselines.append(result)
             if repeat == 0:

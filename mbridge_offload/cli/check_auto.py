@@ -15,7 +15,9 @@ import argparse
 from pathlib import Path
 
 from mbridge_offload.bench.auto_check import check_auto, markdown, write_results
-from mbridge_offload.cli.parsing import CommandParser, at_least_one, parse_single_fraction_command, positive_seconds
+from mbridge_offload.bench.device_ballast import BallastError
+from mbridge_offload.cli.parsing import (CommandParser, at_least_one, parse_single_fraction_command, positive_seconds,
+                                         refuse)
 from mbridge_offload.planning.arguments import GIB_ABOVE_0
 
 
@@ -38,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, overrides = parse_single_fraction_command(
         parser, argv, "the fraction is auto's to choose: drop optimizer.optimizer_offload_fraction")
-    row = check_auto(args.recipe, args.device_gib, args.out, overrides, args.steps, args.timeout)
+    try:
+        row = check_auto(args.recipe, args.device_gib, args.out, overrides, args.steps, args.timeout)
+    except BallastError as error:  # a shared or smaller GPU: nothing was measured
+        return refuse(f"{parser.prog}: error: --device-gib {args.device_gib:g}: {error}")
     write_results(args.out, [row])
     print(markdown([row]))
     return 0 if row["ok"] else 1

@@ -75,3 +75,19 @@ def test_judge(below_outcome, headroom, expected):
     assert judge(choice, at_auto, below)[0] is expected
     failed_auto = RunOutcome(fraction=0.5, outcome="out of memory", device_used_gib=None, headroom_gib=None, run_dir="a")
     assert judge(choice, failed_auto, below)[0] is False
+
+
+def test_without_a_usable_gpu_the_check_refuses_in_one_line(tmp_path, capsys):
+    """The ballast cannot make this machine's GPU any size without CUDA: exit 2, one line, no run started."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check would run")
+    from mbridge_offload.cli.check_auto import main
+
+    code = main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--device-gib", "16", "--out", str(tmp_path / "o"),
+                 "model.num_layers=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("check_auto.py: error: --device-gib 16: the device ballast did not start"), err
+    assert not (tmp_path / "o" / "auto").exists()

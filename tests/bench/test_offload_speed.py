@@ -314,7 +314,7 @@ def test_repeated_runs_pool_their_steps_and_show_their_spread():
 def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
     order = []
 
-    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s):
+    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s, progress):
         order.append(run_dir.name)
         return _result(fraction, 0.5 + fraction, [3.0, 2.0])
 
