@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mbridge_offload.bench.device_ballast import Ballast, BallastError
-from mbridge_offload.bench.sweep import run_one
+from mbridge_offload.bench.progress import RunProgress
+from mbridge_offload.bench.sweep import run_one, run_status
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE, AUTO_STEP
 
 # run_recipe.py's line for auto (prepare.resolve_auto): the fraction, the planned total, the margin, the device
@@ -116,11 +117,16 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
     """The two trainings and their verdict, as one row."""
     common = [*overrides, f"train.train_iters={steps}"]
     memory = ["--gpu-memory-gib", f"{device_gib:g}"]
+    progress = RunProgress(label="[auto check]", total=2)
+
     def beside_ballast(fraction: float | str, name: str) -> RunOutcome | None:
+        what = f"{name} on a {device_gib:g} GiB device"
         with Ballast(device_gib, out / f"ballast-{name}.log") as ballast:
             _check_ballast(ballast, device_gib)
+            progress.starting(what)
             result = run_one(recipe, fraction, out / name, common, memory, timeout_s)
             strangers = ballast.strangers()
+        progress.finished(what, run_status(result), result["wall_s"])
         chosen = auto_choice((out / name / "log.txt").read_text(errors="replace")) if fraction == "auto" else None
         if fraction == "auto" and chosen is None:
             return None
@@ -133,6 +139,8 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
     if choice is not None and choice.fraction > 0:
         fraction = round(choice.fraction - AUTO_STEP, 2)
         below = beside_ballast(fraction, f"fraction-{fraction:g}")
+    else:
+        progress.skipped("the run 0.05 below auto", "auto chose no fraction" if choice is None else "auto chose 0")
     ok, why = judge(choice, at_auto, below)
     return {"recipe": recipe, "overrides": overrides, "device_gib": device_gib, "steps": steps,
             "auto": None if choice is None else asdict(choice), "at_auto": None if at_auto is None else asdict(at_auto),

@@ -47,6 +47,10 @@ class RunProgress:
         print(f"{self.label} run {self.done}/{self.total}: {name}: {status} ({wall_s:.0f} s; {self.time_left()})",
               flush=True)
 
+    def skipped(self, name: str, why: str) -> None:
+        self.done += 1
+        print(f"{self.label} run {self.done}/{self.total}: {name}: not run, {why} ({self.time_left()})", flush=True)
+
     def kept(self, name: str) -> None:
         self.done += 1
         print(f"{self.label} run {self.done}/{self.total}: {name}: kept from an earlier run ({self.time_left()})",

@@ -20,7 +20,8 @@ import json
 import shutil
 from pathlib import Path
 
-from mbridge_offload.bench.sweep import StopSignal, run_one
+from mbridge_offload.bench.progress import RunProgress
+from mbridge_offload.bench.sweep import StopSignal, run_one, run_status
 from mbridge_offload.facts.checkpoint_dir import saved_iteration
 from mbridge_offload.facts.determinism import SEED_PARITY
 from mbridge_offload.runtime.metrics import read_steps
@@ -118,30 +119,34 @@ def parity_row(fraction: float, deterministic: bool, saved_at: int | None, total
 
 def check_resume(recipe: str, fraction: float, out_dir: Path, save_at: int, overrides: list[str],
                  extra_args: list[str], deterministic: bool, timeout_s: float | None,
-                 stop_by: str = "exit-interval", keep_checkpoint: bool = False) -> dict:
+                 stop_by: str = "exit-interval", keep_checkpoint: bool = False,
+                 progress: RunProgress | None = None) -> dict:
     """Run the three runs of one configuration and return its row."""
+    progress = progress or RunProgress(label="[resume parity]", total=len(RUN_FOLDERS))
     total_steps = 2 * save_at
     checkpoint_dir = (out_dir / CHECKPOINT_FOLDER).resolve()
     shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a resumed run must load this check's checkpoint only
     runs, failures, saved_at = {}, {}, None
     for name in RUN_FOLDERS:
         runs[name] = out_dir / name
-        print(f"[resume parity] fraction {fraction:g}: {name} run ({total_steps} steps, stop at {save_at} by "
-              f"{stop_by})", flush=True)
+        what = f"fraction {fraction:g}, {name} run ({total_steps} steps, stop at {save_at} by {stop_by})"
+        if failures:
+            progress.skipped(what, "an earlier run of this fraction failed")
+            continue
+        progress.starting(what)
         stop = None
         if name == "first-part" and stop_by in STOP_SIGNALS:
             stop = StopSignal(when=reached_iteration(runs[name], save_at), signal_name=STOP_SIGNALS[stop_by])
         result = run_one(recipe, fraction, runs[name],
                          overrides + run_overrides(name, total_steps, save_at, checkpoint_dir, stop_by),
                          extra_args, timeout_s, stop=stop)
+        progress.finished(what, run_status(result), result["wall_s"])
         if "summary" not in result:
             failures[name] = result.get("reason", "no summary")
-            break
-        if name == "first-part":
+        elif name == "first-part":
             saved_at = saved_iteration(checkpoint_dir)
             if saved_at is None:
                 failures[name] = f"no checkpoint in {checkpoint_dir} after the run stopped"
-                break
     row = parity_row(fraction, deterministic, saved_at, total_steps, runs, failures, stop_by)
     if not keep_checkpoint:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mbridge_offload.bench.resume_parity import STOP_BY, check_resume, markdown, write_results
+from mbridge_offload.bench.progress import RunProgress
+from mbridge_offload.bench.resume_parity import RUN_FOLDERS, STOP_BY, check_resume, markdown, write_results
 from mbridge_offload.bench.sweep import parse_fractions
 from mbridge_offload.cli.parsing import CommandParser, at_least_one, parse_single_fraction_command, positive_seconds
 
@@ -50,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         parser, argv, "give the fractions with --fractions, not as a multirun override")
     extra = ["--offload-tuning", args.offload_tuning] + (["--deterministic"] if args.deterministic else [])
     rows = []
-    for i, fraction in enumerate(args.fractions, 1):
-        print(f"[{i}/{len(args.fractions)}] fraction {fraction:g}", flush=True)
+    progress = RunProgress(label="[resume parity]", total=len(RUN_FOLDERS) * len(args.fractions))
+    for fraction in args.fractions:
         rows.append(check_resume(args.recipe, fraction, args.out / f"fraction-{fraction:g}", args.save_at, overrides,
-                                 extra, args.deterministic, args.timeout, args.stop_by, args.keep_checkpoints))
+                                 extra, args.deterministic, args.timeout, args.stop_by, args.keep_checkpoints,
+                                 progress))
         write_results(args.out, args.recipe, rows)
     print(markdown(rows, args.recipe))
     return 0 if all(row["ok"] for row in rows) else 1
