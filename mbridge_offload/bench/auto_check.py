@@ -23,7 +23,6 @@ AUTO_LINE = re.compile(re.escape(AUTO_OVERRIDE) + r" -> ([0-9.]+) \(.*?: ([0-9.]
 OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
 # torch's out-of-memory message names every other process on the device and what it holds
 OTHER_PROCESS = re.compile(r"Process (\d+) has ([0-9.]+) (GiB|MiB) memory in use")
-BALLAST_TOLERANCE_GIB = 0.01  # the ballast leaves the asked memory free to its 2 MiB blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,38 +118,34 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
     memory = ["--gpu-memory-gib", f"{device_gib:g}"]
     progress = RunProgress(label="[auto check]", total=2)
 
-    def beside_ballast(fraction: float | str, name: str) -> RunOutcome | None:
+    def train(fraction: float | str, name: str) -> tuple[dict, Ballast, dict[int, float]]:
+        """One training beside the ballast: its result, the ballast, the other processes on the GPU at its end."""
         what = f"{name} on a {device_gib:g} GiB device"
         with Ballast(device_gib, out / f"ballast-{name}.log") as ballast:
-            _check_ballast(ballast, device_gib)
             progress.starting(what)
             result = run_one(recipe, fraction, out / name, common, memory, timeout_s)
             strangers = ballast.strangers()
         progress.finished(what, run_status(result), result["wall_s"])
-        chosen = auto_choice((out / name / "log.txt").read_text(errors="replace")) if fraction == "auto" else None
-        if fraction == "auto" and chosen is None:
-            return None
-        return outcome_of({**result, "fraction": chosen.fraction if chosen else fraction}, device_gib,
-                          ballast.state["held_gib"], ballast.process.pid, strangers)
+        return result, ballast, strangers
 
-    at_auto = beside_ballast("auto", "auto")
+    def outcome(trained: tuple[dict, Ballast, dict[int, float]], fraction: float) -> RunOutcome:
+        result, ballast, strangers = trained
+        return outcome_of({**result, "fraction": fraction}, device_gib, ballast.state["held_gib"], ballast.process.pid,
+                          strangers)
+
+    at_auto_run = train("auto", "auto")
     choice = auto_choice((out / "auto" / "log.txt").read_text(errors="replace"))
+    at_auto = None if choice is None else outcome(at_auto_run, choice.fraction)
     below = None
     if choice is not None and choice.fraction > 0:
         fraction = round(choice.fraction - AUTO_STEP, 2)
-        below = beside_ballast(fraction, f"fraction-{fraction:g}")
+        below = outcome(train(fraction, f"fraction-{fraction:g}"), fraction)
     else:
         progress.skipped("the run 0.05 below auto", "auto chose no fraction" if choice is None else "auto chose 0")
     ok, why = judge(choice, at_auto, below)
     return {"recipe": recipe, "overrides": overrides, "device_gib": device_gib, "steps": steps,
             "auto": None if choice is None else asdict(choice), "at_auto": None if at_auto is None else asdict(at_auto),
             "below": None if below is None else asdict(below), "ok": ok, "verdict": why}
-
-
-def _check_ballast(ballast: Ballast, device_gib: float) -> None:
-    if abs(ballast.state["free_gib"] - device_gib) > BALLAST_TOLERANCE_GIB:
-        raise BallastError(f"the device has {ballast.state['free_gib']:.2f} GiB free, not the {device_gib:g} GiB "
-                           "asked: something else holds the GPU, or it is smaller than asked")
 
 
 def _gib(value: float | None) -> str:

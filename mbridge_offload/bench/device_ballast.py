@@ -28,6 +28,7 @@ class BallastError(RuntimeError):
     """The GPU cannot be made the asked size: it is shared, smaller than asked, or the ballast did not start."""
 BLOCK = GIB
 ROUNDING = 2 << 20  # the caching allocator rounds large blocks to 2 MiB
+TOLERANCE_GIB = 0.01  # what is left free may differ from the asked amount by those blocks
 
 
 def device_processes(index: int = 0) -> dict[int, float] | None:
@@ -97,6 +98,10 @@ class Ballast:
         self.state = {**json.loads(line[len(READY):]), "pid": self.process.pid}
         self.log.write(READY + json.dumps(self.state) + "\n")
         self.log.flush()
+        if abs(self.state["free_gib"] - self.leave_gib) > TOLERANCE_GIB:
+            self.__exit__()
+            raise BallastError(f"the device has {self.state['free_gib']:.2f} GiB free, not the {self.leave_gib:g} "
+                               "GiB asked: something else holds the GPU, or it is smaller than asked")
         return self
 
     def strangers(self) -> dict[int, float]:

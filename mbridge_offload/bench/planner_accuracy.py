@@ -9,17 +9,20 @@ the memory outside PyTorch, which is measured there (memory_plan.OUTSIDE_PYTORCH
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shlex
 from pathlib import Path
 
-HELDOUT = ("planner-heldout", "planner-auto")
+HELDOUT = ("planner-heldout", "planner-auto")  # folders under docs/benchmarks/
+REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 
 def run_dirs(folder: Path) -> list[Path]:
     """The run folders under ``folder`` (a sweep's fraction-F, a check's auto and fraction-F), repeats left out."""
     found = {p.parent for p in folder.rglob("log.txt")}
-    return sorted((d for d in found if not d.name.endswith(tuple(f"-repeat{i}" for i in range(1, 10)))), key=str)
+    return sorted((d for d in found if not REPEAT.search(d.name)), key=str)
 
 
 def run_command(run_dir: Path) -> tuple[str, list[str]]:
@@ -37,10 +40,11 @@ def run_command(run_dir: Path) -> tuple[str, list[str]]:
 
 def _fraction(overrides: list[str], summary: dict | None) -> tuple[float | None, list[str]]:
     """The fraction the run trained at (auto resolved from its summary) and the overrides without auto."""
+    from overrides.grammar import key_of
     from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 
-    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == FRACTION_KEY]
-    rest = [o for o in overrides if o.split("=", 1)[0] != FRACTION_KEY]
+    given = [o.split("=", 1)[1] for o in overrides if key_of(o) == FRACTION_KEY]
+    rest = [o for o in overrides if key_of(o) != FRACTION_KEY]
     if summary is not None and summary.get("optimizer_offload_fraction") is not None:
         return (summary["optimizer_offload_fraction"] if summary.get("optimizer_cpu_offload") else 0.0), rest
     if given and given[-1] != "auto":
@@ -52,10 +56,17 @@ def _ratio(planned: float, measured: float | None) -> float | None:
     return None if measured is None else planned / measured - 1
 
 
+@functools.cache
+def _recipe(name: str):
+    """The recipe as built, once per name (apply_overrides returns a new config and leaves it as it is)."""
+    from recipes import registry
+
+    return registry.get(name).build()
+
+
 def compare_run(run_dir: Path) -> dict | None:
     """Planned vs measured of one run folder (None when the fraction it ran at is unknown)."""
     from overrides import apply_overrides
-    from recipes import registry
     from mbridge_offload.planning import GIB, plan
 
     recipe, overrides = run_command(run_dir)
@@ -64,7 +75,7 @@ def compare_run(run_dir: Path) -> dict | None:
     fraction, rest = _fraction(overrides, summary)
     if fraction is None:
         return None
-    cfg = apply_overrides(registry.get(recipe).build(), rest)
+    cfg = apply_overrides(_recipe(recipe), rest)
     planned = plan(cfg, 1, fraction=fraction)
     s = summary or {}
     measured, host, device = s.get("peak_allocated_gib"), s.get("peak_host_rss_gib"), s.get("peak_device_process_used_gib")
@@ -92,6 +103,10 @@ def largest_underprediction(rows: list[dict]) -> float:
     return max([0.0] + [-r["device_error"] / (1 + r["device_error"]) for r in rows if r["device_error"] is not None])
 
 
+def _all_rows(folders: list[Path]) -> list[dict]:
+    return [r for folder in folders for r in compare_rows(folder)]
+
+
 def _cell(value: float | None, fmt: str = ".2f") -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -99,10 +114,9 @@ def _cell(value: float | None, fmt: str = ".2f") -> str:
 def compare_markdown(folders: list[Path]) -> str:
     lines = ["| recipe | fraction | measured peak allocated (GiB) | planned allocated (GiB) | error |",
              "|---|---|---|---|---|"]
-    for folder in folders:
-        for r in compare_rows(folder):
-            lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_gib'])} | {r['planned_gib']:.2f} "
-                         f"| {_cell(r['error'], '+.1%')} |")
+    for r in _all_rows(folders):
+        lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_gib'])} | {r['planned_gib']:.2f} "
+                     f"| {_cell(r['error'], '+.1%')} |")
     return "\n".join(lines)
 
 
@@ -111,16 +125,15 @@ def heldout_markdown(folders: list[Path]) -> str:
     lines = ["| run | recipe | overrides | fraction | peak allocated: measured / planned (GiB) | error "
              "| whole device: measured / planned (GiB) | error | outside PyTorch, measured (GiB) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for folder in folders:
-        for r in compare_rows(folder):
-            if r["measured_gib"] is None:
-                continue
-            run = Path(r["run"])
-            shown = [o for o in r["overrides"] if not o.startswith(("train.train_iters", "optimizer.optimizer_cpu_offload"))]
-            lines.append(f"| {run.parent.name}/{run.name} | {r['recipe']} | {' '.join(shown)} | {r['fraction']:g} "
-                         f"| {r['measured_gib']:.2f} / {r['planned_gib']:.2f} | {_cell(r['error'], '+.1%')} "
-                         f"| {_cell(r['measured_device_gib'])} / {r['planned_device_gib']:.2f} "
-                         f"| {_cell(r['device_error'], '+.1%')} | {_cell(r['measured_outside_pytorch_gib'])} |")
+    for r in _all_rows(folders):
+        if r["measured_gib"] is None:
+            continue
+        run = Path(r["run"])
+        shown = [o for o in r["overrides"] if not o.startswith(("train.train_iters", "optimizer.optimizer_cpu_offload"))]
+        lines.append(f"| {run.parent.name}/{run.name} | {r['recipe']} | {' '.join(shown)} | {r['fraction']:g} "
+                     f"| {r['measured_gib']:.2f} / {r['planned_gib']:.2f} | {_cell(r['error'], '+.1%')} "
+                     f"| {_cell(r['measured_device_gib'])} / {r['planned_device_gib']:.2f} "
+                     f"| {_cell(r['device_error'], '+.1%')} | {_cell(r['measured_outside_pytorch_gib'])} |")
     return "\n".join(lines)
 
 
@@ -129,9 +142,8 @@ def compare_host_markdown(folders: list[Path]) -> str:
     lines = ["| recipe | fraction | measured host RSS at step ends (GiB) | planned between steps (GiB) | error "
              "| planned peak in the first optimizer step (GiB) | measured node peak (GiB) |",
              "|---|---|---|---|---|---|---|"]
-    for folder in folders:
-        for r in compare_rows(folder):
-            lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_host_rss_gib'])} "
-                         f"| {r['planned_host_gib']:.2f} | {_cell(r['host_error'], '+.1%')} "
-                         f"| {r['planned_host_peak_gib']:.2f} | {_cell(r['measured_node_peak_gib'])} |")
+    for r in _all_rows(folders):
+        lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_host_rss_gib'])} "
+                     f"| {r['planned_host_gib']:.2f} | {_cell(r['host_error'], '+.1%')} "
+                     f"| {r['planned_host_peak_gib']:.2f} | {_cell(r['measured_node_peak_gib'])} |")
     return "\n".join(lines)

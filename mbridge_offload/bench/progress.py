@@ -5,7 +5,6 @@ earlier invocation (--resume) count as done and take no time."""
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 
@@ -28,7 +27,6 @@ class RunProgress:
     total: int
     done: int = 0
     walls: list[float] = field(default_factory=list)  # seconds of the runs this invocation trained
-    clock: object = time.monotonic
 
     def time_left(self) -> str:
         left = self.total - self.done

@@ -62,9 +62,9 @@ def layer_activations(cfg) -> LayerActivations:
         norm_outputs = 0
     offloadable["core_attn"] = (heads + 2 * groups) * kv / tp
     offloadable["attn_proj"] = heads * kv / tp
-    offloadable["qkv_linear"] = h / (tp if sp else 1)
-    offloadable["attn_norm"] = h / (tp if sp else 1)
-    offloadable["mlp_norm"] = h / (tp if sp else 1)
+    offloadable["qkv_linear"] = h / shard
+    offloadable["attn_norm"] = h / shard
+    offloadable["mlp_norm"] = h / shard
     per_token = norm_outputs + other_replicated + attention + mlp
     chosen = 0.0
     if m.fine_grained_activation_offloading:

@@ -141,6 +141,8 @@ class _StageState:
     """Everything plan() counts for one rank of one stage; the worst stage's make the Plan."""
 
     stage_plan: StagePlan
+    allocated_bytes_gpu: int  # PyTorch's peak: state + activations + workspaces
+    allocator_reserve_bytes_gpu: int
     optimizer_params: int  # this rank's shard of the optimizer's parameters
     offloaded_params: int
     optimizer_bytes_gpu: int
@@ -189,9 +191,11 @@ def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib:
                 host_memory_total_gbps: float, host_memory_source: str) -> Plan:
     return Plan(num_gpus=num_gpus if isinstance(num_gpus, int) else 0, fraction=0.0, gpu_memory_gib=gpu_memory_gib,
                 host_memory_gib=host_memory_gib, margin_gib=margin_gib or 0.0,
-                margin_source=_margin_source(margin_gib), host_margin_gib=host_margin_gib, params_per_rank=0, optimizer_params_per_rank=0, offloaded_params_per_rank=0, weights_bytes_gpu=0,
+                margin_source=_margin_source(margin_gib), host_margin_gib=host_margin_gib, params_per_rank=0,
+                optimizer_params_per_rank=0, offloaded_params_per_rank=0, weights_bytes_gpu=0,
                 grads_bytes_gpu=0, optimizer_bytes_gpu=0, state_bytes_gpu=0, activation_bytes_gpu=0,
-                allocated_bytes_gpu=0, allocator_reserve_bytes_gpu=0, outside_pytorch_bytes_gpu=0, total_bytes_gpu=0, offloaded_bytes_host_per_rank=0, pinned_bytes_host_per_rank=0,
+                allocated_bytes_gpu=0, allocator_reserve_bytes_gpu=0, outside_pytorch_bytes_gpu=0, total_bytes_gpu=0,
+                offloaded_bytes_host_per_rank=0, pinned_bytes_host_per_rank=0,
                 host_bytes_per_node=0, host_peak_bytes_per_node=0, ranks_per_node=0, transfer_bytes_per_step=0,
                 transfer_time_lower_bound_s=0.0, host_link_gbps=host_link_gbps, offload_time_lower_bound_s=0.0,
                 offload_time_bound_by="", host_memory_gbps=host_memory_gbps,
@@ -252,10 +256,13 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         state = 2 * params + grad_bytes * params + optimizer
         activations = activation_bytes(cfg, stage)
         pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
+        allocated = state + activations + BASE_GPU_BYTES
+        reserve, total = device_total_bytes(allocated)
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
-                               total_bytes_gpu=device_total_bytes(state + activations + BASE_GPU_BYTES)[1])
-        stages.append(_StageState(stage_plan=stage_plan, optimizer_params=shard_params, offloaded_params=off_params,
-                                  optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
+                               total_bytes_gpu=total)
+        stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
+                                  allocator_reserve_bytes_gpu=reserve, optimizer_params=shard_params,
+                                  offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
     params, off_params = worst.stage_plan.params, worst.offloaded_params
     activation_pinned = offloaded_layer_bytes(cfg)  # layer-level activation offload, pinned
@@ -264,8 +271,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     ranks_per_node = gpus_per_node or min(num_gpus, 8)
     host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
     host_peak = host_node + ranks_per_node * int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * off_params)
-    allocated = worst.stage_plan.state_bytes_gpu + worst.stage_plan.activation_bytes_gpu + BASE_GPU_BYTES
-    reserve, total = device_total_bytes(allocated)
+    allocated, reserve, total = (worst.allocated_bytes_gpu, worst.allocator_reserve_bytes_gpu,
+                                 worst.stage_plan.total_bytes_gpu)
     margin = HELDOUT_UNDERPREDICTION_SHARE * total / GIB if margin_gib is None else margin_gib
     transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
     # The speed model of the offload floor (cost_model.py): links per rank, host memory per node.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mbridge_offload.bench.planner_accuracy import (compare_host_markdown, compare_markdown, compare_rows,
+from mbridge_offload.bench.planner_accuracy import (HELDOUT, compare_host_markdown, compare_markdown, compare_rows,
                                                     heldout_markdown, largest_underprediction)
 from mbridge_offload.planning import memory_plan
 from mbridge_offload.facts.units import GIB
@@ -43,7 +43,7 @@ def test_the_margin_is_the_largest_heldout_underprediction_rounded_up():
 
 def test_committed_accuracy_tables_are_current():
     dirs = [BENCHMARKS / d for d in SWEEPS]
-    heldout = [BENCHMARKS / d for d in ("planner-heldout", "planner-auto")]
+    heldout = [BENCHMARKS / d for d in HELDOUT]
     committed = (BENCHMARKS / "planner-accuracy.md").read_text()
     assert compare_markdown(dirs) in committed and compare_host_markdown(dirs) in committed
     assert heldout_markdown(heldout) in committed and compare_host_markdown(heldout) in committed
