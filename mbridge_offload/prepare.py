@@ -23,6 +23,7 @@ from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fit
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY as SWITCH_KEY
 from mbridge_offload.facts.determinism import DETERMINISTIC_ENV, DETERMINISTIC_KEYS
+from mbridge_offload.facts.offload_engine import ENGINE_KEY
 from mbridge_offload.runtime.offload_tuning import chunks_line, tune_offload
 from mbridge_offload.runtime.stopping import with_clean_stop
 from mbridge_offload.validation import Report, validate
@@ -113,6 +114,16 @@ def _deterministic(cfg: Any, given: set[str], auto_line: str | None) -> tuple[An
     return with_deterministic_mode(cfg), "deterministic: " + " ".join(settings) + " (bit-reproducible runs)"
 
 
+def _offload_engine(cfg: Any, mode: str, given: set[str], auto_line: str | None) -> Any:
+    """``--offload-engine MODE``, refusing a command line that also sets the engine's key."""
+    from recipes.offload import with_offload_engine
+
+    if ENGINE_KEY in given:
+        raise NotPrepared(f"--offload-engine {mode} sets {ENGINE_KEY} itself; drop that override or --offload-engine",
+                          auto_line)
+    return with_offload_engine(cfg, mode)
+
+
 def _with_the_rest_validated(errors: Any, num_gpus: int, validated: bool, validator: Callable[..., Report]) -> str:
     """The override errors of a command and, in the same words as a prepared config's report, the problems
     of the config that the command's other overrides make (so a command shows all of its problems at once:
@@ -129,12 +140,14 @@ def _with_the_rest_validated(errors: Any, num_gpus: int, validated: bool, valida
 def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus_from: str,
             plan_options: Mapping[str, Any], offload_tuning: str = "tuned", overlap_chunks: int | None = None,
             cpu_threads: str | int | None = None, step_time_budget_s: float | None = None,
-            validated: bool = True, deterministic: bool = False,
+            validated: bool = True, deterministic: bool = False, offload_engine: str | None = None,
             validator: Callable[..., Report] = validate) -> Prepared:
     """``recipe`` built, with ``overrides`` (Hydra grammar, ``optimizer.optimizer_offload_fraction=auto``
     allowed), tuned for offload speed unless ``offload_tuning="stock"``, validated for ``num_gpus`` GPUs
     (unless ``validated=False``) and planned with ``plan_options`` (planning.plan_kwargs).
-    ``deterministic`` sets what bit-reproducible runs need (recipes/determinism.py). ``validator``: what
+    ``deterministic`` sets what bit-reproducible runs need (recipes/determinism.py). ``offload_engine``:
+    run_recipe's --offload-engine (recipes/offload.with_offload_engine; refused beside an override of the
+    same key). ``validator``: what
     validates (validation.validate; the cached one of mbridge_offload/fast_check).
 
     ``overlap_chunks`` and ``cpu_threads`` are run_recipe's --overlap-chunks and --cpu-threads (None:
@@ -158,6 +171,8 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
     if deterministic:
         cfg, line = _deterministic(cfg, given, auto_line)
         run_lines.append(line)
+    if offload_engine is not None:
+        cfg = _offload_engine(cfg, offload_engine, given, auto_line)
     cfg, stop_line = with_clean_stop(cfg, given)
     if stop_line:
         run_lines.append(stop_line)

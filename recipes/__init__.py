@@ -14,6 +14,7 @@ _LAZY = {
     "without_optimizer_offload": "recipes.offload",
     "with_activation_offload": "recipes.offload",
     "with_fine_grained_offload": "recipes.offload",
+    "with_offload_engine": "recipes.offload",
 }
 
 __all__ = [*_LAZY, "get_recipe", "RECIPES"]

@@ -12,6 +12,7 @@ from typing import Iterable
 
 from recipes.derive import derive
 from mbridge_offload.facts.key_ranges import range_violations
+from mbridge_offload.facts.offload_engine import ENGINE_KEY, ENGINE_MODES
 
 
 def _number(name: str, value, whole: bool = False):
@@ -49,6 +50,15 @@ def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = False):
         "optimizer.use_distributed_optimizer": True,
         "ddp.use_distributed_optimizer": True,
     }, why=f"optimizer offload: {fraction:.0%} of optimizer states on the CPU")
+
+
+def with_offload_engine(cfg, mode: str):
+    """Run the offloaded optimizer step with ``mode``'s engine (mbridge_offload/runtime/streaming_engine.py):
+    ``exact`` (the CPU Adam under the next forward, the same update), ``delayed`` (one-step delayed update),
+    ``library`` (Megatron Core's step). Sets ``env_vars.MBRIDGE_OFFLOAD_ENGINE``; a value in the shell wins."""
+    if mode not in ENGINE_MODES:
+        raise ValueError(f"offload engine must be one of {', '.join(ENGINE_MODES)}, got {mode!r}")
+    return derive(cfg, {ENGINE_KEY: mode}, why=f"offload engine: {mode}")
 
 
 def without_optimizer_offload(cfg):

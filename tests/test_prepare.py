@@ -81,6 +81,18 @@ def test_deterministic_sets_keys_and_environment_and_refuses_a_clash():
         _prepare("qwen3_1b_proxy_pretrain_config", ["model.deterministic_mode=False"], deterministic=True)
 
 
+def test_offload_engine_flag_sets_the_engine_tuned_and_validated_and_refuses_a_clash():
+    prepared = _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_cpu_offload=True",
+                                                           "optimizer.optimizer_offload_fraction=1"], offload_engine="exact")
+    assert prepared.cfg.env_vars["MBRIDGE_OFFLOAD_ENGINE"] == "exact" and prepared.report.ok
+    assert prepared.cfg.optimizer.overlap_cpu_optimizer_d2h_h2d  # the tuning gave it the copy streams it needs
+    refused = _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_cpu_offload=True"],
+                       offload_engine="exact", num_gpus=2)
+    assert "offload-engine/exact-one-shard" in {p.rule_id for p in refused.report.problems}
+    with pytest.raises(NotPrepared, match="--offload-engine delayed sets env_vars.MBRIDGE_OFFLOAD_ENGINE"):
+        _prepare("qwen3_1b_proxy_pretrain_config", ["+env_vars.MBRIDGE_OFFLOAD_ENGINE=exact"], offload_engine="delayed")
+
+
 ONE_RUN = ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "model.recompute_granularity=full",
            "model.recompute_method=uniform", "model.recompute_num_layers=1", "model.cpu_offloading_num_layers=48"]
 

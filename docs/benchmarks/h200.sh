@@ -148,6 +148,38 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
           *) echo "unknown case $case"; exit 2 ;;
         esac 2>&1 | tee "$runs/planner-auto/$case.log"
       done ;;
+    engine-parity)
+      # Eighth session (issue #16, docs/benchmarks/offload-engine/): 50 deterministic steps of the dense proxy
+      # without offload, with the library's offloaded step (tuned) and with the engine's exact and delayed modes,
+      # all at fraction 1, side by side (parity, not speed: 3 CPU threads each, so the host's cores are shared).
+      d="$runs/engine-parity"; mkdir -p "$d"
+      parity_run() {  # NAME RUN_RECIPE_ARGS...
+        local name=$1; shift
+        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --deterministic --cpu-threads 3 \
+          --out "$d/$name" train.train_iters=${STEPS:-50} "$@" > "$d/$name.log" 2>&1
+        echo "$name: exit $? ($(tail -n 1 "$d/$name/failure.json" 2>/dev/null || echo ok))"
+      }
+      parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
+      parity_run library-1 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+      parity_run exact-1 --offload-engine exact optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+      parity_run delayed-1 --offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+      # save at step 3, resume to 6, with the exact engine (2-layer proxy), against the uninterrupted run
+      $py scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic \
+        --out "$d/resume-exact" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=exact > "$d/resume-exact.log" 2>&1 &
+      wait
+      $py -m mbridge_offload.bench.engine_parity --out "$d" "exact vs library (1)=$d/library-1:$d/exact-1" \
+        "exact (1) vs no offload=$d/baseline:$d/exact-1" "library (1) vs no offload=$d/baseline:$d/library-1" \
+        "delayed (1) vs no offload=$d/baseline:$d/delayed-1" ;;
+    engine-bench)
+      # Eighth session (issue #16): the engine against the library's tuned step and its own baseline, 3 rounds
+      # interleaved, 33 steps each (the first 3 excluded: 30 measured), fraction 1.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs tuned,engine-exact,engine-delayed --repeats 3 \
+        --baseline-runs 3 train.train_iters=33 ;;
+    engine-bench-25)
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-bench-25" --resume \
+        --host-json "$(host_json)" --fractions 0.25 --configs engine-exact --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:

@@ -17,6 +17,7 @@ from recipes import registry
 from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
+from mbridge_offload.facts.offload_engine import ENGINE_ENV, ENGINE_MODES
 from mbridge_offload.runtime.offload_tuning import TUNED_OVERLAP_CHUNKS, TUNINGS
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -61,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                              f"size instead of one CPU optimizer per tensor (default when tuned: "
                              f"{TUNED_OVERLAP_CHUNKS}; with --offload-tuning "
                              "stock: the library's per tensor; mbridge_offload/runtime/chunked_overlap.py)")
+    parser.add_argument("--offload-engine", choices=tuple(ENGINE_MODES), default=None,
+                        help="what runs the offloaded optimizer step: library (Megatron Core's: the CPU Adam after "
+                             "backward), exact (the CPU Adam under the next forward, the same update), delayed "
+                             "(one-step delayed update, not the same training). Default: the recipe's "
+                             f"env_vars.{ENGINE_ENV}, else library (mbridge_offload/runtime/streaming_engine.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                    plan_options=plan_kwargs(args, launching=not args.dry_run),
                    offload_tuning=args.offload_tuning, overlap_chunks=args.overlap_chunks,
                    cpu_threads=args.cpu_threads, step_time_budget_s=args.step_time_budget_s,
-                   deterministic=args.deterministic)
+                   deterministic=args.deterministic, offload_engine=args.offload_engine)
     started = time.monotonic()
 
     # From the cache of this recipe, when it can answer exactly: refusals, and dry runs validated before.

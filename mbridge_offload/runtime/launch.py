@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
+from mbridge_offload.facts.offload_engine import ENGINE_MODES, engine_mode
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
 from mbridge_offload.runtime.run_outcome import FAILURE_FILE, write_failure
 
@@ -97,6 +98,11 @@ def single_process_env() -> None:
         os.environ.setdefault(name, value)
 
 
+def offload_engine(cfg) -> str:
+    """The engine this run's offloaded optimizer step runs with (the shell's MBRIDGE_OFFLOAD_ENGINE wins)."""
+    return engine_mode(cfg.env_vars, os.environ)
+
+
 def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
     import torch
 
@@ -106,6 +112,9 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
     lines += [f"  {line}" for line in settings.offload_lines]
     lines += [f"  speed: {line}" for line in settings.tuning_lines]
     lines += [f"  {line}" for line in settings.run_lines]
+    if cfg.optimizer.optimizer_cpu_offload:
+        mode = offload_engine(cfg)
+        lines.append(f"  offload engine: {mode}: {ENGINE_MODES[mode]}")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
@@ -222,8 +231,10 @@ def train(cfg, settings: LaunchSettings) -> int:
         use_chunked_overlap(settings.overlap_chunks)  # described in tuning_lines
     if cfg.optimizer.optimizer_cpu_offload:
         from mbridge_offload.runtime.resume_fix import install_resume_fix
+        from mbridge_offload.runtime.streaming_engine import install
 
         install_resume_fix()  # upstream's HybridDeviceOptimizer cannot load its own checkpoints (resume_fix.py)
+        install(offload_engine(cfg))  # the validator refused what the engine cannot run
     if cfg.train.exit_signal_handler:
         interrupt_as_terminate()
     from recipes.derive import derive
@@ -239,8 +250,16 @@ def train(cfg, settings: LaunchSettings) -> int:
     from megatron.bridge.training.pretrain import pretrain
 
     metrics = make_callback(out_dir, rank)
+    from mbridge_offload.runtime.streaming_engine import drain_all
+
     try:
-        pretrain(cfg, forward_step, callbacks=[metrics])
+        try:
+            pretrain(cfg, forward_step, callbacks=[metrics])
+        except SystemExit as stop:
+            if stop.code in (0, None):
+                drain_all(apply_delayed=False)  # the last update: its errors surface, no thread dies mid-step
+            raise
+        drain_all(apply_delayed=False)
     except SystemExit as stop:
         # Megatron Bridge ends a run at train.exit_interval and after a stop signal (checkpoint saved) with
         # sys.exit(0): a run that ended as asked, summarised below; any other code is a failure

@@ -119,6 +119,7 @@ def make_callback(out_dir: Path, rank: int):
     from megatron.bridge.training.callbacks import Callback
 
     from mbridge_offload.runtime.host_memory import NodeUsedPeak
+    from mbridge_offload.runtime.streaming_engine import take_wait_s as take_engine_wait_s
 
     class StepMetrics(Callback):
         def __init__(self) -> None:
@@ -134,7 +135,10 @@ def make_callback(out_dir: Path, rank: int):
 
         def on_train_start(self, context) -> None:
             from mbridge_offload.runtime.offload_timing import OffloadTimer
+            from mbridge_offload.runtime.streaming_engine import installed_mode
 
+            if installed_mode() is not None:  # the breakdown times the library's step, which the engine replaces
+                return
             try:
                 timer = OffloadTimer(context.optimizer)
             except Exception as error:  # noqa: BLE001  (a missing breakdown must not stop training)
@@ -144,11 +148,13 @@ def make_callback(out_dir: Path, rank: int):
             self.offload_timer = timer if timer.active else None
 
         def on_train_step_start(self, context) -> None:
-            torch.cuda.synchronize()  # time the step itself, not work queued before it
+            # time the step itself, not work queued before it. The training stream only: the offload engine's
+            # copies on its own streams belong to the next step, which waits for them where it needs them
+            torch.cuda.current_stream().synchronize()
             self.started = time.perf_counter()
 
         def on_train_step_end(self, context) -> None:
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()
             elapsed = time.perf_counter() - self.started
             self.step += 1
             record = step_record(self.step, elapsed, _loss_value(context.loss_dict), context.grad_norm,
@@ -158,6 +164,9 @@ def make_callback(out_dir: Path, rank: int):
             # resumed run is compared on against the uninterrupted one
             record["iteration"] = self.last_iteration = context.state.train_state.step + 1  # bumped after this call
             record["lr"] = _learning_rate(context.optimizer)
+            engine_wait_s = take_engine_wait_s()
+            if engine_wait_s is not None:  # the training thread blocked on the offload engine in this step
+                record["engine_wait_s"] = engine_wait_s
             if self.offload_timer is not None:
                 record.update(self.offload_timer.collect() or {})
                 if self.step == 1:

@@ -159,7 +159,7 @@ def test_bench_rows_compare_with_the_baseline_and_the_floor():
     assert tuned["loss_parity_noise_floor"] is False  # 0.01 > the 0.002 noise floor
     assert failed["ok"] is False and failed["reason"] == "CUDA out of memory"
     verdicts = overhead.goals(rows)
-    assert verdicts == [{"fraction": 1.0, "goal_slowdown": 1.25, "tuned_slowdown": pytest.approx(1.8),
+    assert verdicts == [{"fraction": 1.0, "config": "tuned", "goal_slowdown": 1.25, "tuned_slowdown": pytest.approx(1.8),
                          "floor_slowdown": pytest.approx(1.54), "met": False, "possible_on_this_host": False}]
     table = overhead.markdown(rows, parity, verdicts, "t")
     assert "| 1 | stock-1-thread | 1 | off | 2.400 | 4.80x | 0.770 | 1.54x |" in table

@@ -52,6 +52,9 @@ def _checkpoint(offload: bool, fraction: float) -> str:
 
 
 SAVED_AT_HALF, SAVED_WITHOUT = _checkpoint(True, 0.5), _checkpoint(False, 0.0)
+
+EXACT = {"env_vars.MBRIDGE_OFFLOAD_ENGINE": "exact", "optimizer.overlap_cpu_optimizer_d2h_h2d": True}
+DELAYED = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "delayed"}
 RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
@@ -72,6 +75,18 @@ CASES = {
         DENSE_OPT, {"optimizer.use_precision_aware_optimizer": True},
         {"optimizer.use_precision_aware_optimizer": True, "optimizer.exp_avg_dtype": torch.bfloat16,
          "optimizer.exp_avg_sq_dtype": torch.bfloat16}),
+    "offload-engine/known": case(DENSE_OPT, DELAYED, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "fastest"}),
+    "offload-engine/needs-optimizer-offload": case(DENSE_OPT, EXACT, {**EXACT, "optimizer.optimizer_cpu_offload": False,
+                                                                      "optimizer.optimizer_offload_fraction": 0.0}),
+    "offload-engine/needs-overlap-streams": case(DENSE_OPT, DELAYED,
+                                                 {**DELAYED, "optimizer.overlap_cpu_optimizer_d2h_h2d": False}),
+    "offload-engine/exact-one-shard": case(DENSE_OPT, EXACT, EXACT, gpus=(1, 2)),
+    "offload-engine/bf16-params-fp8-param-gather": case(DENSE_OPT, EXACT, {**EXACT, "ddp.fp8_param_gather": True}),
+    "offload-engine/bf16-params-fp4-param-gather": case(DENSE_OPT, EXACT, {**EXACT, "ddp.fp4_param_gather": True}),
+    "offload-engine/bf16-params-use-precision-aware-optimizer": case(
+        DENSE_OPT, EXACT, {**EXACT, "optimizer.use_precision_aware_optimizer": True}),
+    "offload-engine/bf16-params-use-megatron-fsdp": case(DENSE_OPT, DELAYED, {**DELAYED, "ddp.use_megatron_fsdp": True}),
+    "offload-engine/cuda-graphs": case(DENSE_OPT, EXACT, {**EXACT, "model.cuda_graph_impl": "local"}),
     "activation-offload/num-layers-range": case(DENSE_ACT, {"model.cpu_offloading_num_layers": 15},
                                                 {"model.cpu_offloading_num_layers": 16}),
     "activation-offload/pipeline-parallel": case(DENSE_ACT, {}, {"model.pipeline_model_parallel_size": 2}, gpus=(1, 2)),

@@ -1,0 +1,442 @@
+"""The streaming offload engine: the CPU Adam of optimizer offload under GPU compute (issue #16).
+
+Megatron Core's ``HybridDeviceOptimizer`` (HDO) runs the CPU Adam inside ``optimizer.step()``: after
+backward, before the next step starts, so an offloaded step costs about forward + backward + CPU Adam.
+This engine keeps the library's arithmetic (the same torch AdamW on the same tensors, the plugin's chunked
+CPU optimizers) and moves *when* it runs (docs/design/streaming-offload-engine.md):
+
+- ``exact``: ``optimizer.step()`` copies the clipped gradients to the host (D2H) and returns; a worker thread
+  runs the CPU Adam chunk by chunk in the order the forward first uses the parameters, copies each chunk's
+  parameters back (H2D) and casts them into the model's bf16 weights. Each module's forward waits (a
+  forward pre-hook) for its own parameters only. The update is the library's: gradients after the library's
+  clipping, the learning rate of the same step, the same kernel.
+- ``delayed``: the one-step delayed parameter update of ZeRO-Offload. Step k's Adam runs during step k+1's
+  forward and backward, which use the weights before it; the next ``optimizer.step()`` waits for it, then
+  the library copies the weights as usual. Clipping is exact; the staleness is one step.
+
+Both modes leave the gradient buffer to be zeroed on the copy stream after the D2H (the next step's
+forward does not touch it; its backward waits for the zeroing), so the D2H overlaps the next forward.
+
+What touches optimizer state or weights outside a training step drains the engine first: the next
+``optimizer.step()``, checkpoint save and load, evaluation, the parameter-norm log, and any HDO step run
+outside the training loop (the checkpoint loader's dummy step), which runs the library's own synchronous
+step. In ``delayed`` mode a drain outside the training step also applies the pending update to the model's
+weights, so a saved checkpoint holds one consistent state (the uninterrupted run does the same at a save).
+
+Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): ``exact`` needs every
+optimizer shard to be its whole parameter (one data-parallel rank, one expert-data-parallel rank: with
+several, the parameter all-gather would run before the update); both modes need the D2H/H2D overlap streams,
+and bf16/fp32 parameters (no fp8/fp4 parameter gather, no precision-aware optimizer, no Megatron FSDP).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY
+
+_STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet()}
+
+
+class EngineError(RuntimeError):
+    """The engine's worker failed; raised on the training thread at the next point that waits for it."""
+
+
+def _params_of(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+@dataclass
+class _Job:
+    """One optimizer step handed to the worker."""
+
+    order: list[int]  # chunk indices, in the order the worker takes them
+    d2h_events: dict[int, Any]  # chunk: CUDA event after its gradient copy
+    ready: dict[int, threading.Event]  # chunk: its parameters are updated (exact: and cast to bf16)
+    done_events: dict[int, Any] = field(default_factory=dict)  # chunk: CUDA event after its H2D (and cast)
+    waited: set[int] = field(default_factory=set)  # chunks the training stream already waits for
+    finished: threading.Event = field(default_factory=threading.Event)
+    model_copied: threading.Event = field(default_factory=threading.Event)  # delayed: weights copied this step
+    model_copied_event: Any = None
+    error: BaseException | None = None
+
+
+class StreamingEngine:
+    """The engine of one HybridDeviceOptimizer (one per distributed optimizer: dense, expert)."""
+
+    def __init__(self, hdo, owner, mode: str) -> None:
+        import torch
+
+        self.hdo = hdo
+        self._owner = weakref.ref(owner)
+        self.mode = mode
+        self.job: _Job | None = None
+        self.first_use: list[int] = []  # chunks in the order the forward first used them
+        self.wait_s = 0.0  # training thread blocked on the engine, since the metrics last read it
+        self.last_d2h_event = None
+        self._maps_for = None
+        self._device = torch.cuda.current_device()
+        self._worker_stream = None
+        self._threads = max(1, torch.get_num_threads() - 1)  # one core stays free to launch GPU work
+        _STATE["engines"].add(self)
+
+    # --- which chunk each parameter is in (rebuilt when the HDO rebuilds its CPU optimizers) ---
+    def _maps(self) -> None:
+        hdo = self.hdo
+        if self._maps_for is hdo.cpu_optimizers:
+            return
+        chunk_of_cpu = {cpu: i for i, opt in enumerate(hdo.cpu_optimizers) for cpu in _params_of(opt)}
+        chunk_of_main = {main: chunk_of_cpu[cpu] for main, cpu in hdo.gpu_params_map_cpu_copy.items()
+                         if cpu in chunk_of_cpu}
+        owner = self._owner()
+        self.chunk_of_model: dict[Any, int] = {}
+        self.casts: dict[int, list] = {i: [] for i in range(len(hdo.cpu_optimizers))}
+        for model_groups, main_groups in ((owner.model_float16_groups, owner.shard_fp32_from_float16_groups),
+                                          (owner.model_fp32_groups, owner.shard_fp32_groups)):
+            for model_group, main_group in zip(model_groups, main_groups):
+                for model_param, main in zip(model_group, main_group):
+                    chunk = chunk_of_main.get(main)
+                    if chunk is None:
+                        continue
+                    self.chunk_of_model[model_param] = chunk
+                    self.casts[chunk].append((main, _model_shard_view(owner, model_param)))
+        self.owned_mains = set(chunk_of_main)
+        self._maps_for = hdo.cpu_optimizers
+
+    def order(self) -> list[int]:
+        return processing_order(self.first_use, len(self.hdo.cpu_optimizers))
+
+    # --- the step ---
+    def step(self, closure=None) -> None:
+        import torch
+
+        self.drain()
+        hdo = self.hdo
+        self._maps()
+        hdo._sync_hdo_param_groups_to_sub_optimizers()  # this step's lr and weight decay, as the library does
+        order = self.order()
+        current = torch.cuda.current_stream()
+        hdo._d2h_stream.wait_stream(current)
+        library_order = hdo.cpu_optimizers
+        with torch.cuda.stream(hdo._d2h_stream):
+            hdo.cpu_optimizers = [library_order[i] for i in order]  # copies in the order the worker needs them
+            try:
+                hdo._set_sub_optimizer_grads()
+            finally:
+                hdo.cpu_optimizers = library_order
+        self.last_d2h_event = hdo._d2h_stream.record_event()
+        events = {i: hdo._cpu_optimizer_map_data_event.pop(opt, None) for i, opt in enumerate(library_order)}
+        if hdo.gpu_optimizer:
+            hdo.gpu_optimizer.step(closure)
+        job = _Job(order=order, d2h_events=events, ready={i: threading.Event() for i in order})
+        self.job = job
+        _worker().submit(self, job)
+
+    def run(self, job: _Job) -> None:
+        """The worker's part of a step (worker thread)."""
+        import torch
+
+        hdo = self.hdo
+        if self._worker_stream is None:
+            torch.cuda.set_device(self._device)
+            torch.set_num_threads(self._threads)  # OpenMP's thread count is per thread: set it here
+            self._worker_stream = torch.cuda.Stream()
+        try:
+            with torch.cuda.stream(self._worker_stream):
+                for chunk in job.order:
+                    event = job.d2h_events.get(chunk)
+                    if event is not None:
+                        event.synchronize()
+                    if self.mode == DELAYED and not job.done_events:
+                        # the GPU fp32 weights may be overwritten only after this step's copy to the model
+                        job.model_copied.wait()
+                        if job.model_copied_event is not None:
+                            hdo._h2d_stream.wait_event(job.model_copied_event)
+                    hdo.cpu_optimizers[chunk].step()  # Adam, then the library's hook copies it back (H2D)
+                    if self.mode == EXACT:
+                        with torch.cuda.stream(hdo._h2d_stream):
+                            for main, model_view in self.casts[chunk]:
+                                model_view.copy_(main)
+                    job.done_events[chunk] = hdo._h2d_stream.record_event()
+                    job.ready[chunk].set()
+        except BaseException as error:  # noqa: BLE001  (handed to the training thread, which raises it)
+            job.error = error
+            for ready in job.ready.values():
+                ready.set()
+        finally:
+            job.finished.set()
+
+    # --- waiting for it ---
+    def gate(self, model_params) -> None:
+        """Before a module's forward (exact mode): wait for the update of its own parameters."""
+        import torch
+
+        chunks = {self.chunk_of_model[p] for p in model_params if p in self.chunk_of_model}
+        job = self.job
+        if job is None:
+            if _STATE["in_train_step"]:
+                self.first_use.extend(c for c in sorted(chunks) if c not in self.first_use)
+            return
+        for chunk in chunks - job.waited:
+            if not job.ready[chunk].is_set():
+                started = time.perf_counter()
+                job.ready[chunk].wait()
+                self.wait_s += time.perf_counter() - started
+            self._raise_if_failed(job)
+            torch.cuda.current_stream().wait_event(job.done_events[chunk])
+            job.waited.add(chunk)
+
+    def drain(self, apply_delayed: bool = False) -> None:
+        """Wait for the pending update; afterwards the optimizer state is complete and the GPU fp32 weights
+        (and in exact mode the model's weights) hold it. ``apply_delayed``: in delayed mode, also copy it
+        into the model's weights (what a save or an evaluation needs)."""
+        import torch
+
+        job = self.job
+        if job is None:
+            return
+        job.model_copied.set()  # no copy to the model is coming before this drain: nothing to wait for
+        if not job.finished.is_set():
+            started = time.perf_counter()
+            job.finished.wait()
+            self.wait_s += time.perf_counter() - started
+        self.job = None
+        self._raise_if_failed(job)
+        if job.done_events:
+            torch.cuda.current_stream().wait_event(job.done_events[job.order[-1]])  # the H2D stream is serial
+        self.hdo._sync_sub_optimizers_state_to_hdo()
+        if self.mode == DELAYED and apply_delayed:
+            self._owner()._copy_main_params_to_model_params()
+
+    @staticmethod
+    def _raise_if_failed(job: _Job) -> None:
+        if job.error is not None:
+            raise EngineError(f"the streaming offload engine's CPU optimizer step failed: "
+                              f"{type(job.error).__name__}: {job.error}") from job.error
+
+    def take_wait_s(self) -> float:
+        value, self.wait_s = self.wait_s, 0.0
+        return value
+
+
+def processing_order(first_use: list[int], chunks: int) -> list[int]:
+    """The order the worker takes the chunks in: by first use in the forward, then those the forward never
+    used, highest first (the library fills its buffers in reverse parameter order, so the highest chunk
+    holds the first layers)."""
+    seen = list(dict.fromkeys(c for c in first_use if 0 <= c < chunks))
+    return seen + [c for c in reversed(range(chunks)) if c not in seen]
+
+
+def _model_shard_view(owner, model_param):
+    """The slice of the DDP parameter buffer that holds ``model_param``'s shard: where the library's
+    ``_copy_main_params_to_model_params`` writes it."""
+    world_range = owner._get_model_param_range_map(model_param)["gbuf_world_in_bucket"]
+    gbuf_index, _, bucket_id = owner.model_param_gbuf_map[model_param]
+    return owner.buffers[gbuf_index].buckets[bucket_id].param_data.view(-1)[world_range.start:world_range.end]
+
+
+class _Worker:
+    """One thread per process runs the engines' jobs in the order they were handed over."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.queue: Any = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="mbridge-offload-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, engine: StreamingEngine, job: _Job) -> None:
+        self.queue.put((engine, job))
+
+    def _loop(self) -> None:
+        while True:
+            engine, job = self.queue.get()
+            engine.run(job)
+
+
+_WORKER: list[_Worker] = []
+
+
+def _worker() -> _Worker:
+    if not _WORKER:
+        _WORKER.append(_Worker())
+    return _WORKER[0]
+
+
+def engines() -> list[StreamingEngine]:
+    return list(_STATE["engines"])
+
+
+def drain_all(apply_delayed: bool = True) -> None:
+    for engine in engines():
+        engine.drain(apply_delayed=apply_delayed)
+
+
+def take_wait_s() -> float | None:
+    """Seconds the training thread waited for the engine since the last call (None: no engine runs)."""
+    running = engines()
+    return round(sum(e.take_wait_s() for e in running), 6) if running else None
+
+
+def installed_mode() -> str | None:
+    return _STATE["mode"]
+
+
+def _engine_of(distributed_optimizer) -> StreamingEngine | None:
+    return getattr(getattr(distributed_optimizer, "optimizer", None), "_mbridge_offload_engine", None)
+
+
+def install(mode: str) -> None:
+    """Run every optimizer-offload step of this process with ``mode``'s engine (``library``: change nothing).
+    Class attributes, set before the optimizer and the model are built; no file under site-packages changes."""
+    if mode not in ENGINE_MODES:
+        raise ValueError(f"unknown offload engine {mode!r}; one of {', '.join(ENGINE_MODES)}")
+    if mode == LIBRARY or _STATE["mode"] is not None:
+        return
+    import torch
+    import megatron.bridge.training.train as bridge_train
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    _STATE["mode"] = mode
+    library_step = HybridDeviceOptimizer.step
+
+    def step(self, closure=None):
+        engine = getattr(self, "_mbridge_offload_engine", None)
+        if engine is None:
+            return library_step(self, closure)
+        if not (_STATE["in_train_step"] and self.cpu_optimizers):
+            engine.drain(apply_delayed=True)
+            return library_step(self, closure)  # e.g. the checkpoint loader's dummy step: synchronous
+        return engine.step(closure)
+
+    HybridDeviceOptimizer.step = step
+
+    library_init = DistributedOptimizer.__init__
+
+    def init(self, *args, **kwargs):
+        library_init(self, *args, **kwargs)
+        if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
+            engine = StreamingEngine(self.optimizer, self, mode)
+            self.optimizer._mbridge_offload_engine = engine
+            if mode == EXACT:
+                _install_gates(engine, self.model_chunks)
+
+    DistributedOptimizer.__init__ = init
+
+    library_copy = DistributedOptimizer._copy_main_params_to_model_params
+
+    def copy_main_params_to_model_params(self):
+        engine = _engine_of(self)
+        job = engine.job if engine is not None else None
+        if job is None:
+            return library_copy(self)
+        if engine.mode == DELAYED:
+            library_copy(self)
+            job.model_copied_event = torch.cuda.current_stream().record_event()
+            job.model_copied.set()
+            return None
+        # exact: the worker casts the offloaded parameters chunk by chunk; the library copies the rest
+        groups = ("model_float16_groups", "shard_fp32_from_float16_groups", "model_fp32_groups", "shard_fp32_groups")
+        saved = {name: getattr(self, name) for name in groups}
+        try:
+            for model_name, main_name in (groups[:2], groups[2:]):
+                kept = [[(m, s) for m, s in zip(mg, sg) if s not in engine.owned_mains]
+                        for mg, sg in zip(saved[model_name], saved[main_name])]
+                setattr(self, model_name, [[m for m, _ in pairs] for pairs in kept])
+                setattr(self, main_name, [[s for _, s in pairs] for pairs in kept])
+            return library_copy(self)
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    DistributedOptimizer._copy_main_params_to_model_params = copy_main_params_to_model_params
+
+    for name in ("state_dict", "sharded_state_dict", "load_state_dict", "save_parameter_state",
+                 "load_parameter_state", "get_parameter_state_dp_zero", "get_parameter_state_dp_reshardable",
+                 "reload_model_params"):
+        if hasattr(DistributedOptimizer, name):
+            setattr(DistributedOptimizer, name, _draining_method(getattr(DistributedOptimizer, name)))
+    for name in ("save_checkpoint_and_time", "evaluate_and_print_results", "calc_params_l2_norm"):
+        setattr(bridge_train, name, _draining_function(getattr(bridge_train, name)))
+    library_train_step = bridge_train.train_step
+
+    def train_step(*args, **kwargs):
+        _STATE["in_train_step"] = True
+        try:
+            return library_train_step(*args, **kwargs)
+        finally:
+            _STATE["in_train_step"] = False
+
+    bridge_train.train_step = train_step
+    _install_grad_zeroing(DistributedDataParallel)
+
+
+def _draining_method(method):
+    def drained(self, *args, **kwargs):
+        engine = _engine_of(self)
+        if engine is not None:
+            engine.drain(apply_delayed=True)
+        return method(self, *args, **kwargs)
+
+    drained.__wrapped__ = method
+    return drained
+
+
+def _draining_function(function):
+    def drained(*args, **kwargs):
+        drain_all(apply_delayed=True)
+        return function(*args, **kwargs)
+
+    drained.__wrapped__ = function
+    return drained
+
+
+def _install_gates(engine: StreamingEngine, model_chunks) -> None:
+    """A forward pre-hook on every module that holds offloaded parameters, run before the library's own
+    (which may start the parameter all-gather)."""
+    engine._maps()
+    for chunk in model_chunks:
+        for module in chunk.modules():
+            owned = [p for p in module.parameters(recurse=False) if p in engine.chunk_of_model]
+            if owned:
+                module.register_forward_pre_hook(lambda _module, _args, owned=owned: engine.gate(owned),
+                                                 prepend=True)
+
+
+def _install_grad_zeroing(ddp_class) -> None:
+    """Zero the gradient buffers on the copy stream after the D2H instead of on the training stream before
+    the next forward: the forward then runs while the copies finish, and the backward waits for the zeroing."""
+    import torch
+
+    library_zero = ddp_class.zero_grad_buffer
+    library_forward = ddp_class.forward
+
+    def zero_grad_buffer(self):
+        pending = [e for e in engines() if e.last_d2h_event is not None]
+        if not pending:
+            return library_zero(self)
+        stream = pending[0].hdo._d2h_stream
+        stream.wait_stream(torch.cuda.current_stream())
+        for engine in pending:
+            stream.wait_event(engine.last_d2h_event)
+        with torch.cuda.stream(stream):
+            library_zero(self)
+        self._mbridge_offload_zeroed = stream.record_event()
+        return None
+
+    def forward(self, *args, **kwargs):
+        output = library_forward(self, *args, **kwargs)
+        zeroed = getattr(self, "_mbridge_offload_zeroed", None)
+        if zeroed is not None:
+            torch.cuda.current_stream().wait_event(zeroed)  # the backward writes the gradient buffer
+            self._mbridge_offload_zeroed = None
+        return output
+
+    ddp_class.zero_grad_buffer = zero_grad_buffer
+    ddp_class.forward = forward

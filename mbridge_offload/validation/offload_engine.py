@@ -1,0 +1,66 @@
+"""Rules of the streaming offload engine (mbridge_offload/runtime/streaming_engine.py, env MBRIDGE_OFFLOAD_ENGINE)."""
+
+from __future__ import annotations
+
+from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.facts.offload_engine import ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT, LIBRARY, engine_mode
+from mbridge_offload.validation.guard import guarded, sane
+from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
+
+LOW_PRECISION_PARAM_KEYS = ("ddp.fp8_param_gather", "ddp.fp4_param_gather", "optimizer.use_precision_aware_optimizer",
+                            "ddp.use_megatron_fsdp")
+
+
+def _mode(ctx: Context) -> str:
+    return engine_mode(ctx.cfg.env_vars, ctx.environ)
+
+
+def _streaming(ctx: Context) -> bool:
+    return _mode(ctx) in ENGINE_MODES and _mode(ctx) != LIBRARY
+
+
+def _streaming_offload(ctx: Context) -> bool:
+    return _streaming(ctx) and bool(ctx.opt.optimizer_cpu_offload)
+
+
+def _set(ctx: Context, key: str) -> bool:
+    section, name = key.split(".")
+    return bool(getattr(getattr(ctx.cfg, section), name, False))
+
+
+def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY, applies=_streaming_offload,
+                 observed=None) -> Rule:
+    return Rule(id=f"offload-engine/{suffix}", mechanism=OPTIMIZER, key=key, text=text, applies=applies,
+                holds=holds, fix=fixed(fix), observed=observed)
+
+
+RULES: tuple[Rule, ...] = guarded(
+    _engine_rule("known", f"the offload engine ({ENGINE_ENV}) is one of {', '.join(ENGINE_MODES)}",
+                 applies=lambda c: c.env(ENGINE_ENV) is not None, holds=lambda c: _mode(c) in ENGINE_MODES,
+                 fix=f"++{ENGINE_KEY}=exact  (or run_recipe.py --offload-engine exact)", observed=_mode),
+    _engine_rule("needs-optimizer-offload", "a streaming offload engine runs the offloaded optimizer step: with "
+                 "optimizer offload off it has nothing to run", applies=_streaming,
+                 holds=lambda c: bool(c.opt.optimizer_cpu_offload), observed=_mode,
+                 fix=f"optimizer.optimizer_cpu_offload=True  (or ++{ENGINE_KEY}=library)"),
+    _engine_rule("needs-overlap-streams", "the streaming offload engine copies on the D2H/H2D overlap streams "
+                 "(run_recipe.py's tuning turns them on)", key="optimizer.overlap_cpu_optimizer_d2h_h2d",
+                 holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
+                 fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
+    _engine_rule("exact-one-shard", "the exact engine updates each parameter while the next forward runs, so "
+                 "every optimizer shard must be its whole parameter: one data-parallel rank and one "
+                 "expert-data-parallel rank (with several, the parameter all-gather would run before the update)",
+                 applies=sane(lambda c: _streaming_offload(c) and _mode(c) == EXACT),
+                 holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
+                 observed=lambda c: f"exact on {c.num_gpus} GPUs: " + (
+                     f"{c.sizes.dense_optimizer_shards} dense and {c.sizes.expert_optimizer_shards} expert optimizer "
+                     "shards" if c.num_experts else f"{c.sizes.dense_optimizer_shards} optimizer shards"),
+                 fix=f"++{ENGINE_KEY}=delayed  (shards over ranks; or library, or one data-parallel rank)"),
+    *(_engine_rule(f"bf16-params-{key.split('.')[1].replace('_', '-')}",
+                   "the streaming offload engine casts the fp32 weights into the bf16/fp32 model weights itself: "
+                   f"{key} is not supported with it", key=key, holds=lambda c, key=key: not _set(c, key),
+                   fix=f"{key}=False  (or ++{ENGINE_KEY}=library)")
+      for key in LOW_PRECISION_PARAM_KEYS),
+    _engine_rule("cuda-graphs", "the streaming offload engine waits in forward hooks, which CUDA graphs skip",
+                 key="model.cuda_graph_impl", holds=lambda c: getattr(c.model, "cuda_graph_impl", "none") == "none",
+                 fix=f"model.cuda_graph_impl=none  (or ++{ENGINE_KEY}=library)"),
+)
