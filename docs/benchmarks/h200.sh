@@ -171,12 +171,16 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         "exact (1) vs no offload=$d/baseline:$d/exact-1" "library (1) vs no offload=$d/baseline:$d/library-1" \
         "delayed (1) vs no offload=$d/baseline:$d/delayed-1" ;;
     engine-bench)
-      # Eighth session (issue #16): the engine against the library's tuned step and its own baseline, 3 rounds
-      # interleaved, 33 steps each (the first 3 excluded: 30 measured), fraction 1.
+      # Eighth session (issue #16, docs/benchmarks/offload-engine/bench-dense-1/): the engine against the library's
+      # tuned step and its own baseline, 3 rounds interleaved, 33 steps each (the first 3 excluded: 30 measured),
+      # fraction 1. Ran in two device calls (--resume); the 12th run (delayed, round 3) did not finish in the
+      # session's device time. The table was then assembled on the CPU machine with the same command and
+      # --out docs/benchmarks/offload-engine/bench-dense-1 (every run kept).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-bench" --resume \
         --host-json "$(host_json)" --fractions 1 --configs tuned,engine-exact,engine-delayed --repeats 3 \
         --baseline-runs 3 train.train_iters=33 ;;
     engine-bench-25)
+      # NOT RUN YET (no device time left in the eighth session): the 25% goal.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-bench-25" --resume \
         --host-json "$(host_json)" --fractions 0.25 --configs engine-exact --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;

@@ -245,6 +245,8 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
                        "baseline's run-to-run spread (not measured: one baseline run) is the likely reason")
         elif v["met"]:
             verdict = "met"
+        elif v["floor_slowdown"] is None:
+            verdict = "not met"
         elif v["possible_on_this_host"] is False:
             verdict = f"not met: the floor alone is {v['floor_slowdown']:.2f}x on this host"
         else:
