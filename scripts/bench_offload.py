@@ -2,11 +2,13 @@
 """Stock vs tuned optimizer offload, against the floor this host allows, in one invocation.
 
     uv run scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out runs/bench-1b \\
-        --fractions 0.25,0.5,0.75,1 train.train_iters=10
+        --fractions 0.25,0.5,0.75,1
 
 First measures the host (scripts/measure_host.py: pinned copy bandwidth, memory bandwidth, CPU Adam
-speed), then trains the no-offload baseline (twice, for the loss noise floor) and, for each fraction,
-each configuration in a fresh process:
+speed), then, in 3 interleaved rounds (``--repeats``), trains the no-offload baseline (``--baseline-runs``,
+one per round: each slowdown is against baselines of the same run, and they give the loss noise floor)
+and, for each fraction, each configuration in a fresh process, each run of at least 30 measured steps
+(``train.train_iters=33`` unless given; fewer only with ``--short-runs``):
 
 - stock, all cores: the library's defaults (D2H/H2D overlap off) with every core of the host, what a
   node running one rank gets;
@@ -16,7 +18,9 @@ each configuration in a fresh process:
 - tuned: run_recipe.py's offload tuning (mbridge_offload/runtime/offload_tuning.py, CPU threads per rank). When the
   recipe runs one rank per node, tuned resolves to exactly one of the configurations above (today
   overlap chunked: all cores, overlap on in 8 chunks, pinned buffers): its row then reuses that run,
-  marked ``same_run_as``.
+  marked ``same_run_as``;
+- engine-exact / engine-delayed (chosen with --configs): tuned, with the streaming offload engine's mode
+  (mbridge_offload/runtime/streaming_engine.py).
 
 Writes DIR/offload_overhead.json (rows: fraction, config, cpu_threads_per_rank, step_time_s,
 slowdown_vs_baseline, floor_s, the per-step breakdown, loss delta), DIR/offload_overhead.md, and

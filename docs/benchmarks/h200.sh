@@ -83,39 +83,39 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # cores) at 0.25/0.5/0.75/1 on the ~1.1B dense proxy; floor from phase host. Ran with
       # --configs stock-all-cores,stock-1-thread,overlap-on,tuned (docs/benchmarks/offload-overhead/dense-1b/).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense" --resume \
-        --host-json "$runs/host/host.json" --configs stock-all-cores,stock-1-thread,overlap-on train.train_iters=10 ;;
+        --host-json "$runs/host/host.json" --configs stock-all-cores,stock-1-thread,overlap-on --repeats 1 --baseline-runs 2 --short-runs train.train_iters=10 ;;
     bench-chunked)
       # Third session (docs/benchmarks/offload-overhead/dense-1b-chunked/): overlap in 8 chunks
       # (mbridge_offload/runtime/chunked_overlap.py) against stock and per-tensor overlap at 100% on the dense proxy, all
       # in one session (own baseline).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-chunked" --resume \
         --host-json "$(host_json)" --fractions 1 --baseline-runs 1 \
-        --configs stock-all-cores,overlap-on,overlap-chunked train.train_iters=10 ;;
+        --configs stock-all-cores,overlap-on,overlap-chunked --repeats 1 --short-runs train.train_iters=10 ;;
     bench-dense-tuned)
       # Fourth session (docs/benchmarks/offload-overhead/dense-1b-tuned/): the current tuning (overlap in
       # 8 chunks; tuned reuses the overlap-chunked run with one rank) against stock at 0.25/0.5/0.75 on
       # the dense proxy, two baselines for the step-time spread.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense-tuned" --resume \
         --host-json "$(host_json)" --fractions 0.25,0.5,0.75 --configs stock-all-cores,overlap-chunked,tuned \
-        train.train_iters=10 ;;
+        --repeats 1 --baseline-runs 2 --short-runs train.train_iters=10 ;;
     bench-dense-repeats)
       # NOT RUN YET. Whether the chunked tuning changes the whole step at 25% and 50%, past the run-to-run
       # spread that table 4 met (identical baselines 31% apart): three interleaved rounds (~10 min).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/bench-dense-repeats" --resume \
         --host-json "$(host_json)" --fractions 0.25,0.5 --configs stock-all-cores,overlap-chunked,tuned --repeats 3 \
-        --baseline-runs 3 train.train_iters=10 ;;
+        --baseline-runs 3 train.train_iters=33 ;;
     bench-moe)
       # Second session (docs/benchmarks/offload-overhead/moe-proxy/): the configurations of the time on the
       # Qwen3-30B-A3B proxy (4 layers, 128 experts), fraction 1 only (device time).
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe" --resume \
         --host-json "$runs/host/host.json" --fractions 1 --configs stock-all-cores,overlap-on --baseline-runs 1 \
-        train.train_iters=6 ;;
+        --repeats 1 --short-runs train.train_iters=6 ;;
     bench-moe-tuned)
       # Fourth session (docs/benchmarks/offload-overhead/moe-proxy-tuned/): the current tuning against
       # stock on the MoE proxy at 0.25 and 1, 10 steps (the 6-step runs had not reached steady state).
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/bench-moe-tuned" \
         --resume --host-json "$(host_json)" --fractions 0.25,1 --configs stock-all-cores,overlap-chunked,tuned \
-        --baseline-runs 1 train.train_iters=10 ;;
+        --baseline-runs 1 --repeats 1 --short-runs train.train_iters=10 ;;
     gpu-tests)
       $py -m pytest tests/runtime/test_gpu_training.py tests/runtime/test_gpu_resume.py tests/runtime/test_gpu_auto.py \
         -v -p no:cacheprovider 2>&1 \

@@ -23,6 +23,8 @@ from mbridge_offload.runtime.run_outcome import recorded
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
 # config: {fraction: the slowdown an issue asks for}: tuned (the first performance issue), the engines (#16)
 GOALS = {"tuned": {0.25: 1.05, 1.0: 1.25}, "engine-exact": {0.25: 1.05, 1.0: 1.30}, "engine-delayed": {1.0: 1.10}}
+DEFAULT_ROUNDS = 3  # interleaved rounds, each with its own baseline (issue #16: slowdowns against the same run)
+MIN_MEASURED_STEPS = 30  # steady-state steps per run that a speed figure needs (issue #16)
 DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "overlap-chunked", "tuned")
 MEASURE_HOST = ("-m", "mbridge_offload.cli.measure_host")  # run by module name, as RUN_RECIPE
 
@@ -254,6 +256,35 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
         lines.append(f"Goal at fraction {v['fraction']:g}: {v.get('config', 'tuned')} <= {v['goal_slowdown']:.2f}x; measured "
                      f"{v['tuned_slowdown']:.2f}x, floor {_f(v['floor_slowdown'], 2, 'x')}: {verdict}.")
     return "\n".join(lines) + "\n"
+
+
+def default_train_iters() -> int:
+    """The fewest steps that leave MIN_MEASURED_STEPS after the warm-up the summary excludes."""
+    from mbridge_offload.runtime.metrics import warmup_steps
+
+    steps = MIN_MEASURED_STEPS
+    while steps - warmup_steps(steps) < MIN_MEASURED_STEPS:
+        steps += 1
+    return steps
+
+
+def too_few_steps(overrides: list[str]) -> str | None:
+    """Why ``train.train_iters`` in ``overrides`` is too short for a speed figure, or None."""
+    from mbridge_offload.runtime.metrics import warmup_steps
+
+    given = [o.split("=", 1)[1] for o in overrides if key_of(o) == "train.train_iters" and "=" in o]
+    if not given:
+        return None
+    try:
+        steps = int(given[-1])
+    except ValueError:
+        return None  # the override's own check names it
+    measured = steps - warmup_steps(steps)
+    if measured >= MIN_MEASURED_STEPS:
+        return None
+    return (f"train.train_iters={steps} leaves {measured} measured steps (the first {warmup_steps(steps)} are "
+            f"warm-up); a speed figure needs {MIN_MEASURED_STEPS} or more: train.train_iters={default_train_iters()} "
+            "or more, or --short-runs for a smoke test")
 
 
 def owned_overrides(overrides: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from overrides.grammar import key_of
 from recipes import registry
 from mbridge_offload.bench import overhead
 from mbridge_offload.bench.sweep import parse_fractions
@@ -31,13 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{', '.join(c for c in overhead.configurations(1) if c not in defaults)})")
     parser.add_argument("--num-gpus", type=at_least_one("GPU"), metavar="N",
                         help="GPUs (ranks on this node) for every run (default: the recipe's own count)")
-    parser.add_argument("--baseline-runs", type=not_negative("run"), default=2, metavar="K",
-                        help="identical no-offload runs for the loss noise floor (default 2)")
-    parser.add_argument("--repeats", type=at_least_one("run"), default=1, metavar="R",
+    parser.add_argument("--baseline-runs", type=not_negative("run"), default=overhead.DEFAULT_ROUNDS, metavar="K",
+                        help="identical no-offload runs, spread over the rounds: each slowdown's own baseline and "
+                             f"the loss noise floor (default {overhead.DEFAULT_ROUNDS})")
+    parser.add_argument("--repeats", type=at_least_one("run"), default=overhead.DEFAULT_ROUNDS, metavar="R",
                         help="run every configuration R times, in R interleaved rounds (baselines spread over "
                              "them), and report the median over all their steady-state steps with the spread of "
-                             "the runs (default 1). Identical runs of the H200 differed by up to 31%%: repeats "
-                             "tell a real difference from that")
+                             f"the runs (default {overhead.DEFAULT_ROUNDS}). Identical runs of the H200 differed by "
+                             "up to 31%%: rounds tell a real difference from that")
+    parser.add_argument("--short-runs", action="store_true",
+                        help=f"allow runs of fewer than {overhead.MIN_MEASURED_STEPS} measured steps (a smoke test "
+                             "of the bench, or reassembling a table measured that way; not a speed figure)")
     parser.add_argument("--host-json", type=readable_file, metavar="FILE",
                         help="host measurements from an earlier measure_host.py run (default: measure now)")
     parser.add_argument("--timeout", type=positive_seconds, default=None, metavar="S", help="per-run time limit in seconds")
@@ -59,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--num-gpus expects at least 1 GPU, got {args.num_gpus}")
     if args.repeats < 1:
         parser.error(f"--repeats expects at least 1 run per configuration, got {args.repeats}")
+    too_short = overhead.too_few_steps(args.overrides)
+    if too_short and not args.short_runs:
+        parser.error(too_short)
+    if not any(key_of(o) == "train.train_iters" for o in args.overrides):
+        args.overrides.append(f"train.train_iters={overhead.default_train_iters()}")
     owned = overhead.owned_overrides(args.overrides)
     if owned:
         parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")

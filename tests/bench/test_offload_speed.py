@@ -320,9 +320,29 @@ def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
 
     monkeypatch.setattr(overhead, "run", fake_run)
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5",
-                        "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--host-json",
-                        str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
+                        "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--baseline-runs",
+                        "2", "--host-json", str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
     assert order == ["baseline", "fraction-0.5-overlap-chunked", "fraction-0.5-stock-all-cores",
                      "baseline-repeat1", "fraction-0.5-overlap-chunked-repeat1", "fraction-0.5-stock-all-cores-repeat1"]
     rows = json.loads((tmp_path / "offload_overhead.json").read_text())["rows"]
     assert {r["variant"]: r["runs"] for r in rows} == {"overlap-chunked": 2, "stock-all-cores": 2, "tuned": 2}
+
+
+def test_by_default_three_rounds_each_with_its_baseline_and_thirty_measured_steps(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s, progress):
+        calls.append((run_dir.name, list(overrides)))
+        return _result(fraction, 0.5 + fraction, [3.0, 2.0])
+
+    monkeypatch.setattr(overhead, "run", fake_run)
+    host = str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")
+    bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "1",
+                        "--configs", "engine-exact", "--host-json", host])
+    assert [name for name, _ in calls] == ["baseline", "fraction-1-engine-exact", "baseline-repeat1",
+                                           "fraction-1-engine-exact-repeat1", "baseline-repeat2",
+                                           "fraction-1-engine-exact-repeat2"]
+    assert all("train.train_iters=33" in overrides for _, overrides in calls)  # 30 after the 3 warm-up steps
+    with pytest.raises(SystemExit):
+        bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path / "short"),
+                            "--host-json", host, "train.train_iters=10"])
