@@ -23,10 +23,19 @@ outside the training loop (the checkpoint loader's dummy step), which runs the l
 step. In ``delayed`` mode a drain outside the training step also applies the pending update to the model's
 weights, so a saved checkpoint holds one consistent state (the uninterrupted run does the same at a save).
 
-Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): ``exact`` needs every
+A parameter that a parent module reads without calling its own module (a convolution's weight read by the
+layer that holds it) has no hook of its own: the first step records which offloaded parameters' modules ran,
+and exact mode waits for the others' chunks before the model's forward starts.
+
+Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): both modes need every
 optimizer shard to be its whole parameter (one data-parallel rank, one expert-data-parallel rank: with
-several, the parameter all-gather would run before the update); both modes need the D2H/H2D overlap streams,
-and bf16/fp32 parameters (no fp8/fp4 parameter gather, no precision-aware optimizer, no Megatron FSDP).
+several, exact's all-gather would run before the update and delayed's applied update would need its own
+all-gather; neither is built), the D2H/H2D overlap streams, and bf16/fp32 parameters (no fp8/fp4 parameter
+gather, no precision-aware optimizer, no Megatron FSDP); ``delayed`` needs bf16/fp16 model weights (an fp32
+weight is its own fp32 copy, which the delayed update would overwrite mid-step: refused at start-up too).
+``logger.log_params_norm`` reads the fp32 weights after every step, so the engine then waits each step (warned).
+With MoE the dense and expert optimizers share one worker, in that order: the experts' update waits for the
+dense one.
 """
 
 from __future__ import annotations
@@ -78,6 +87,8 @@ class StreamingEngine:
         self.first_use: list[int] = []  # chunks in the order the forward first used them
         self.wait_s = 0.0  # training thread blocked on the engine, since the metrics last read it
         self.last_d2h_event = None
+        self.seen_params: set = set()  # model parameters whose own module's forward ran before the first step
+        self.unseen_chunks: set[int] = set()
         self._maps_for = None
         self._device = torch.cuda.current_device()
         self._worker_stream = None
@@ -106,6 +117,12 @@ class StreamingEngine:
                     self.casts[chunk].append((main, _model_shard_view(owner, model_param)))
         self.owned_mains = set(chunk_of_main)
         self._maps_for = hdo.cpu_optimizers
+        fp32_owned = sum(1 for group in owner.shard_fp32_groups for main in group if main in self.owned_mains)
+        if self.mode == DELAYED and fp32_owned:
+            raise EngineError(
+                f"the delayed offload engine cannot run with {fp32_owned} offloaded parameter(s) kept in fp32 in the "
+                "model: their fp32 copy is the live weight, which the delayed update would overwrite during the next "
+                f"step. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact (or library), or bf16 model parameters")
 
     def order(self) -> list[int]:
         return processing_order(self.first_use, len(self.hdo.cpu_optimizers))
@@ -117,6 +134,8 @@ class StreamingEngine:
         self.drain()
         hdo = self.hdo
         self._maps()
+        if self.mode == EXACT:
+            self.unseen_chunks = {c for p, c in self.chunk_of_model.items() if p not in self.seen_params}
         hdo._sync_hdo_param_groups_to_sub_optimizers()  # this step's lr and weight decay, as the library does
         order = self.order()
         current = torch.cuda.current_stream()
@@ -129,6 +148,12 @@ class StreamingEngine:
             finally:
                 hdo.cpu_optimizers = library_order
         self.last_d2h_event = hdo._d2h_stream.record_event()
+        for cpu_param, gpu_param in hdo.cpu_copys_map_gpu_param.items():
+            grad = getattr(gpu_param, "decoupled_grad", gpu_param.grad)
+            if grad is not None:
+                # with bf16 gradients the main gradient is a temporary that optimizer.zero_grad() frees before the
+                # copy may have read it: the allocator must not hand its memory out before the copy stream is done
+                grad.record_stream(hdo._d2h_stream)
         events = {i: hdo._cpu_optimizer_map_data_event.pop(opt, None) for i, opt in enumerate(library_order)}
         if hdo.gpu_optimizer:
             hdo.gpu_optimizer.step(closure)
@@ -141,11 +166,11 @@ class StreamingEngine:
         import torch
 
         hdo = self.hdo
-        if self._worker_stream is None:
-            torch.cuda.set_device(self._device)
-            torch.set_num_threads(self._threads)  # OpenMP's thread count is per thread: set it here
-            self._worker_stream = torch.cuda.Stream()
         try:
+            if self._worker_stream is None:
+                torch.cuda.set_device(self._device)
+                torch.set_num_threads(self._threads)  # OpenMP's thread count is per thread: set it here
+                self._worker_stream = torch.cuda.Stream()
             with torch.cuda.stream(self._worker_stream):
                 for chunk in job.order:
                     event = job.d2h_events.get(chunk)
@@ -153,7 +178,7 @@ class StreamingEngine:
                         event.synchronize()
                     if self.mode == DELAYED and not job.done_events:
                         # the GPU fp32 weights may be overwritten only after this step's copy to the model
-                        job.model_copied.wait()
+                        _wait(job.model_copied, "the training thread's copy of the weights")
                         if job.model_copied_event is not None:
                             hdo._h2d_stream.wait_event(job.model_copied_event)
                     hdo.cpu_optimizers[chunk].step()  # Adam, then the library's hook copies it back (H2D)
@@ -180,15 +205,29 @@ class StreamingEngine:
         if job is None:
             if _STATE["in_train_step"]:
                 self.first_use.extend(c for c in sorted(chunks) if c not in self.first_use)
+                self.seen_params.update(model_params)
             return
-        for chunk in chunks - job.waited:
+        self._wait_chunks(job, chunks)
+
+    def _wait_chunks(self, job: _Job, chunks) -> None:
+        import torch
+
+        for chunk in set(chunks) - job.waited:
             if not job.ready[chunk].is_set():
                 started = time.perf_counter()
-                job.ready[chunk].wait()
+                _wait(job.ready[chunk], f"the update of chunk {chunk}")
                 self.wait_s += time.perf_counter() - started
             self._raise_if_failed(job)
             torch.cuda.current_stream().wait_event(job.done_events[chunk])
             job.waited.add(chunk)
+
+    def gate_unseen(self) -> None:
+        """Before the model's forward (exact mode): wait for the chunks of parameters whose own module's forward
+        never ran in the first step (a parent module reads them directly, e.g. a convolution's weight): no
+        module hook would wait for them."""
+        job = self.job
+        if job is not None and self.unseen_chunks:
+            self._wait_chunks(job, self.unseen_chunks)
 
     def drain(self, apply_delayed: bool = False) -> None:
         """Wait for the pending update; afterwards the optimizer state is complete and the GPU fp32 weights
@@ -202,7 +241,7 @@ class StreamingEngine:
         job.model_copied.set()  # no copy to the model is coming before this drain: nothing to wait for
         if not job.finished.is_set():
             started = time.perf_counter()
-            job.finished.wait()
+            _wait(job.finished, "the offloaded optimizer step")
             self.wait_s += time.perf_counter() - started
         self.job = None
         self._raise_if_failed(job)
@@ -255,7 +294,14 @@ class _Worker:
     def _loop(self) -> None:
         while True:
             engine, job = self.queue.get()
-            engine.run(job)
+            engine.run(job)  # catches everything itself and always sets the job's events
+
+
+def _wait(event: threading.Event, what: str) -> None:
+    """Wait for ``event``, raising if the worker thread is gone (it would never set it)."""
+    while not event.wait(5.0):
+        if not (_WORKER and _WORKER[0].thread.is_alive()):
+            raise EngineError(f"the streaming offload engine's worker thread stopped while waiting for {what}")
 
 
 _WORKER: list[_Worker] = []
@@ -298,6 +344,7 @@ def install(mode: str) -> None:
     if mode == LIBRARY or _STATE["mode"] is not None:
         return
     import torch
+    import megatron.bridge.training.pretrain as bridge_pretrain
     import megatron.bridge.training.train as bridge_train
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
@@ -323,6 +370,7 @@ def install(mode: str) -> None:
         library_init(self, *args, **kwargs)
         if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
             engine = StreamingEngine(self.optimizer, self, mode)
+            engine._maps()  # refuses here, before training, what the mode cannot run
             self.optimizer._mbridge_offload_engine = engine
             if mode == EXACT:
                 _install_gates(engine, self.model_chunks)
@@ -362,8 +410,12 @@ def install(mode: str) -> None:
                  "reload_model_params"):
         if hasattr(DistributedOptimizer, name):
             setattr(DistributedOptimizer, name, _draining_method(getattr(DistributedOptimizer, name)))
-    for name in ("save_checkpoint_and_time", "evaluate_and_print_results", "calc_params_l2_norm"):
-        setattr(bridge_train, name, _draining_function(getattr(bridge_train, name)))
+    for module in (bridge_train, bridge_pretrain):
+        for name in ("save_checkpoint_and_time", "evaluate_and_print_results"):
+            if hasattr(module, name):
+                setattr(module, name, _draining_function(getattr(module, name)))
+    # the norm reads the fp32 weights: wait for the update, but leave the delayed update delayed
+    bridge_train.calc_params_l2_norm = _draining_function(bridge_train.calc_params_l2_norm, apply_delayed=False)
     library_train_step = bridge_train.train_step
 
     def train_step(*args, **kwargs):
@@ -388,9 +440,9 @@ def _draining_method(method):
     return drained
 
 
-def _draining_function(function):
+def _draining_function(function, apply_delayed: bool = True):
     def drained(*args, **kwargs):
-        drain_all(apply_delayed=True)
+        drain_all(apply_delayed=apply_delayed)
         return function(*args, **kwargs)
 
     drained.__wrapped__ = function
@@ -431,6 +483,8 @@ def _install_grad_zeroing(ddp_class) -> None:
         return None
 
     def forward(self, *args, **kwargs):
+        for engine in engines():
+            engine.gate_unseen()
         output = library_forward(self, *args, **kwargs)
         zeroed = getattr(self, "_mbridge_offload_zeroed", None)
         if zeroed is not None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT, LIBRARY, engine_mode
+from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, LIBRARY,
+                                                 engine_mode)
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
@@ -46,15 +47,26 @@ RULES: tuple[Rule, ...] = guarded(
                  "(run_recipe.py's tuning turns them on)", key="optimizer.overlap_cpu_optimizer_d2h_h2d",
                  holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
                  fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
-    _engine_rule("exact-one-shard", "the exact engine updates each parameter while the next forward runs, so "
-                 "every optimizer shard must be its whole parameter: one data-parallel rank and one "
-                 "expert-data-parallel rank (with several, the parameter all-gather would run before the update)",
-                 applies=sane(lambda c: _streaming_offload(c) and _mode(c) == EXACT),
+    _engine_rule("one-shard", "the streaming offload engine needs every optimizer shard to be its whole "
+                 "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's "
+                 "parameter all-gather would run before the update and delayed's applied update needs an all-gather "
+                 "of its own; neither is built)",
+                 applies=sane(_streaming_offload),
                  holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
-                 observed=lambda c: f"exact on {c.num_gpus} GPUs: " + (
+                 observed=lambda c: f"{_mode(c)} on {c.num_gpus} GPUs: " + (
                      f"{c.sizes.dense_optimizer_shards} dense and {c.sizes.expert_optimizer_shards} expert optimizer "
                      "shards" if c.num_experts else f"{c.sizes.dense_optimizer_shards} optimizer shards"),
-                 fix=f"++{ENGINE_KEY}=delayed  (shards over ranks; or library, or one data-parallel rank)"),
+                 fix=f"++{ENGINE_KEY}=library  (or one data-parallel rank)"),
+    _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
+                 "is its own fp32 copy, which the delayed update would overwrite during the next step",
+                 key="model.bf16", applies=lambda c: _streaming_offload(c) and _mode(c) == DELAYED,
+                 holds=lambda c: bool(getattr(c.model, "bf16", False) or getattr(c.model, "fp16", False)),
+                 fix=f"model.bf16=True  (or ++{ENGINE_KEY}=exact)"),
+    Rule(id="offload-engine/params-norm", mechanism=OPTIMIZER, key="logger.log_params_norm",
+         text="logger.log_params_norm reads the fp32 weights after every step: the streaming offload engine then "
+              "waits for its update each step, and its overlap with the next step is lost",
+         applies=_streaming_offload, holds=lambda c: not getattr(c.cfg.logger, "log_params_norm", False),
+         fix=fixed("logger.log_params_norm=False"), severity="warning"),
     *(_engine_rule(f"bf16-params-{key.split('.')[1].replace('_', '-')}",
                    "the streaming offload engine casts the fp32 weights into the bf16/fp32 model weights itself: "
                    f"{key} is not supported with it", key=key, holds=lambda c, key=key: not _set(c, key),

@@ -80,7 +80,9 @@ CASES = {
                                                                       "optimizer.optimizer_offload_fraction": 0.0}),
     "offload-engine/needs-overlap-streams": case(DENSE_OPT, DELAYED,
                                                  {**DELAYED, "optimizer.overlap_cpu_optimizer_d2h_h2d": False}),
-    "offload-engine/exact-one-shard": case(DENSE_OPT, EXACT, EXACT, gpus=(1, 2)),
+    "offload-engine/one-shard": case(DENSE_OPT, DELAYED, DELAYED, gpus=(1, 2)),
+    "offload-engine/delayed-low-precision-weights": case(DENSE_OPT, DELAYED, {**DELAYED, "model.bf16": False}),
+    "offload-engine/params-norm": case(DENSE_OPT, EXACT, {**EXACT, "logger.log_params_norm": True}),
     "offload-engine/bf16-params-fp8-param-gather": case(DENSE_OPT, EXACT, {**EXACT, "ddp.fp8_param_gather": True}),
     "offload-engine/bf16-params-fp4-param-gather": case(DENSE_OPT, EXACT, {**EXACT, "ddp.fp4_param_gather": True}),
     "offload-engine/bf16-params-use-precision-aware-optimizer": case(
