@@ -117,7 +117,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --resume --host-json "$(host_json)" --fractions 0.25,1 --configs stock-all-cores,overlap-chunked,tuned \
         --baseline-runs 1 --repeats 1 --short-runs train.train_iters=10 ;;
     gpu-tests)
-      $py -m pytest tests/runtime/test_gpu_training.py tests/runtime/test_gpu_resume.py tests/runtime/test_gpu_auto.py \
+      $py -m pytest tests/runtime/test_gpu_training.py tests/runtime/test_gpu_resume.py tests/runtime/test_gpu_auto.py tests/runtime/test_gpu_engine.py \
         -v -p no:cacheprovider 2>&1 \
         | tee "$runs/gpu-tests.log" ;;
     planner-heldout)
