@@ -48,6 +48,8 @@ from typing import Any
 
 from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY
 
+# (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
+_GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
 _STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet()}
 
 
@@ -106,18 +108,23 @@ class StreamingEngine:
         owner = self._owner()
         self.chunk_of_model: dict[Any, int] = {}
         self.casts: dict[int, list] = {i: [] for i in range(len(hdo.cpu_optimizers))}
-        for model_groups, main_groups in ((owner.model_float16_groups, owner.shard_fp32_from_float16_groups),
-                                          (owner.model_fp32_groups, owner.shard_fp32_groups)):
-            for model_group, main_group in zip(model_groups, main_groups):
+        self.library_groups: dict[str, list] = {}  # the owner's groups without the offloaded parameters
+        for model_name, main_name in _GROUP_PAIRS:
+            kept_model, kept_main = [], []
+            for model_group, main_group in zip(getattr(owner, model_name), getattr(owner, main_name)):
+                kept_model.append([])
+                kept_main.append([])
                 for model_param, main in zip(model_group, main_group):
                     chunk = chunk_of_main.get(main)
                     if chunk is None:
+                        kept_model[-1].append(model_param)
+                        kept_main[-1].append(main)
                         continue
                     self.chunk_of_model[model_param] = chunk
                     self.casts[chunk].append((main, _model_shard_view(owner, model_param)))
-        self.owned_mains = set(chunk_of_main)
+            self.library_groups[model_name], self.library_groups[main_name] = kept_model, kept_main
         self._maps_for = hdo.cpu_optimizers
-        fp32_owned = sum(1 for group in owner.shard_fp32_groups for main in group if main in self.owned_mains)
+        fp32_owned = sum(1 for group in owner.shard_fp32_groups for main in group if main in chunk_of_main)
         if self.mode == DELAYED and fp32_owned:
             raise EngineError(
                 f"the delayed offload engine cannot run with {fp32_owned} offloaded parameter(s) kept in fp32 in the "
@@ -390,14 +397,10 @@ def install(mode: str) -> None:
             job.model_copied.set()
             return None
         # exact: the worker casts the offloaded parameters chunk by chunk; the library copies the rest
-        groups = ("model_float16_groups", "shard_fp32_from_float16_groups", "model_fp32_groups", "shard_fp32_groups")
-        saved = {name: getattr(self, name) for name in groups}
+        saved = {name: getattr(self, name) for name in engine.library_groups}
         try:
-            for model_name, main_name in (groups[:2], groups[2:]):
-                kept = [[(m, s) for m, s in zip(mg, sg) if s not in engine.owned_mains]
-                        for mg, sg in zip(saved[model_name], saved[main_name])]
-                setattr(self, model_name, [[m for m, _ in pairs] for pairs in kept])
-                setattr(self, main_name, [[s for _, s in pairs] for pairs in kept])
+            for name, groups in engine.library_groups.items():
+                setattr(self, name, groups)
             return library_copy(self)
         finally:
             for name, value in saved.items():
