@@ -184,6 +184,39 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-bench-25" --resume \
         --host-json "$(host_json)" --fractions 0.25 --configs engine-exact --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
+    engine-stream-parity)
+      # Ninth session (issue #16, docs/benchmarks/offload-engine/stream-parity/): the stream mode against no
+      # offload, 50 deterministic steps at fractions 1 and 0.25, side by side (parity, not speed), with a save at
+      # step 3 resumed to 6 (2-layer proxy) and the engine's GPU tests beside them.
+      d="$runs/engine-stream-parity"; mkdir -p "$d"
+      parity_run() {  # NAME RUN_RECIPE_ARGS...
+        local name=$1; shift
+        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --deterministic --cpu-threads 3 \
+          --out "$d/$name" train.train_iters=${STEPS:-50} "$@" > "$d/$name.log" 2>&1
+        echo "$name: exit $? ($(tail -n 1 "$d/$name/failure.json" 2>/dev/null || echo ok))"
+      }
+      $py -m pytest tests/runtime/test_gpu_engine.py -v -p no:cacheprovider > "$d/gpu-tests.log" 2>&1 &
+      parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
+      parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+      parity_run stream-0.25 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.25 &
+      $py scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic \
+        --out "$d/resume-stream" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=stream > "$d/resume-stream.log" 2>&1 &
+      wait
+      tail -n 15 "$d/gpu-tests.log"
+      $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload=$d/baseline:$d/stream-1" \
+        "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25" ;;
+    engine-stream-bench)
+      # Ninth session (issue #16, docs/benchmarks/offload-engine/bench-stream/): the stream mode at fractions 0.25
+      # and 1 against its own baseline, 3 rounds interleaved, 33 steps each (30 measured).
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-stream-bench" --resume \
+        --host-json "$(host_json)" --fractions 0.25,1 --configs engine-stream --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
+    engine-stream-moe)
+      # Ninth session (issue #16, docs/benchmarks/offload-engine/stream-moe-8/): the 8-layer MoE proxy (5.6B
+      # parameters) at fraction 1 with the stream mode, which the library's path cannot run on this host.
+      $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --offload-engine stream \
+        --out "$runs/engine-stream-moe/stream-1" model.num_layers=8 train.train_iters=${STEPS:-10} \
+        optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:

@@ -8,6 +8,7 @@ variable a run reads.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 ENGINE_ENV = "MBRIDGE_OFFLOAD_ENGINE"
@@ -15,6 +16,7 @@ ENGINE_KEY = f"env_vars.{ENGINE_ENV}"
 LIBRARY = "library"
 EXACT = "exact"
 DELAYED = "delayed"
+STREAM = "stream"
 DEFAULT_ENGINE = LIBRARY
 # mode: what it does and what it guarantees, in the words of the run's header
 ENGINE_MODES = {
@@ -23,6 +25,10 @@ ENGINE_MODES = {
     EXACT: "the CPU Adam of step k runs while step k+1's forward starts; each layer's forward waits only for "
            "its own parameters' update (the same update as the library's path: bit-identical in "
            "deterministic mode)",
+    STREAM: "Adam's moments stay on the host and stream through the GPU chunk by chunk, where the GPU optimizer "
+            "without offload updates them during the next step's forward; each layer's forward waits only for its "
+            "own parameters (the same update as without offload: bit-identical in deterministic mode; the CPU runs "
+            "no Adam)",
     DELAYED: "one-step delayed parameter update (ZeRO-Offload's DPU): step k's CPU Adam runs during step k+1, "
              "whose forward and backward use the parameters before it; gradient clipping stays exact; NOT the "
              "same training as without offload, the measured loss deviation is in the engine's benchmark",
@@ -36,3 +42,23 @@ def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
         return environ[ENGINE_ENV]
     value = (env_vars or {}).get(ENGINE_ENV)
     return DEFAULT_ENGINE if value is None else str(value)
+
+
+# The stream mode's ring (mbridge_offload/runtime/streamed_states.py): the GPU buffers Adam's moments pass through.
+STREAM_CHUNKS = 32  # chunks per step: the forward waits per chunk, so fewer means longer waits
+STREAM_RING_SLOTS = 3  # GPU buffers: one arriving, one updated, one leaving
+STREAM_MIN_CHUNK_NUMEL = 1 << 20  # below this a chunk's copies cost more in launches than they move
+
+
+def stream_chunk_numel(total: int, chunks: int = STREAM_CHUNKS, minimum: int = STREAM_MIN_CHUNK_NUMEL) -> int:
+    """Elements per chunk for ``total`` offloaded elements of one optimizer."""
+    return max(1, min(total, max(minimum, math.ceil(total / chunks))))
+
+
+def stream_ring_bytes(offloaded_params: int) -> int:
+    """GPU bytes of one optimizer's ring for ``offloaded_params`` fp32 parameters: each slot holds a chunk's two
+    fp32 moments."""
+    if offloaded_params <= 0:
+        return 0
+    numel = stream_chunk_numel(offloaded_params)
+    return min(STREAM_RING_SLOTS, math.ceil(offloaded_params / numel)) * 2 * 4 * numel

@@ -16,6 +16,10 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   allocator; plus a fixed base per process. That is the steady state. The node's memory peaks above it
   inside the first optimizer step, by a measured 5.1 B per offloaded parameter; the host check uses that
   peak, since a host overflow is a SIGKILL.
+- With the offload engine's ``stream`` mode (mbridge_offload/runtime/streamed_states.py) the host holds m and v
+  (8 B, pinned in place, no rounding) and the pinned fp32 parameter copy (4 B, rounded), no gradient copy; the
+  GPU adds the ring the moments pass through (``stream_ring_bytes``, per optimizer: dense and expert); the link
+  carries 8 B per offloaded parameter each way and the CPU runs no Adam.
 - The pipeline stage with the most GPU bytes is the worst rank; the plan reports it, and each stage.
 - The GPU total is the whole device a rank uses, what an out-of-memory error is measured against: PyTorch's
   allocations (state, activations, workspaces), what its caching allocator reserves beyond them, and the
@@ -26,11 +30,13 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
 from mbridge_offload.facts.offload_bytes import traffic_of
+from mbridge_offload.facts.offload_engine import STREAM, engine_mode, stream_ring_bytes
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import activation_bytes, offloaded_layer_bytes
@@ -238,6 +244,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     precision_aware = opt.use_precision_aware_optimizer and not (opt.optimizer_cpu_offload or fraction > 0)
     main_bytes = dtype_bytes(opt.main_params_dtype) if precision_aware else 4
     moment_bytes = dtype_bytes(opt.exp_avg_dtype) + dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
+    stream = fraction > 0 and engine_mode(getattr(cfg, "env_vars", None), os.environ) == STREAM
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:
@@ -253,9 +260,14 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         shard_params = sum(n for _, n in shards)
         off_params = sum(n for _, n in offloaded)
         optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
+        if stream:  # the moments' ring on the GPU, one per optimizer; on the host they are pinned, unrounded
+            optimizer += sum(stream_ring_bytes(sum(n for t, n in offloaded if (t.kind == "expert") == expert))
+                             for expert in (False, True))
+            pinned = sum(_pow2(4 * n) for _, n in offloaded) + moment_bytes * off_params
+        else:
+            pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
         state = 2 * params + grad_bytes * params + optimizer
         activations = activation_bytes(cfg, stage)
-        pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
         allocated = state + activations + BASE_GPU_BYTES
         reserve, total = device_total_bytes(allocated)
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
@@ -267,16 +279,17 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     params, off_params = worst.stage_plan.params, worst.offloaded_params
     activation_pinned = offloaded_layer_bytes(cfg)  # layer-level activation offload, pinned
     pinned = worst.pinned_bytes_host + activation_pinned
-    host_off = off_params * moment_bytes + pinned
+    host_off = pinned if stream else off_params * moment_bytes + pinned  # stream: the moments are pinned
     ranks_per_node = gpus_per_node or min(num_gpus, 8)
     host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
     host_peak = host_node + ranks_per_node * int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * off_params)
     allocated, reserve, total = (worst.allocated_bytes_gpu, worst.allocator_reserve_bytes_gpu,
                                  worst.stage_plan.total_bytes_gpu)
     margin = HELDOUT_UNDERPREDICTION_SHARE * total / GIB if margin_gib is None else margin_gib
-    transfer = 2 * 4 * off_params  # fp32 gradients down, fp32 parameters up
+    traffic = traffic_of(off_params, stream=stream)
+    transfer = traffic["d2h_bytes"] + traffic["h2d_bytes"]
     # The speed model of the offload floor (cost_model.py): links per rank, host memory per node.
-    bound = offload_time_lower_bound(traffic_of(off_params), host_link_gbps, host_link_gbps, host_memory_gbps,
+    bound = offload_time_lower_bound(traffic, host_link_gbps, host_link_gbps, host_memory_gbps,
                                      ranks_per_node, host_memory_total_gbps)
     host_margin = host_margin_gib if pinned else 0.0  # the unplanned memory is pinned memory of offload
     return Plan(

@@ -46,7 +46,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY
+from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY, STREAM
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
@@ -88,7 +88,7 @@ class StreamingEngine:
         self.job: _Job | None = None
         self.first_use: list[int] = []  # chunks in the order the forward first used them
         self.wait_s = 0.0  # training thread blocked on the engine, since the metrics last read it
-        self.last_d2h_event = None
+        self.grads_free_event = None  # the gradient buffers may be zeroed after this event
         self.seen_params: set = set()  # model parameters whose own module's forward ran before the first step
         self.unseen_chunks: set[int] = set()
         self._maps_for = None
@@ -131,6 +131,11 @@ class StreamingEngine:
                 "model: their fp32 copy is the live weight, which the delayed update would overwrite during the next "
                 f"step. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact (or library), or bf16 model parameters")
 
+    @property
+    def zero_stream(self):
+        """The stream the gradient buffers are zeroed on, after ``grads_free_event``."""
+        return self.hdo._d2h_stream
+
     def order(self) -> list[int]:
         return processing_order(self.first_use, len(self.hdo.cpu_optimizers))
 
@@ -154,7 +159,7 @@ class StreamingEngine:
                 hdo._set_sub_optimizer_grads()
             finally:
                 hdo.cpu_optimizers = library_order
-        self.last_d2h_event = hdo._d2h_stream.record_event()
+        self.grads_free_event = hdo._d2h_stream.record_event()
         for cpu_param, gpu_param in hdo.cpu_copys_map_gpu_param.items():
             grad = getattr(gpu_param, "decoupled_grad", gpu_param.grad)
             if grad is not None:
@@ -364,6 +369,11 @@ def install(mode: str) -> None:
         engine = getattr(self, "_mbridge_offload_engine", None)
         if engine is None:
             return library_step(self, closure)
+        if engine.mode == STREAM:
+            engine.step(closure)
+            if not _STATE["in_train_step"]:  # e.g. the checkpoint loader's dummy step: finished before it returns
+                engine.drain(apply_delayed=True)
+            return None
         if not (_STATE["in_train_step"] and self.cpu_optimizers):
             engine.drain(apply_delayed=True)
             return library_step(self, closure)  # e.g. the checkpoint loader's dummy step: synchronous
@@ -376,10 +386,15 @@ def install(mode: str) -> None:
     def init(self, *args, **kwargs):
         library_init(self, *args, **kwargs)
         if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
-            engine = StreamingEngine(self.optimizer, self, mode)
+            if mode == STREAM:
+                from mbridge_offload.runtime.streamed_states import StateStreamingEngine
+
+                engine = StateStreamingEngine(self.optimizer, self, mode)
+            else:
+                engine = StreamingEngine(self.optimizer, self, mode)
             engine._maps()  # refuses here, before training, what the mode cannot run
             self.optimizer._mbridge_offload_engine = engine
-            if mode == EXACT:
+            if mode in (EXACT, STREAM):
                 _install_gates(engine, self.model_chunks)
 
     DistributedOptimizer.__init__ = init
@@ -396,7 +411,7 @@ def install(mode: str) -> None:
             job.model_copied_event = torch.cuda.current_stream().record_event()
             job.model_copied.set()
             return None
-        # exact: the worker casts the offloaded parameters chunk by chunk; the library copies the rest
+        # exact, stream: the engine casts the offloaded parameters chunk by chunk; the library copies the rest
         saved = {name: getattr(self, name) for name in engine.library_groups}
         try:
             for name, groups in engine.library_groups.items():
@@ -473,13 +488,13 @@ def _install_grad_zeroing(ddp_class) -> None:
     library_forward = ddp_class.forward
 
     def zero_grad_buffer(self):
-        pending = [e for e in engines() if e.last_d2h_event is not None]
+        pending = [e for e in engines() if e.grads_free_event is not None]
         if not pending:
             return library_zero(self)
-        stream = pending[0].hdo._d2h_stream
+        stream = pending[0].zero_stream
         stream.wait_stream(torch.cuda.current_stream())
         for engine in pending:
-            stream.wait_event(engine.last_d2h_event)
+            stream.wait_event(engine.grads_free_event)
         with torch.cuda.stream(stream):
             library_zero(self)
         self._mbridge_offload_zeroed = stream.record_event()

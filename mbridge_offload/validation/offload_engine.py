@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, LIBRARY,
+from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, LIBRARY, STREAM,
                                                  engine_mode)
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
@@ -44,11 +44,13 @@ RULES: tuple[Rule, ...] = guarded(
                  holds=lambda c: bool(c.opt.optimizer_cpu_offload), observed=_mode,
                  fix=f"optimizer.optimizer_cpu_offload=True  (or ++{ENGINE_KEY}=library)"),
     _engine_rule("needs-overlap-streams", "the streaming offload engine copies on the D2H/H2D overlap streams "
-                 "(run_recipe.py's tuning turns them on)", key="optimizer.overlap_cpu_optimizer_d2h_h2d",
+                 "(run_recipe.py's tuning turns them on); the stream mode has copy streams of its own",
+                 key="optimizer.overlap_cpu_optimizer_d2h_h2d",
+                 applies=lambda c: _streaming_offload(c) and _mode(c) != STREAM,
                  holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
                  fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
     _engine_rule("one-shard", "the streaming offload engine needs every optimizer shard to be its whole "
-                 "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's "
+                 "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's and stream's "
                  "parameter all-gather would run before the update and delayed's applied update needs an all-gather "
                  "of its own; neither is built)",
                  applies=sane(_streaming_offload),
@@ -57,6 +59,11 @@ RULES: tuple[Rule, ...] = guarded(
                      f"{c.sizes.dense_optimizer_shards} dense and {c.sizes.expert_optimizer_shards} expert optimizer "
                      "shards" if c.num_experts else f"{c.sizes.dense_optimizer_shards} optimizer shards"),
                  fix=f"++{ENGINE_KEY}=library  (or one data-parallel rank)"),
+    _engine_rule("stream-adam", "the stream engine updates with the GPU's Adam (Transformer Engine's FusedAdam, the "
+                 "optimizer without offload): it supports optimizer.optimizer=adam only", key="optimizer.optimizer",
+                 applies=lambda c: _streaming_offload(c) and _mode(c) == STREAM,
+                 holds=lambda c: getattr(c.opt, "optimizer", "adam") == "adam",
+                 fix=f"optimizer.optimizer=adam  (or ++{ENGINE_KEY}=exact)"),
     _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
                  "is its own fp32 copy, which the delayed update would overwrite during the next step",
                  key="model.bf16", applies=lambda c: _streaming_offload(c) and _mode(c) == DELAYED,

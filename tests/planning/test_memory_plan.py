@@ -102,3 +102,19 @@ def test_the_margin_scales_with_the_plan_unless_given(built):
     room = (small.total_bytes_gpu / GIB) + small.margin_gib
     assert plan(cfg, 1, fraction=1.0, gpu_memory_gib=room + 0.01).fits_gpu
     assert not plan(cfg, 1, fraction=1.0, gpu_memory_gib=room - 0.01).fits_gpu
+
+
+def test_stream_engine_plan_adds_the_ring_on_the_gpu_and_drops_the_gradient_copy_on_the_host(built):
+    from mbridge_offload.facts.offload_engine import stream_ring_bytes
+    from recipes import with_offload_engine
+
+    library = built("qwen3_1b_proxy_pretrain_config")
+    stream = with_offload_engine(library, "stream")
+    lib, st = plan(library, 1, fraction=1.0), plan(stream, 1, fraction=1.0)
+    off = st.offloaded_params_per_rank
+    assert off == lib.offloaded_params_per_rank > 0
+    assert st.optimizer_bytes_gpu - lib.optimizer_bytes_gpu == stream_ring_bytes(off)  # dense only
+    # host: no pinned gradient copy (4 B rounded up per tensor), the moments pinned but not rounded
+    assert lib.offloaded_bytes_host_per_rank - st.offloaded_bytes_host_per_rank == lib.pinned_bytes_host_per_rank // 2
+    assert 12 * off <= st.offloaded_bytes_host_per_rank < lib.offloaded_bytes_host_per_rank
+    assert st.transfer_bytes_per_step == 16 * off and lib.transfer_bytes_per_step == 8 * off

@@ -1,5 +1,6 @@
 """On a GPU: the streaming offload engine's exact mode trains the same steps as the library's offloaded path,
-bit for bit in deterministic mode, and its delayed mode trains (a 4-layer dense proxy, fraction 1, 8 steps).
+bit for bit in deterministic mode, its delayed mode trains, and its stream mode trains the same steps as no
+offload at all, bit for bit (a 4-layer dense proxy, 8 steps).
 Skipped without CUDA; the recorded runs are in docs/benchmarks/offload-engine/."""
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _train(out: Path, *args: str) -> str:
+def _train(out: Path, *args: str, fraction: float = 1) -> str:
+    offload = [f"optimizer.optimizer_cpu_offload={fraction > 0}", f"optimizer.optimizer_offload_fraction={fraction:g}"]
     command = [sys.executable, str(ROOT / "scripts" / "run_recipe.py"), "--recipe", "qwen3_1b_proxy_pretrain_config",
-               "--deterministic", "--out", str(out), "model.num_layers=4", "train.train_iters=8",
-               "optimizer.optimizer_cpu_offload=True", "optimizer.optimizer_offload_fraction=1", *args]
+               "--deterministic", "--out", str(out), "model.num_layers=4", "train.train_iters=8", *offload, *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
@@ -36,3 +37,16 @@ def test_exact_engine_is_bit_identical_to_the_library_and_delayed_trains(tmp_pat
     delayed = steps_by_iteration(tmp_path / "delayed")
     assert len(delayed) == 8 and all(r["loss"] == r["loss"] for r in delayed.values())  # finite, every step
     assert parity("delayed vs library", tmp_path / "library", tmp_path / "delayed")["max_abs_loss_delta"] > 0
+
+
+@pytest.mark.gpu
+def test_stream_engine_is_bit_identical_to_no_offload(tmp_path):
+    from mbridge_offload.bench.engine_parity import parity
+
+    _train(tmp_path / "baseline", fraction=0)
+    header = _train(tmp_path / "stream", "--offload-engine", "stream")
+    _train(tmp_path / "stream-half", "--offload-engine", "stream", fraction=0.5)
+    assert "offload engine: stream: " in header
+    for name in ("stream", "stream-half"):
+        row = parity(f"{name} vs no offload", tmp_path / "baseline", tmp_path / name)
+        assert row["iterations"] == 8 and row["bit_identical"], row

@@ -8,6 +8,8 @@ import pytest
 
 from mbridge_offload.facts.offload_engine import DEFAULT_ENGINE, ENGINE_MODES, engine_mode
 from mbridge_offload.runtime.streaming_engine import install, processing_order
+from mbridge_offload.facts.offload_engine import stream_chunk_numel as chunk_numel, stream_ring_bytes as ring_bytes
+from mbridge_offload.runtime.streamed_states import chunk_layout
 
 
 def test_worker_takes_chunks_in_first_forward_use_then_highest_first():
@@ -29,7 +31,7 @@ def test_recipe_transform_selects_the_engine_and_refuses_an_unknown_one(recipe):
     base = with_optimizer_offload(recipe("qwen3_1b_proxy_pretrain_config"), fraction=1.0, overlap=True)
     cfg = with_offload_engine(base, "delayed")
     assert cfg.env_vars["MBRIDGE_OFFLOAD_ENGINE"] == "delayed" and "MBRIDGE_OFFLOAD_ENGINE" not in base.env_vars
-    with pytest.raises(ValueError, match="one of library, exact, delayed"):
+    with pytest.raises(ValueError, match="one of library, exact, stream, delayed"):
         with_offload_engine(base, "fastest")
 
 
@@ -53,3 +55,48 @@ def test_run_header_says_which_engine_runs_and_what_it_guarantees(recipe, tmp_pa
     header = run_header(cfg, settings, "test")
     assert f"offload engine: exact: {ENGINE_MODES['exact']}" in header
     assert "bit-identical in deterministic mode" in header
+
+
+@pytest.mark.parametrize("sizes,numel", [([10, 3, 7], 4), ([5], 5), ([1, 1, 1, 1], 3), ([17, 2, 40, 1, 9], 11),
+                                         ([6, 6], 100)])
+def test_stream_layout_cuts_the_tensors_into_chunks_that_cover_every_element_once(sizes, numel):
+    chunks = chunk_layout(sizes, numel)
+    total = sum(sizes)
+    assert [c.start for c in chunks] == list(range(0, total, numel)) and chunks[-1].stop == total
+    covered = {i: [] for i in range(len(sizes))}
+    for chunk in chunks:
+        assert chunk.stop - chunk.start <= numel
+        offset = 0
+        for piece in chunk.pieces:  # in the chunk, pieces lie end to end in tensor order
+            assert piece.slot_offset == offset and piece.stop > piece.start
+            offset += piece.stop - piece.start
+            covered[piece.tensor].append((piece.start, piece.stop))
+        assert offset == chunk.stop - chunk.start
+    for tensor, ranges in covered.items():
+        # each tensor's pieces are consecutive, from 0 to its size: a tensor may span chunks, never overlap
+        assert ranges[0][0] == 0 and ranges[-1][1] == sizes[tensor]
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_stream_ring_holds_three_chunks_of_both_moments():
+    params = 1_100_000_000
+    numel = chunk_numel(params)
+    assert numel == -(-params // 32)
+    assert ring_bytes(params) == 3 * 2 * 4 * numel  # ~9.4% of the 8 bytes per parameter the host holds
+    small = 3_000_000  # chunks are at least 2**20 elements: 3 chunks, all in the ring
+    assert chunk_numel(small) == 1 << 20 and ring_bytes(small) == 3 * 8 * (1 << 20)
+    assert ring_bytes(500) == 8 * 500 and ring_bytes(0) == 0
+
+
+def test_stream_rules_need_adam_and_not_the_library_overlap_streams(recipe):
+    from recipes import with_offload_engine, with_optimizer_offload
+    from mbridge_offload.validation import validate
+
+    base = with_offload_engine(with_optimizer_offload(recipe("qwen3_1b_proxy_pretrain_config"), 1.0, False), "stream")
+    ids = {p.rule_id for p in validate(base, num_gpus=1, environ={}).problems}
+    assert "offload-engine/needs-overlap-streams" not in ids and "offload-engine/stream-adam" not in ids
+    base.optimizer.optimizer = "sgd"
+    problems = [p for p in validate(base, num_gpus=1, environ={}).problems if p.rule_id == "offload-engine/stream-adam"]
+    assert problems and "optimizer.optimizer=adam" in problems[0].fix
+    exact = with_offload_engine(with_optimizer_offload(recipe("qwen3_1b_proxy_pretrain_config"), 1.0, False), "exact")
+    assert "offload-engine/needs-overlap-streams" in {p.rule_id for p in validate(exact, num_gpus=1, environ={}).problems}

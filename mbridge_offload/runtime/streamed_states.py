@@ -1,0 +1,335 @@
+"""The offload engine's ``stream`` mode: Adam's moments live on the host, the update runs on the GPU.
+
+Megatron Core's optimizer offload keeps the fp32 main weights on the GPU and moves Adam's two moments
+(8 bytes per parameter) to the host, where torch's CPU AdamW updates them after backward. This mode keeps that
+split of memory and moves the arithmetic back to where it runs without offload: at each step the moments stream
+through a small ring of GPU buffers, chunk by chunk in the order the forward uses the parameters, the same
+Transformer Engine FusedAdam that runs without offload updates the fp32 main weights, the chunk is cast into the
+model's bf16 weights and its moments go back to the host. The CPU does no Adam and no copy of its own.
+
+- **The update is the one without offload**: the same kernel on the same values (Adam is elementwise, so
+  updating a chunk at a time changes no bit): loss bit-identical to no offload in deterministic mode.
+- **Time**: 8 bytes per offloaded parameter go up and 8 come down per step, on their own copy streams, while the
+  next step's forward waits per module (a forward pre-hook, on the GPU: the training thread never blocks) for
+  the chunks holding its parameters. Nothing is copied during backward.
+- **Host memory**: the moments, in two flat buffers pinned in place (``cudaHostRegister``: no power-of-two rounding
+  of the pinned allocator), plus the library's fp32 host copy of the weights (4 bytes, pinned), which the
+  checkpoint saves as ``master_param``: it is refreshed from the GPU at every drain (checkpoint save and load,
+  evaluation). No host gradients.
+- **GPU memory**: the library's, plus the ring: ``STREAM_RING_SLOTS`` chunks of the moments
+  (mbridge_offload/facts/offload_engine.py, ``stream_ring_bytes``).
+
+The layout is fixed when the optimizer is built: the offloaded fp32 shards in the order of the model's parameters
+(the order the forward meets them in a transformer), as one flat range cut into ``STREAM_CHUNKS`` chunks (a tensor may span
+two). The checkpoint format is the library's: the CPU optimizers' states are views into the host buffers, and a
+load that replaces them is copied back into the buffers before the next update (``_adopt_states``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mbridge_offload.facts.offload_engine import STREAM_RING_SLOTS, stream_chunk_numel
+from mbridge_offload.runtime.streaming_engine import EngineError, StreamingEngine, _model_shard_view, _params_of
+
+HDO_GROUP = "_mbridge_hdo_group"  # in a chunk optimizer's param group: the HybridDeviceOptimizer group it follows
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one offloaded tensor that lies in a chunk."""
+
+    tensor: int  # index in the layout's tensor order
+    start: int  # element range within that tensor
+    stop: int
+    slot_offset: int  # where it starts in the chunk's GPU buffer
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int  # element range in the flat host buffers
+    stop: int
+    pieces: tuple[Piece, ...]
+
+
+def chunk_layout(sizes: list[int], numel: int) -> list[Chunk]:
+    """Tensors of ``sizes`` elements laid end to end, cut into chunks of ``numel`` (the last one shorter)."""
+    if numel < 1:
+        raise ValueError(f"chunk size must be >= 1 element, got {numel}")
+    total = sum(sizes)
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + size)
+    chunks, tensor = [], 0
+    for begin in range(0, total, numel):
+        end = min(begin + numel, total)
+        pieces = []
+        while tensor < len(sizes) and starts[tensor] < end:
+            lo, hi = max(begin, starts[tensor]), min(end, starts[tensor + 1])
+            if hi > lo:
+                pieces.append(Piece(tensor=tensor, start=lo - starts[tensor], stop=hi - starts[tensor],
+                                    slot_offset=lo - begin))
+            if starts[tensor + 1] <= end:
+                tensor += 1
+            else:
+                break
+        chunks.append(Chunk(start=begin, stop=end, pieces=tuple(pieces)))
+    return chunks
+
+
+def _pinned_in_place(numel: int):
+    """A zeroed fp32 host tensor pinned where it lies (no rounding up to a power of two)."""
+    import torch
+
+    tensor = torch.zeros(numel, dtype=torch.float32)
+    if numel:
+        status = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), numel * 4, 0)
+        if int(status) != 0:
+            raise EngineError(f"the stream offload engine could not pin {numel * 4 / 2**30:.2f} GiB of host memory for "
+                              f"Adam's moments (cudaHostRegister returned {status}): the locked-memory limit "
+                              "(ulimit -l) or the host's free memory is too small. Fix: raise ulimit -l, or "
+                              "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+    return tensor
+
+
+class StateStreamingEngine(StreamingEngine):
+    """``stream`` mode for one HybridDeviceOptimizer (one per distributed optimizer: dense, expert)."""
+
+    def __init__(self, hdo, owner, mode: str) -> None:
+        import torch
+
+        super().__init__(hdo, owner, mode)
+        try:
+            from transformer_engine.pytorch.optimizers import FusedAdam
+        except ImportError as error:
+            raise EngineError("the stream offload engine runs Transformer Engine's FusedAdam (the GPU optimizer without "
+                              "offload), which does not import here. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact") from error
+        if not (isinstance(hdo.gpu_optimizer_cls, type) and issubclass(hdo.gpu_optimizer_cls, FusedAdam)):
+            raise EngineError(f"the stream offload engine runs Transformer Engine's FusedAdam, the GPU optimizer "
+                              f"without offload; this run's is {getattr(hdo.gpu_optimizer_cls, '__name__', hdo.gpu_optimizer_cls)} "
+                              "(only optimizer.optimizer=adam is supported). Fix: optimizer.optimizer=adam, or "
+                              "++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact")
+        self._fused_adam = hdo.gpu_optimizer_cls
+        self.pending = False
+        self.ready: list = []  # chunk: CUDA event after its update and cast
+        self.waited: set[int] = set()
+        self.updated_event = None  # after the last chunk's update
+        self.moments_home_event = None  # after the last chunk's moments are back on the host
+        self.h2d_stream = torch.cuda.Stream()
+        self.update_stream = torch.cuda.Stream()
+        self.d2h_stream = torch.cuda.Stream()
+        self._layout()
+
+    @property
+    def zero_stream(self):
+        return self.update_stream
+
+    def _maps(self) -> None:
+        """The library's part (``library_groups``) once: the layout does not follow the CPU optimizers, which a
+        checkpoint load rebuilds."""
+        if not hasattr(self, "library_groups"):
+            super()._maps()
+
+    # --- the layout, fixed at build time ---
+    def _layout(self) -> None:
+        import torch
+
+        hdo, owner = self.hdo, self._owner()
+        self._maps()  # library_groups: what the library still copies into the model itself
+        order = {param: i for i, param in enumerate(p for chunk in owner.model_chunks for p in chunk.parameters())}
+        main_to_model = {}
+        for model_name, main_name in (("model_float16_groups", "shard_fp32_from_float16_groups"),
+                                      ("model_fp32_groups", "shard_fp32_groups")):
+            for model_group, main_group in zip(getattr(owner, model_name), getattr(owner, main_name)):
+                main_to_model.update({main: model for model, main in zip(model_group, main_group)})
+        offloaded = [main for main in hdo.gpu_params_map_cpu_copy if main in main_to_model]
+        missing = len(hdo.gpu_params_map_cpu_copy) - len(offloaded)
+        if missing:
+            raise EngineError(f"the stream offload engine found {missing} offloaded tensor(s) that are not main weights of "
+                              "the distributed optimizer. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+        self.mains = sorted(offloaded, key=lambda main: order.get(main_to_model[main], len(order)))
+        self.models = [main_to_model[main] for main in self.mains]
+        self.group_of = {p: i for i, group in enumerate(hdo.param_groups) for p in group["params"]}
+        sizes = [main.numel() for main in self.mains]
+        total = sum(sizes)
+        self.numel = stream_chunk_numel(total) if total else 0
+        self.chunks = chunk_layout(sizes, self.numel) if total else []
+        self.slots = min(STREAM_RING_SLOTS, len(self.chunks))
+        self.host_m, self.host_v = _pinned_in_place(total), _pinned_in_place(total)
+        starts = [0]
+        for size in sizes:
+            starts.append(starts[-1] + size)
+        self.host_views = [(self.host_m[a:b].view_as(main), self.host_v[a:b].view_as(main))
+                           for main, a, b in zip(self.mains, starts, starts[1:])]
+        self.step_tensor = torch.zeros((), dtype=torch.float32)  # torch AdamW's step, one tensor shared by all
+        device = torch.cuda.current_device()
+        self.ring = [torch.empty(2 * self.numel, dtype=torch.float32, device=device) for _ in range(self.slots)]
+        self.model_views = [_model_shard_view(owner, model) for model in self.models]
+        # chunk -> (its FusedAdam over views of the main weights, [(main piece view, piece, tensor index)])
+        self.chunk_optimizers = []
+        chunks_of_model: dict = {}
+        for index, chunk in enumerate(self.chunks):
+            slot = self.ring[index % self.slots]
+            moment, second = slot[:self.numel], slot[self.numel:]
+            groups: dict[int, list] = {}
+            pieces = []
+            for piece in chunk.pieces:
+                main = self.mains[piece.tensor]
+                view = main.detach().view(-1)[piece.start:piece.stop]
+                pieces.append((view, piece))
+                groups.setdefault(self.group_of[main], []).append(view)
+                chunks_of_model.setdefault(self.models[piece.tensor], []).append(index)
+            optimizer = self._fused_adam([{**self._hyper(g), "params": views, HDO_GROUP: g} for g, views in groups.items()])
+            for view, piece in pieces:
+                n = piece.stop - piece.start
+                optimizer.state[view]["exp_avg"] = moment[piece.slot_offset:piece.slot_offset + n]
+                optimizer.state[view]["exp_avg_sq"] = second[piece.slot_offset:piece.slot_offset + n]
+            self.chunk_optimizers.append((optimizer, pieces))
+        self.chunk_of_model = {model: tuple(chunks) for model, chunks in chunks_of_model.items()}
+        self.slot_free: list = [None] * self.slots
+        self._adopt_states()
+
+    def _hyper(self, group_index: int) -> dict:
+        return {k: v for k, v in self.hdo.param_groups[group_index].items() if k not in ("params", "step", HDO_GROUP)}
+
+    def _state_of(self, main) -> dict:
+        """The CPU optimizer's state of ``main``'s host copy: what the checkpoint reads and writes."""
+        hdo = self.hdo
+        if self._states_for is not hdo.cpu_optimizers:
+            self._optimizer_of = {cpu: opt for opt in hdo.cpu_optimizers for cpu in _params_of(opt)}
+            self._states_for = hdo.cpu_optimizers
+        cpu = hdo.gpu_params_map_cpu_copy[main]
+        return self._optimizer_of[cpu].state[cpu]
+
+    _states_for = None
+
+    def _adopt_states(self) -> bool:
+        """Make every CPU optimizer state a view of the host buffers, copying in what a load put elsewhere.
+        Returns True when something was copied."""
+        copied = rebound = False
+        steps = set()
+        for main, (moment, second) in zip(self.mains, self.host_views):
+            state = self._state_of(main)
+            for key, view in (("exp_avg", moment), ("exp_avg_sq", second)):
+                held = state.get(key)
+                if held is view:
+                    continue
+                if held is not None and held.data_ptr() != view.data_ptr():
+                    view.copy_(held.reshape(view.shape))
+                    copied = True
+                state[key] = view
+                rebound = True
+            step = state.get("step")
+            if step is not self.step_tensor:
+                if step is not None:
+                    steps.add(float(step))
+                state["step"] = self.step_tensor
+                rebound = True
+        if len(steps) > 1:
+            raise EngineError(f"the offloaded optimizer states hold different step counts {sorted(steps)}: the "
+                              "checkpoint is inconsistent")
+        if steps:
+            self.step_tensor.fill_(steps.pop())
+        if rebound:
+            self.hdo._sync_sub_optimizers_state_to_hdo()
+        return copied
+
+    # --- the step ---
+    def step(self, closure=None) -> None:
+        import torch
+
+        hdo = self.hdo
+        self._adopt_states()
+        hdo._sync_hdo_param_groups_to_sub_optimizers()  # the non-offloaded part's lr and weight decay
+        current = torch.cuda.current_stream()
+        grads_ready = current.record_event()  # clipped gradients: the library clipped them on this stream
+        if hdo.gpu_optimizer:
+            hdo.gpu_optimizer.step(closure)
+        self.step_tensor += 1
+        step = int(self.step_tensor)
+        self.update_stream.wait_event(grads_ready)
+        self.unseen_chunks = self.unseen()
+        for index, (chunk, (optimizer, pieces)) in enumerate(zip(self.chunks, self.chunk_optimizers)):
+            slot, n = index % self.slots, chunk.stop - chunk.start
+            buffer = self.ring[slot]
+            if self.slot_free[slot] is not None:
+                self.h2d_stream.wait_event(self.slot_free[slot])
+            with torch.cuda.stream(self.h2d_stream):
+                buffer[:n].copy_(self.host_m[chunk.start:chunk.stop], non_blocking=True)
+                buffer[self.numel:self.numel + n].copy_(self.host_v[chunk.start:chunk.stop], non_blocking=True)
+            self.update_stream.wait_stream(self.h2d_stream)
+            with torch.cuda.stream(self.update_stream):
+                for view, piece in pieces:
+                    grad = self.mains[piece.tensor].grad
+                    view.grad = None if grad is None else grad.view(-1)[piece.start:piece.stop]
+                    if grad is not None:
+                        grad.record_stream(self.update_stream)  # a bf16 gradient's fp32 copy is a temporary
+                for group in optimizer.param_groups:
+                    group.update(self._hyper(group[HDO_GROUP]))  # this step's lr and weight decay
+                    group["step"] = step - 1  # FusedAdam adds one before it updates
+                optimizer.step()
+                for view, piece in pieces:
+                    self.model_views[piece.tensor].view(-1)[piece.start:piece.stop].copy_(view)
+                    view.grad = None
+                ready = self.update_stream.record_event()
+            if index < len(self.ready):
+                self.ready[index] = ready
+            else:
+                self.ready.append(ready)
+            self.d2h_stream.wait_event(ready)
+            with torch.cuda.stream(self.d2h_stream):
+                self.host_m[chunk.start:chunk.stop].copy_(buffer[:n], non_blocking=True)
+                self.host_v[chunk.start:chunk.stop].copy_(buffer[self.numel:self.numel + n], non_blocking=True)
+            self.slot_free[slot] = self.d2h_stream.record_event()
+        self.updated_event = self.update_stream.record_event()
+        self.grads_free_event = self.updated_event
+        self.moments_home_event = self.d2h_stream.record_event()
+        self.waited = set()
+        self.pending = True
+        self.job = self  # the library's copy into the model skips the offloaded weights (streaming_engine.install)
+
+    # --- waiting for it: on the GPU, the training thread never blocks ---
+    def gate(self, model_params) -> None:
+        if not self.pending:
+            from mbridge_offload.runtime.streaming_engine import _STATE
+
+            if _STATE["in_train_step"]:
+                self.seen_params.update(model_params)
+            return
+        self._wait_chunks(None, {c for p in model_params for c in self.chunk_of_model.get(p, ())})
+
+    def _wait_chunks(self, job, chunks) -> None:
+        import torch
+
+        current = torch.cuda.current_stream()
+        for chunk in set(chunks) - self.waited:
+            current.wait_event(self.ready[chunk])
+            self.waited.add(chunk)
+
+    def unseen(self) -> set[int]:
+        return {c for p, chunks in self.chunk_of_model.items() if p not in self.seen_params for c in chunks}
+
+    def gate_unseen(self) -> None:
+        if self.pending:
+            self._wait_chunks(None, self.unseen_chunks)
+
+    def drain(self, apply_delayed: bool = False) -> None:
+        """The training stream waits for the update (GPU side). ``apply_delayed`` (a checkpoint, a load, an
+        evaluation: the host is read or written next): also wait on the host for the moments to be home and
+        refresh the library's host copy of the weights, which the checkpoint saves."""
+        import torch
+
+        if not self.pending:
+            return
+        torch.cuda.current_stream().wait_event(self.updated_event)
+        self.waited = set(range(len(self.chunks)))
+        if not apply_delayed:
+            return
+        self.moments_home_event.synchronize()
+        for main, cpu in self.hdo.gpu_params_map_cpu_copy.items():
+            cpu.copy_(main)
+        self.pending = False
+        self.job = None
+        self.hdo._sync_sub_optimizers_state_to_hdo()
+
