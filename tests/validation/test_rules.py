@@ -81,6 +81,8 @@ CASES = {
     "offload-engine/needs-overlap-streams": case(DENSE_OPT, DELAYED,
                                                  {**DELAYED, "optimizer.overlap_cpu_optimizer_d2h_h2d": False}),
     "offload-engine/one-shard": case(DENSE_OPT, DELAYED, DELAYED, gpus=(1, 2)),
+    "offload-engine/stream-adam": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
+                                       {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream", "optimizer.optimizer": "sgd"}),
     "offload-engine/delayed-low-precision-weights": case(DENSE_OPT, DELAYED, {**DELAYED, "model.bf16": False}),
     "offload-engine/params-norm": case(DENSE_OPT, EXACT, {**EXACT, "logger.log_params_norm": True}),
     "offload-engine/bf16-params-fp8-param-gather": case(DENSE_OPT, EXACT, {**EXACT, "ddp.fp8_param_gather": True}),
