@@ -36,7 +36,7 @@ from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
 from mbridge_offload.facts.offload_bytes import traffic_of
-from mbridge_offload.facts.offload_engine import STREAM, engine_mode, stream_ring_bytes
+from mbridge_offload.facts.offload_engine import LIBRARY, STREAM, engine_mode, stream_ring_bytes
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import activation_bytes, offloaded_layer_bytes
@@ -128,6 +128,7 @@ class Plan:
     fits_gpu: bool
     fits_host: bool | None
     host_memory_source: str = HOST_MEMORY_GIVEN  # where host_memory_gib came from, for the messages
+    offload_engine: str = LIBRARY  # the engine the host, ring and link figures are for (facts/offload_engine.py)
     # set by plan_with_recommendation when the host does not fit: the largest fraction (steps of 0.05)
     # whose peak fits it, and whether the GPU fits at that fraction (None: no fraction fits the host)
     host_fit_searched: bool = False
@@ -244,7 +245,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     precision_aware = opt.use_precision_aware_optimizer and not (opt.optimizer_cpu_offload or fraction > 0)
     main_bytes = dtype_bytes(opt.main_params_dtype) if precision_aware else 4
     moment_bytes = dtype_bytes(opt.exp_avg_dtype) + dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
-    stream = fraction > 0 and engine_mode(getattr(cfg, "env_vars", None), os.environ) == STREAM
+    engine = engine_mode(getattr(cfg, "env_vars", None), os.environ) if fraction > 0 else LIBRARY
+    stream = engine == STREAM
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:
@@ -310,7 +312,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         fits_gpu=total + margin * GIB <= gpu_memory_gib * GIB,
         fits_host=(None if host_memory_gib is None else
                    host_peak + ranks_per_node * host_margin * GIB <= host_memory_gib * GIB),
-        host_memory_source=host_memory_source,
+        host_memory_source=host_memory_source, offload_engine=engine,
         notes=(("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
                if not distributed and fraction > 0 else ()),
         stages=tuple(s.stage_plan for s in stages))

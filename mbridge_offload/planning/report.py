@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
+from mbridge_offload.facts.offload_engine import STREAM
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.planning.memory_plan import Plan
@@ -38,11 +39,14 @@ def format_plan(p: Plan) -> str:
                               f"{'fits' if p.fits_host else 'DOES NOT FIT'}")),
         ("host link per step", f"{p.transfer_bytes_per_step / 1e9:.2f} GB, >= {p.transfer_time_lower_bound_s:.3f} s "
                                f"at {p.host_link_gbps:g} GB/s"),
-        ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} "
-                                  f"({HOST_BYTES_PER_OFFLOADED_PARAM} B of CPU Adam per offloaded parameter x "
-                                  f"{p.ranks_per_node} rank(s) through the cores' {p.host_memory_gbps:g} GB/s of host "
-                                  f"memory, and with the copies through {p.host_memory_total_gbps:g} GB/s in all; "
-                                  f"copies at {p.host_link_gbps:g} GB/s per link)"),
+        ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} " + (
+            f"(offload engine stream: Adam on the GPU, 8 B of moments per offloaded parameter up and 8 B down "
+            f"at {p.host_link_gbps:g} GB/s per link, hidden under the next forward as far as it lasts; no CPU Adam)"
+            if p.offload_engine == STREAM else
+            f"({HOST_BYTES_PER_OFFLOADED_PARAM} B of CPU Adam per offloaded parameter x "
+            f"{p.ranks_per_node} rank(s) through the cores' {p.host_memory_gbps:g} GB/s of host "
+            f"memory, and with the copies through {p.host_memory_total_gbps:g} GB/s in all; "
+            f"copies at {p.host_link_gbps:g} GB/s per link)")),
         ("recommendation", p.recommendation),
     ]
     if len(p.stages) > 1:

@@ -10,6 +10,9 @@ CPU optimizers) and moves *when* it runs (docs/design/streaming-offload-engine.m
   parameters back (H2D) and casts them into the model's bf16 weights. Each module's forward waits (a
   forward pre-hook) for its own parameters only. The update is the library's: gradients after the library's
   clipping, the learning rate of the same step, the same kernel.
+- ``stream`` (mbridge_offload/runtime/streamed_states.py): no CPU Adam at all; Adam's moments stay on the host
+  and stream through the GPU, where the optimizer without offload updates them during the next forward (the
+  same update as without offload). It shares this module's gates, drains and gradient zeroing.
 - ``delayed``: the one-step delayed parameter update of ZeRO-Offload. Step k's Adam runs during step k+1's
   forward and backward, which use the weights before it; the next ``optimizer.step()`` waits for it, then
   the library copies the weights as usual. Clipping is exact; the staleness is one step.
