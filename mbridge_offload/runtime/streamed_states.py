@@ -13,7 +13,7 @@ model's bf16 weights and its moments go back to the host. The CPU does no Adam a
   next step's forward waits per module (a forward pre-hook, on the GPU: the training thread never blocks) for
   the chunks holding its parameters. Nothing is copied during backward.
 - **Host memory**: the moments, in two flat buffers pinned in place (``cudaHostRegister``: no power-of-two rounding
-  of the pinned allocator), plus the library's fp32 host copy of the weights (4 bytes, pinned), which the
+  of the pinned allocator) and kept out of forked processes (``host_buffer``), plus the library's fp32 host copy of the weights (4 bytes, pinned), which the
   checkpoint saves as ``master_param``: it is refreshed from the GPU at every drain (checkpoint save and load,
   evaluation). No host gradients.
 - **GPU memory**: the library's, plus the ring: ``STREAM_RING_SLOTS`` chunks of the moments
@@ -78,11 +78,27 @@ def chunk_layout(sizes: list[int], numel: int) -> list[Chunk]:
     return chunks
 
 
-def _pinned_in_place(numel: int):
-    """A zeroed fp32 host tensor pinned where it lies (no rounding up to a power of two)."""
+def host_buffer(numel: int):
+    """A zeroed fp32 host tensor in a mapping of its own that forked processes do not inherit.
+
+    The data loader's workers are forked after the optimizer is built. Linux copies a page that is pinned
+    for DMA into the child at fork, instead of sharing it copy-on-write: measured on the H200, two workers
+    made the moments' host memory count three times (docs/benchmarks/offload-engine/). The workers never
+    read optimizer state, so the mapping is left out of them (MADV_DONTFORK)."""
+    import mmap
+
     import torch
 
-    tensor = torch.zeros(numel, dtype=torch.float32)
+    region = mmap.mmap(-1, max(1, numel) * 4)  # anonymous: zero-filled, page-aligned
+    region.madvise(mmap.MADV_DONTFORK)
+    return torch.frombuffer(region, dtype=torch.float32, count=numel)  # keeps the mapping alive
+
+
+def _pinned_in_place(numel: int):
+    """A zeroed fp32 host tensor (``host_buffer``) pinned where it lies: no rounding up to a power of two."""
+    import torch
+
+    tensor = host_buffer(numel)
     if numel:
         status = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), numel * 4, 0)
         if int(status) != 0:

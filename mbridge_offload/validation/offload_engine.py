@@ -64,6 +64,12 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=lambda c: _streaming_offload(c) and _mode(c) == STREAM,
                  holds=lambda c: getattr(c.opt, "optimizer", "adam") == "adam",
                  fix=f"optimizer.optimizer=adam  (or ++{ENGINE_KEY}=exact)"),
+    _engine_rule("stream-sync-save", "the stream engine keeps Adam's moments in memory that forked processes do not "
+                 "inherit (the data loader's workers would otherwise copy it); an asynchronous checkpoint save reads "
+                 "the optimizer state from a forked process", key="checkpoint.async_save",
+                 applies=lambda c: _streaming_offload(c) and _mode(c) == STREAM,
+                 holds=lambda c: not getattr(c.cfg.checkpoint, "async_save", False),
+                 fix=f"checkpoint.async_save=False  (or ++{ENGINE_KEY}=exact)"),
     _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
                  "is its own fp32 copy, which the delayed update would overwrite during the next step",
                  key="model.bf16", applies=lambda c: _streaming_offload(c) and _mode(c) == DELAYED,

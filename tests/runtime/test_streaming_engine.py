@@ -100,3 +100,33 @@ def test_stream_rules_need_adam_and_not_the_library_overlap_streams(recipe):
     assert problems and "optimizer.optimizer=adam" in problems[0].fix
     exact = with_offload_engine(with_optimizer_offload(recipe("qwen3_1b_proxy_pretrain_config"), 1.0, False), "exact")
     assert "offload-engine/needs-overlap-streams" in {p.rule_id for p in validate(exact, num_gpus=1, environ={}).problems}
+
+
+def test_stream_host_buffer_is_zeroed_and_left_out_of_forked_processes():
+    """Linux copies DMA-pinned pages into a forked child: the stream engine's moments must not follow the data
+    loader's workers (measured on the H200: two workers tripled the moments' host memory)."""
+    import os
+
+    from mbridge_offload.runtime.streamed_states import host_buffer
+
+    buffer = host_buffer(1 << 20)
+    assert buffer.numel() == 1 << 20 and not buffer.any()
+    buffer.fill_(3.0)
+    start = buffer.data_ptr()
+
+    def mapped(pid: str) -> bool:
+        for line in open(f"/proc/{pid}/maps"):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= start < hi:
+                return True
+        return False
+
+    assert mapped("self")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child reports whether it has the mapping, without touching it
+        os.write(write, b"1" if mapped("self") else b"0")
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 1) == b"0"
+    assert float(buffer[-1]) == 3.0  # the parent keeps it
