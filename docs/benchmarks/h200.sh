@@ -187,7 +187,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
     engine-stream-parity)
       # Ninth session (issue #16, docs/benchmarks/offload-engine/stream-parity/): the stream mode against no
       # offload, 50 deterministic steps at fractions 1 and 0.25, side by side (parity, not speed), with a save at
-      # step 3 resumed to 6 (2-layer proxy) and the engine's GPU tests beside them.
+      # step 3 resumed to 6 (2-layer proxy) and the engine's GPU tests beside them. Ran in one device call (337 s).
       d="$runs/engine-stream-parity"; mkdir -p "$d"
       parity_run() {  # NAME RUN_RECIPE_ARGS...
         local name=$1; shift
@@ -207,13 +207,15 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25" ;;
     engine-stream-bench)
       # Ninth session (issue #16, docs/benchmarks/offload-engine/bench-stream/): the stream mode at fractions 0.25
-      # and 1 against its own baseline, 3 rounds interleaved, 33 steps each (30 measured).
+      # and 1 against its own baseline, 3 rounds interleaved, 33 steps each (30 measured). Ran in two device calls
+      # (--resume); the table was copied from the second.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-stream-bench" --resume \
         --host-json "$(host_json)" --fractions 0.25,1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
     engine-stream-moe)
       # Ninth session (issue #16, docs/benchmarks/offload-engine/stream-moe-8/): the 8-layer MoE proxy (5.6B
-      # parameters) at fraction 1 with the stream mode, which the library's path cannot run on this host.
+      # parameters) at fraction 1 with the stream mode, which the library's path cannot run on this host. Ran with
+      # STEPS=6 before the moments were kept out of forked processes: killed by the host as training began.
       $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --offload-engine stream \
         --out "$runs/engine-stream-moe/stream-1" model.num_layers=8 train.train_iters=${STEPS:-10} \
         optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 ;;
