@@ -17,7 +17,7 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   inside the first optimizer step, by a measured 5.1 B per offloaded parameter; the host check uses that
   peak, since a host overflow is a SIGKILL.
 - With the offload engine's ``stream`` mode (mbridge_offload/runtime/streamed_states.py) the host holds m and v
-  (8 B, pinned in place, no rounding) and the pinned fp32 parameter copy (4 B, rounded), no gradient copy; the
+  (8 B) and the fp32 parameter copy (4 B), pinned in place in flat buffers (no rounding), no gradient copy; the
   GPU adds the ring the moments pass through (``stream_ring_bytes``, per optimizer: dense and expert); the link
   carries 8 B per offloaded parameter each way and the CPU runs no Adam.
 - The pipeline stage with the most GPU bytes is the worst rank; the plan reports it, and each stage.
@@ -265,7 +265,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         if stream:  # the moments' ring on the GPU, one per optimizer; on the host they are pinned, unrounded
             optimizer += sum(stream_ring_bytes(sum(n for t, n in offloaded if (t.kind == "expert") == expert))
                              for expert in (False, True))
-            pinned = sum(_pow2(4 * n) for _, n in offloaded) + moment_bytes * off_params
+            pinned = (4 + moment_bytes) * off_params  # fp32 parameter copy and moments, in flat buffers
         else:
             pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
         state = 2 * params + grad_bytes * params + optimizer

@@ -12,10 +12,11 @@ model's bf16 weights and its moments go back to the host. The CPU does no Adam a
 - **Time**: 8 bytes per offloaded parameter go up and 8 come down per step, on their own copy streams, while the
   next step's forward waits per module (a forward pre-hook, on the GPU: the training thread never blocks) for
   the chunks holding its parameters. Nothing is copied during backward.
-- **Host memory**: the moments, in two flat buffers pinned in place (``cudaHostRegister``: no power-of-two rounding
-  of the pinned allocator) and kept out of forked processes (``host_buffer``), plus the library's fp32 host copy of the weights (4 bytes, pinned), which the
-  checkpoint saves as ``master_param``: it is refreshed from the GPU at every drain (checkpoint save and load,
-  evaluation). No host gradients.
+- **Host memory**: 12 bytes per offloaded parameter: the moments and the library's fp32 host copy of the
+  weights (which the checkpoint saves as ``master_param``; refreshed from the GPU at every drain: checkpoint
+  save and load, evaluation), in three flat buffers pinned in place (``cudaHostRegister``: no power-of-two
+  rounding of the pinned allocator) and kept out of forked processes (``host_buffer``). No host gradients, and
+  the host copies of the optimizer Megatron builds and throws away are dropped (``release_throwaway_copies``).
 - **GPU memory**: the library's, plus the ring: ``STREAM_RING_SLOTS`` chunks of the moments
   (mbridge_offload/facts/offload_engine.py, ``stream_ring_bytes``).
 
@@ -96,17 +97,69 @@ def host_buffer(numel: int):
 
 def _pinned_in_place(numel: int):
     """A zeroed fp32 host tensor (``host_buffer``) pinned where it lies: no rounding up to a power of two."""
+    tensor = host_buffer(numel)
+    _register(tensor)
+    return tensor
+
+
+def _register(tensor) -> None:
+    """Pin ``tensor``'s memory where it lies (cudaHostRegister)."""
     import torch
 
-    tensor = host_buffer(numel)
-    if numel:
-        status = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), numel * 4, 0)
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes:
+        status = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
         if int(status) != 0:
-            raise EngineError(f"the stream offload engine could not pin {numel * 4 / 2**30:.2f} GiB of host memory for "
-                              f"Adam's moments (cudaHostRegister returned {status}): the locked-memory limit "
-                              "(ulimit -l) or the host's free memory is too small. Fix: raise ulimit -l, or "
+            raise EngineError(f"the stream offload engine could not pin {nbytes / 2**30:.2f} GiB of host memory "
+                              f"(cudaHostRegister returned {status}): the locked-memory limit (ulimit -l) or the "
+                              "host's free memory is too small. Fix: raise ulimit -l, or "
                               "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
-    return tensor
+
+
+RELEASE_EVERY_BYTES = 1 << 30  # give the pinned allocator's freed blocks back this often while moving copies
+
+
+def move_into(tensors: list, flat, release, release_every: int = RELEASE_EVERY_BYTES) -> int:
+    """Move each of ``tensors`` (fp32, on the host) into consecutive views of ``flat``: copy the values, then make
+    the tensor itself use the view (``.data``), so that every reference to it sees the new memory and its old
+    storage is freed. ``release()`` runs each ``release_every`` bytes moved and at the end, so the old storage
+    goes back to the system while the new fills up. Returns the elements moved."""
+    offset = moved = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        view = flat[offset:offset + n].view_as(tensor)
+        if tensor.data_ptr() != view.data_ptr():
+            view.copy_(tensor)
+            tensor.data = view
+            moved += n
+        offset += n
+        if moved * 4 >= release_every:
+            release()
+            moved = 0
+    release()
+    return offset
+
+
+def release_pinned_cache() -> None:
+    """Return the pinned blocks torch's host allocator keeps cached to the system."""
+    import torch
+
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is None:
+        raise EngineError("this torch has no torch._C._host_emptyCache: the stream engine cannot give the library's "
+                          "pinned copies back. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+    empty()
+
+
+def release_throwaway_copies(hdo) -> None:
+    """Megatron's distributed optimizer builds a HybridDeviceOptimizer on the model's weights, reads only its
+    parameter groups and settings, and builds its own on the fp32 shards. The first one's host copies (a
+    pinned bf16 and a pageable fp32 copy of every weight) are never used: drop them before the second is built."""
+    hdo.cpu_param_groups, hdo.gpu_param_groups, hdo.cpu_optimizers, hdo.gpu_optimizer = [], [], [], None
+    for name in ("gpu_params_map_cpu_copy", "cpu_copys_map_gpu_param", "param_to_fp32_param", "param_to_inner_param",
+                 "inner_param_to_orig_param", "fp32_param_to_orig_param", "cpu_copy_map_grad"):
+        if hasattr(hdo, name):
+            setattr(hdo, name, {})
 
 
 class StateStreamingEngine(StreamingEngine):
@@ -172,6 +225,11 @@ class StateStreamingEngine(StreamingEngine):
         self.numel = stream_chunk_numel(total) if total else 0
         self.chunks = chunk_layout(sizes, self.numel) if total else []
         self.slots = min(STREAM_RING_SLOTS, len(self.chunks))
+        # the library's pinned fp32 copies, each rounded up to a power of two, move into one buffer first (so the
+        # node's peak is the sum, not both), then the moments are allocated
+        self.host_master = host_buffer(total)
+        self._adopt_masters()
+        _register(self.host_master)
         self.host_m, self.host_v = _pinned_in_place(total), _pinned_in_place(total)
         starts = [0]
         for size in sizes:
@@ -206,6 +264,18 @@ class StateStreamingEngine(StreamingEngine):
         self.slot_free: list = [None] * self.slots
         self._adopt_states()
 
+    def _adopt_masters(self) -> bool:
+        """Make the library's host copies of the offloaded weights views of ``host_master`` (a checkpoint load
+        rebuilds them in pinned memory of their own). Returns True when any moved."""
+        copies = [self.hdo.gpu_params_map_cpu_copy[main] for main in self.mains]
+        offsets = [0]
+        for copy in copies:
+            offsets.append(offsets[-1] + copy.numel())
+        if all(c.data_ptr() == self.host_master[a:].data_ptr() for c, a in zip(copies, offsets)):
+            return False
+        move_into(copies, self.host_master, release_pinned_cache)
+        return True
+
     def _hyper(self, group_index: int) -> dict:
         return {k: v for k, v in self.hdo.param_groups[group_index].items() if k not in ("params", "step", HDO_GROUP)}
 
@@ -223,7 +293,7 @@ class StateStreamingEngine(StreamingEngine):
     def _adopt_states(self) -> bool:
         """Make every CPU optimizer state a view of the host buffers, copying in what a load put elsewhere.
         Returns True when something was copied."""
-        copied = rebound = False
+        copied = rebound = self._adopt_masters()
         steps = set()
         for main, (moment, second) in zip(self.mains, self.host_views):
             state = self._state_of(main)

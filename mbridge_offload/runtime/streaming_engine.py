@@ -387,6 +387,11 @@ def install(mode: str) -> None:
     library_init = DistributedOptimizer.__init__
 
     def init(self, *args, **kwargs):
+        first = kwargs.get("optimizer", args[0] if args else None)
+        if mode == STREAM and isinstance(first, HybridDeviceOptimizer):
+            from mbridge_offload.runtime.streamed_states import release_throwaway_copies
+
+            release_throwaway_copies(first)
         library_init(self, *args, **kwargs)
         if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
             if mode == STREAM:

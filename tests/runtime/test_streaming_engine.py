@@ -130,3 +130,26 @@ def test_stream_host_buffer_is_zeroed_and_left_out_of_forked_processes():
     os.waitpid(child, 0)
     assert os.read(read, 1) == b"0"
     assert float(buffer[-1]) == 3.0  # the parent keeps it
+
+
+def test_stream_moves_host_copies_into_one_buffer_keeping_the_tensors_and_their_values():
+    import torch
+
+    from mbridge_offload.runtime.streamed_states import host_buffer, move_into
+
+    copies = [torch.arange(n, dtype=torch.float32) + n for n in (5, 300, 17, 1000)]
+    before = [c.clone() for c in copies]
+    ids = [id(c) for c in copies]
+    flat = host_buffer(sum(c.numel() for c in copies))
+    releases = []
+    assert move_into(copies, flat, lambda: releases.append(1), release_every=4 * 600) == flat.numel()
+    offset = 0
+    for copy, old, ident in zip(copies, before, ids):
+        # the same tensor objects (the optimizers and the checkpoint hold them), now views of the buffer
+        assert id(copy) == ident and torch.equal(copy, old)
+        assert copy.data_ptr() == flat[offset:].data_ptr()
+        offset += copy.numel()
+    assert len(releases) == 2  # once past 600 elements moved, and at the end
+    flat.zero_()
+    assert all(not c.any() for c in copies)
+    assert move_into(copies, flat, lambda: releases.append(1)) == flat.numel() and len(releases) == 3  # nothing moves
