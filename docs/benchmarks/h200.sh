@@ -208,7 +208,8 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
     engine-stream-bench)
       # Ninth session (issue #16, docs/benchmarks/offload-engine/bench-stream/): the stream mode at fractions 0.25
       # and 1 against its own baseline, 3 rounds interleaved, 33 steps each (30 measured). Ran in two device calls
-      # (--resume); the table was copied from the second.
+      # (--resume); the table was then assembled on the CPU machine with the same command and
+      # --out docs/benchmarks/offload-engine/bench-stream (every run kept).
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/engine-stream-bench" --resume \
         --host-json "$(host_json)" --fractions 0.25,1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;

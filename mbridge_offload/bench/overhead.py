@@ -9,6 +9,7 @@ of mbridge_offload/planning/cost_model.py, and checks the performance issue's go
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -142,8 +143,19 @@ def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dic
             row["same_run_as"] = result["same_run_as"]
         if result.get("runs", 1) > 1:
             row.update(runs=result["runs"], step_time_spread=result["step_time_spread"])
+            per_round = round_slowdowns(summary.get("round_step_times_s"), baselines)
+            if per_round:
+                row["round_slowdowns"] = per_round
         rows.append(row)
     return rows, parity
+
+
+def round_slowdowns(step_times: list[float] | None, baselines: list[dict]) -> list[float] | None:
+    """Each round's step time over the baseline of the same round (the k-th baseline ran in round k), when
+    every round has exactly one baseline that finished; else None."""
+    if not step_times or len(baselines) != len(step_times) or any("summary" not in b for b in baselines):
+        return None
+    return [step / b["summary"]["step_time_s"] for step, b in zip(step_times, baselines)]
 
 
 def merge_repeats(runs: list[dict]) -> dict:
@@ -164,7 +176,8 @@ def merge_repeats(runs: list[dict]) -> dict:
     breakdown = {key: statistics.median(p[key] for p in parts if key in p) for key in parts[0]} or None
     merged = {**summaries[0], "step_time_s": step, "offload_breakdown": breakdown,
               "peak_allocated_gib": max(s["peak_allocated_gib"] for s in summaries),
-              "repeat_losses": [s["losses"] for s in summaries]}
+              "repeat_losses": [s["losses"] for s in summaries],
+              "round_step_times_s": [s["step_time_s"] for s in summaries]}
     return {"fraction": runs[0]["fraction"], "summary": merged, "runs": len(runs), "step_time_spread": spread}
 
 
@@ -237,6 +250,12 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
             f"{_f(r.get('over_floor_s'))} | {_f(b.get('d2h_s'))} | {_f(b.get('cpu_optimizer_s'))} | "
             f"{_f(b.get('h2d_s'))} | {_f(b.get('optimizer_step_s'))} | {_f(r.get('max_abs_loss_delta'), 4)} | "
             f"{_yes_no(r.get('loss_parity_noise_floor'))} | {'yes' if r['ok'] else 'no: ' + str(r.get('reason', ''))[:100]} |")
+    for r in rows:
+        if r.get("round_slowdowns"):
+            ratios = r["round_slowdowns"]
+            lines += ["", f"{r['variant']} at {r['fraction']:g}, each round against its own baseline: "
+                          + ", ".join(f"{x:.2f}x" for x in ratios)
+                          + f" (median {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x)."]
     noise = parity["noise_floor_max_abs_delta"]
     lines += ["", f"Loss parity tolerance: max(seed's {SEED_PARITY}, noise floor "
                   f"{'not measured' if noise is None else f'{noise:.4f}'}) = {parity['tolerance_used']:.4f}."]

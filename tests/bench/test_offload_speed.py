@@ -271,18 +271,20 @@ def test_overlap_chunks_needs_the_overlap_on(capsys):
     assert exit_info.value.code == 2
 
 
-@pytest.mark.parametrize("folder", ["dense-1b", "dense-1b-chunked", "moe-proxy", "dense-1b-tuned",
-                                    "moe-proxy-tuned"])
+@pytest.mark.parametrize("folder", ["offload-overhead/dense-1b", "offload-overhead/dense-1b-chunked",
+                                    "offload-overhead/moe-proxy", "offload-overhead/dense-1b-tuned",
+                                    "offload-overhead/moe-proxy-tuned", "offload-engine/bench-dense-1",
+                                    "offload-engine/bench-stream"])
 def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(folder, tmp_path):
     """The committed tables are reassembled from the H200 run folders (--resume, nothing runs): a change
     to the floor model or the rows must show in them."""
     import shlex
     import shutil
 
-    committed = ROOT / "docs" / "benchmarks" / "offload-overhead" / folder
+    committed = ROOT / "docs" / "benchmarks" / folder
     command = json.loads((committed / "offload_overhead.json").read_text())["command"]
     argv = shlex.split(command)[3:]  # after "uv run scripts/bench_offload.py"
-    copy = tmp_path / folder
+    copy = tmp_path / Path(folder).name
     shutil.copytree(committed, copy)
     argv[argv.index("--out") + 1] = str(copy)
     argv[argv.index("--host-json") + 1] = str(ROOT / argv[argv.index("--host-json") + 1])
@@ -306,6 +308,14 @@ def test_repeated_runs_pool_their_steps_and_show_their_spread():
     rows, parity = overhead.build_rows([("overlap-chunked", merged)], baselines, HOST, configs)
     assert rows[0]["runs"] == 2 and rows[0]["max_abs_loss_delta"] == pytest.approx(0.004)  # the worse repeat
     assert "| 0.900 (2 runs, 22% apart) | 1.80x |" in overhead.markdown(rows, parity, [], "t")
+    # one baseline here for two rounds: no per-round ratio (it would pair a round with another round's baseline)
+    assert "round_slowdowns" not in rows[0] and "each round against its own baseline" not in overhead.markdown(
+        rows, parity, [], "t")
+    paired = [baselines[0], _result(0.0, 0.4, [3.0, 2.0], steps=[9.0, 0.4, 0.4])]
+    rows, parity = overhead.build_rows([("overlap-chunked", merged)], paired, HOST, configs)
+    assert rows[0]["round_slowdowns"] == pytest.approx([0.8 / 0.5, 1.0 / 0.4])
+    assert "each round against its own baseline: 1.60x, 2.50x (median 2.05x, 1.60-2.50x)" in overhead.markdown(
+        rows, parity, [], "t")
     failed = overhead.merge_repeats([first, {"fraction": 1.0, "reason": "CUDA out of memory"}])
     assert failed == {"fraction": 1.0, "reason": "run 2 of 2: CUDA out of memory"}
     assert overhead.merge_repeats([first]) is first  # one run: the row is that run's, as before
