@@ -12,6 +12,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 mkdir -p "$runs"
 # The host figures for the floor: phase host's when it ran on this machine, else the recorded ones (same host kind).
+# One deterministic run of the dense proxy in folder $d (the engine's parity phases), side by side with others.
+parity_run() {  # NAME RUN_RECIPE_ARGS...
+  local name=$1; shift
+  $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --deterministic --cpu-threads 3 \
+    --out "$d/$name" train.train_iters=${STEPS:-50} "$@" > "$d/$name.log" 2>&1
+  echo "$name: exit $? ($(tail -n 1 "$d/$name/failure.json" 2>/dev/null || echo ok))"
+}
 host_json() { if [ -f "$runs/host/host.json" ]; then echo "$runs/host/host.json"; else echo docs/benchmarks/offload-overhead/host.json; fi; }
 for phase in "$@"; do
   start=$(date +%s)
@@ -153,12 +160,6 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # without offload, with the library's offloaded step (tuned) and with the engine's exact and delayed modes,
       # all at fraction 1, side by side (parity, not speed: 3 CPU threads each, so the host's cores are shared).
       d="$runs/engine-parity"; mkdir -p "$d"
-      parity_run() {  # NAME RUN_RECIPE_ARGS...
-        local name=$1; shift
-        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --deterministic --cpu-threads 3 \
-          --out "$d/$name" train.train_iters=${STEPS:-50} "$@" > "$d/$name.log" 2>&1
-        echo "$name: exit $? ($(tail -n 1 "$d/$name/failure.json" 2>/dev/null || echo ok))"
-      }
       parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
       parity_run library-1 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
       parity_run exact-1 --offload-engine exact optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
@@ -189,12 +190,6 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # offload, 50 deterministic steps at fractions 1 and 0.25, side by side (parity, not speed), with a save at
       # step 3 resumed to 6 (2-layer proxy) and the engine's GPU tests beside them. Ran in one device call (337 s).
       d="$runs/engine-stream-parity"; mkdir -p "$d"
-      parity_run() {  # NAME RUN_RECIPE_ARGS...
-        local name=$1; shift
-        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --deterministic --cpu-threads 3 \
-          --out "$d/$name" train.train_iters=${STEPS:-50} "$@" > "$d/$name.log" 2>&1
-        echo "$name: exit $? ($(tail -n 1 "$d/$name/failure.json" 2>/dev/null || echo ok))"
-      }
       $py -m pytest tests/runtime/test_gpu_engine.py -v -p no:cacheprovider > "$d/gpu-tests.log" 2>&1 &
       parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
       parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
