@@ -90,7 +90,9 @@ def host_buffer(numel: int):
 
     import torch
 
-    region = mmap.mmap(-1, max(1, numel) * 4)  # anonymous: zero-filled, page-aligned
+    if numel == 0:
+        return torch.empty(0, dtype=torch.float32)
+    region = mmap.mmap(-1, numel * 4)  # anonymous: zero-filled, page-aligned
     region.madvise(mmap.MADV_DONTFORK)
     return torch.frombuffer(region, dtype=torch.float32, count=numel)  # keeps the mapping alive
 

@@ -109,6 +109,7 @@ def test_stream_host_buffer_is_zeroed_and_left_out_of_forked_processes():
 
     from mbridge_offload.runtime.streamed_states import host_buffer
 
+    assert host_buffer(0).numel() == 0  # an optimizer with nothing offloaded
     buffer = host_buffer(1 << 20)
     assert buffer.numel() == 1 << 20 and not buffer.any()
     buffer.fill_(3.0)
