@@ -20,6 +20,10 @@ model's bf16 weights and its moments go back to the host. The CPU does no Adam a
 - **GPU memory**: the library's, plus the ring: ``STREAM_RING_SLOTS`` chunks of the moments
   (mbridge_offload/facts/offload_engine.py, ``stream_ring_bytes``).
 
+With several data-parallel ranks each rank updates its own shards; the parameter all-gather of a bucket group
+waits on the GPU for the chunks holding this rank's shards in it (``gate_param_gather``). That path has not run
+on several GPUs (the validator warns).
+
 The layout is fixed when the optimizer is built: the offloaded fp32 shards in the order of the model's parameters
 (the order the forward meets them in a transformer), as one flat range cut into ``STREAM_CHUNKS`` chunks (a tensor may span
 two). The checkpoint format is the library's: the CPU optimizers' states are views into the host buffers, and a
@@ -52,6 +56,11 @@ class Chunk:
     start: int  # element range in the flat host buffers
     stop: int
     pieces: tuple[Piece, ...]
+
+
+def chunks_of(params, chunk_of_model: dict) -> tuple[int, ...]:
+    """The chunks holding this rank's offloaded shards of ``params``."""
+    return tuple(sorted({c for p in params for c in chunk_of_model.get(p, ())}))
 
 
 def chunk_layout(sizes: list[int], numel: int) -> list[Chunk]:
@@ -269,6 +278,7 @@ class StateStreamingEngine(StreamingEngine):
             self.chunk_optimizers.append((optimizer, pieces))
         self.chunk_of_model = {model: tuple(chunks) for model, chunks in chunks_of_model.items()}
         self.slot_free: list = [None] * self.slots
+        self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for
         self._adopt_states()
 
     def _adopt_masters(self) -> bool:
@@ -399,6 +409,16 @@ class StateStreamingEngine(StreamingEngine):
         for chunk in set(chunks) - self.waited:
             current.wait_event(self.ready[chunk])
             self.waited.add(chunk)
+
+    def gate_param_gather(self, bucket_group) -> None:
+        """Before a bucket group's parameter all-gather (several data-parallel ranks): the training stream, which
+        the collective follows, waits for this rank's update of its shards in the group."""
+        if not self.pending:
+            return
+        chunks = self._gather_chunks.get(bucket_group)
+        if chunks is None:
+            chunks = self._gather_chunks[bucket_group] = chunks_of(bucket_group.params, self.chunk_of_model)
+        self._wait_chunks(None, chunks)
 
     def unseen(self) -> set[int]:
         return {c for p, chunks in self.chunk_of_model.items() if p not in self.seen_params for c in chunks}

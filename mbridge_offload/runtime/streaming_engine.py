@@ -30,7 +30,7 @@ A parameter that a parent module reads without calling its own module (a convolu
 layer that holds it) has no hook of its own: the first step records which offloaded parameters' modules ran,
 and exact mode waits for the others' chunks before the model's forward starts.
 
-Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): both modes need every
+Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): exact and delayed need every
 optimizer shard to be its whole parameter (one data-parallel rank, one expert-data-parallel rank: with
 several, exact's all-gather would run before the update and delayed's applied update would need its own
 all-gather; neither is built), the D2H/H2D overlap streams, and bf16/fp32 parameters (no fp8/fp4 parameter
@@ -453,6 +453,25 @@ def install(mode: str) -> None:
 
     bridge_train.train_step = train_step
     _install_grad_zeroing(DistributedDataParallel)
+    if mode == STREAM:
+        _install_param_gather_gate()
+
+
+def _install_param_gather_gate() -> None:
+    """With several data-parallel ranks, a bucket group's parameter all-gather sends this rank's shards: it waits
+    (on the GPU) for the stream engine's update of them."""
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
+
+    library_start = _ParamAndGradBucketGroup.start_param_sync
+
+    def start_param_sync(self, force_sync: bool = False):
+        for engine in engines():
+            gate = getattr(engine, "gate_param_gather", None)
+            if gate is not None:
+                gate(self)
+        return library_start(self, force_sync)
+
+    _ParamAndGradBucketGroup.start_param_sync = start_param_sync
 
 
 def _draining_method(method):

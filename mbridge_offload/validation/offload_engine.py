@@ -49,16 +49,23 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=lambda c: _streaming_offload(c) and _mode(c) != STREAM,
                  holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
                  fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
-    _engine_rule("one-shard", "the streaming offload engine needs every optimizer shard to be its whole "
-                 "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's and stream's "
+    _engine_rule("one-shard", "the exact and delayed engines need every optimizer shard to be its whole "
+                 "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's "
                  "parameter all-gather would run before the update and delayed's applied update needs an all-gather "
-                 "of its own; neither is built)",
-                 applies=sane(_streaming_offload),
+                 "of its own; neither is built; the stream engine gates the all-gather)",
+                 applies=sane(lambda c: _streaming_offload(c) and _mode(c) != STREAM),
                  holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
                  observed=lambda c: f"{_mode(c)} on {c.num_gpus} GPUs: " + (
                      f"{c.sizes.dense_optimizer_shards} dense and {c.sizes.expert_optimizer_shards} expert optimizer "
                      "shards" if c.num_experts else f"{c.sizes.dense_optimizer_shards} optimizer shards"),
-                 fix=f"++{ENGINE_KEY}=library  (or one data-parallel rank)"),
+                 fix=f"++{ENGINE_KEY}=stream  (or library, or one data-parallel rank)"),
+    Rule(id="offload-engine/stream-several-ranks", mechanism=OPTIMIZER, key=ENGINE_KEY,
+         text="the stream engine with several data-parallel or expert-data-parallel ranks has not run on several GPUs "
+              "yet: each bucket's parameter all-gather waits on the GPU for this rank's update; compare the first "
+              "steps' loss with the library engine's",
+         applies=sane(lambda c: _streaming_offload(c) and _mode(c) == STREAM),
+         holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
+         fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning"),
     _engine_rule("stream-adam", "the stream engine updates with the GPU's Adam (Transformer Engine's FusedAdam, the "
                  "optimizer without offload): it supports optimizer.optimizer=adam only", key="optimizer.optimizer",
                  applies=lambda c: _streaming_offload(c) and _mode(c) == STREAM,

@@ -154,3 +154,12 @@ def test_stream_moves_host_copies_into_one_buffer_keeping_the_tensors_and_their_
     flat.zero_()
     assert all(not c.any() for c in copies)
     assert move_into(copies, flat, lambda: releases.append(1)) == flat.numel() and len(releases) == 3  # nothing moves
+
+
+def test_a_bucket_groups_all_gather_waits_for_the_chunks_holding_its_offloaded_shards():
+    from mbridge_offload.runtime.streamed_states import chunks_of
+
+    # a tensor may span two chunks; a parameter kept on the GPU optimizer has none
+    chunk_of_model = {"qkv": (3, 4), "proj": (4,), "norm": (5,)}
+    assert chunks_of({"proj", "qkv", "bias-on-gpu"}, chunk_of_model) == (3, 4)
+    assert chunks_of({"bias-on-gpu"}, chunk_of_model) == ()

@@ -83,6 +83,8 @@ CASES = {
     "offload-engine/one-shard": case(DENSE_OPT, DELAYED, DELAYED, gpus=(1, 2)),
     "offload-engine/stream-adam": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                        {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream", "optimizer.optimizer": "sgd"}),
+    "offload-engine/stream-several-ranks": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
+                                                {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}, gpus=(1, 2)),
     "offload-engine/stream-sync-save": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                             {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream",
                                              "checkpoint.async_save": True, "checkpoint.save": "/tmp/ckpt"}),
