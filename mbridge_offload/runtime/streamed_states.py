@@ -413,8 +413,8 @@ class StateStreamingEngine(StreamingEngine):
     def gate_param_gather(self, bucket_group) -> None:
         """Before a bucket group's parameter all-gather (several data-parallel ranks): the training stream, which
         the collective follows, waits for this rank's update of its shards in the group."""
-        if not self.pending:
-            return
+        if not self.pending or getattr(bucket_group, "intra_distributed_optimizer_instance_size", None) == 1:
+            return  # one rank: nothing is sent, and each module's forward waits for its own chunks
         chunks = self._gather_chunks.get(bucket_group)
         if chunks is None:
             chunks = self._gather_chunks[bucket_group] = chunks_of(bucket_group.params, self.chunk_of_model)
