@@ -54,7 +54,8 @@ def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = False):
 
 def with_offload_engine(cfg, mode: str):
     """Run the offloaded optimizer step with ``mode``'s engine (mbridge_offload/runtime/streaming_engine.py):
-    ``exact`` (the CPU Adam under the next forward, the same update), ``delayed`` (one-step delayed update),
+    ``exact`` (the CPU Adam under the next forward, the same update), ``stream`` (Adam on the GPU with the moments
+    streamed from the host: the update without offload), ``delayed`` (one-step delayed update),
     ``library`` (Megatron Core's step). Sets ``env_vars.MBRIDGE_OFFLOAD_ENGINE``; a value in the shell wins."""
     if mode not in ENGINE_MODES:
         raise ValueError(f"offload engine must be one of {', '.join(ENGINE_MODES)}, got {mode!r}")

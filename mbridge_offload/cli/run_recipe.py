@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "stock: the library's per tensor; mbridge_offload/runtime/chunked_overlap.py)")
     parser.add_argument("--offload-engine", choices=tuple(ENGINE_MODES), default=None,
                         help="what runs the offloaded optimizer step: library (Megatron Core's: the CPU Adam after "
-                             "backward), exact (the CPU Adam under the next forward, the same update), delayed "
+                             "backward), exact (the CPU Adam under the next forward, the same update), stream (Adam "
+                             "on the GPU with the moments streamed from the host, the update without offload), delayed "
                              "(one-step delayed update, not the same training). Default: the recipe's "
                              f"env_vars.{ENGINE_ENV}, else library (mbridge_offload/runtime/streaming_engine.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,

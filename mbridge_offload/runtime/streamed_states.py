@@ -36,7 +36,8 @@ import math
 from dataclasses import dataclass
 
 from mbridge_offload.facts.offload_engine import STREAM_RING_SLOTS, stream_chunk_numel
-from mbridge_offload.runtime.streaming_engine import EngineError, StreamingEngine, _model_shard_view, _params_of
+from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
+                                                      _params_of)
 
 HDO_GROUP = "_mbridge_hdo_group"  # in a chunk optimizer's param group: the HybridDeviceOptimizer group it follows
 
@@ -92,9 +93,9 @@ def host_buffer(numel: int):
     """A zeroed fp32 host tensor in a mapping of its own that forked processes do not inherit.
 
     The data loader's workers are forked after the optimizer is built. Linux copies a page that is pinned
-    for DMA into the child at fork, instead of sharing it copy-on-write: measured on the H200, two workers
-    made the moments' host memory count three times (docs/benchmarks/offload-engine/). The workers never
-    read optimizer state, so the mapping is left out of them (MADV_DONTFORK)."""
+    for DMA into the child at fork, instead of sharing it copy-on-write: on the H200 the node held about two more
+    copies of the moments than the process did, as two workers would (docs/benchmarks/offload-engine/). The
+    workers never read optimizer state, so the mapping is left out of them (MADV_DONTFORK)."""
     import mmap
 
     import torch
@@ -197,7 +198,6 @@ class StateStreamingEngine(StreamingEngine):
                               "++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact")
         self._fused_adam = hdo.gpu_optimizer_cls
         self.pending = False
-        self.ready: list = []  # chunk: CUDA event after its update and cast
         self.waited: set[int] = set()
         self.updated_event = None  # after the last chunk's update
         self.moments_home_event = None  # after the last chunk's moments are back on the host
@@ -224,8 +224,7 @@ class StateStreamingEngine(StreamingEngine):
         self._maps()  # library_groups: what the library still copies into the model itself
         order = {param: i for i, param in enumerate(p for chunk in owner.model_chunks for p in chunk.parameters())}
         main_to_model = {}
-        for model_name, main_name in (("model_float16_groups", "shard_fp32_from_float16_groups"),
-                                      ("model_fp32_groups", "shard_fp32_groups")):
+        for model_name, main_name in _GROUP_PAIRS:
             for model_group, main_group in zip(getattr(owner, model_name), getattr(owner, main_name)):
                 main_to_model.update({main: model for model, main in zip(model_group, main_group)})
         offloaded = [main for main in hdo.gpu_params_map_cpu_copy if main in main_to_model]
@@ -240,6 +239,9 @@ class StateStreamingEngine(StreamingEngine):
         total = sum(sizes)
         self.numel = stream_chunk_numel(total) if total else 0
         self.chunks = chunk_layout(sizes, self.numel) if total else []
+        self.starts = [0]  # each offloaded tensor's place in the flat host buffers
+        for size in sizes:
+            self.starts.append(self.starts[-1] + size)
         self.slots = min(STREAM_RING_SLOTS, len(self.chunks))
         # the library's pinned fp32 copies, each rounded up to a power of two, move into one buffer first (so the
         # node's peak is the sum, not both), then the moments are allocated
@@ -247,11 +249,8 @@ class StateStreamingEngine(StreamingEngine):
         self._adopt_masters()
         _register(self.host_master)
         self.host_m, self.host_v = _pinned_in_place(total), _pinned_in_place(total)
-        starts = [0]
-        for size in sizes:
-            starts.append(starts[-1] + size)
         self.host_views = [(self.host_m[a:b].view_as(main), self.host_v[a:b].view_as(main))
-                           for main, a, b in zip(self.mains, starts, starts[1:])]
+                           for main, a, b in zip(self.mains, self.starts, self.starts[1:])]
         self.step_tensor = torch.zeros((), dtype=torch.float32)  # torch AdamW's step, one tensor shared by all
         device = torch.cuda.current_device()
         self.ring = [torch.empty(2 * self.numel, dtype=torch.float32, device=device) for _ in range(self.slots)]
@@ -278,6 +277,7 @@ class StateStreamingEngine(StreamingEngine):
             self.chunk_optimizers.append((optimizer, pieces))
         self.chunk_of_model = {model: tuple(chunks) for model, chunks in chunks_of_model.items()}
         self.slot_free: list = [None] * self.slots
+        self.ready: list = [None] * len(self.chunks)  # chunk: CUDA event after its update and cast
         self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for
         self._adopt_states()
 
@@ -285,10 +285,9 @@ class StateStreamingEngine(StreamingEngine):
         """Make the library's host copies of the offloaded weights views of ``host_master`` (a checkpoint load
         rebuilds them in pinned memory of their own). Returns True when any moved."""
         copies = [self.hdo.gpu_params_map_cpu_copy[main] for main in self.mains]
-        offsets = [0]
-        for copy in copies:
-            offsets.append(offsets[-1] + copy.numel())
-        if all(c.data_ptr() == self.host_master[a:].data_ptr() for c, a in zip(copies, offsets)):
+        base = self.host_master.data_ptr()
+        size = self.host_master.element_size()
+        if all(c.data_ptr() == base + size * a for c, a in zip(copies, self.starts)):
             return False
         move_into(copies, self.host_master, release_pinned_cache)
         return True
@@ -376,10 +375,7 @@ class StateStreamingEngine(StreamingEngine):
                     self.model_views[piece.tensor].view(-1)[piece.start:piece.stop].copy_(view)
                     view.grad = None
                 ready = self.update_stream.record_event()
-            if index < len(self.ready):
-                self.ready[index] = ready
-            else:
-                self.ready.append(ready)
+            self.ready[index] = ready
             self.d2h_stream.wait_event(ready)
             with torch.cuda.stream(self.d2h_stream):
                 self.host_m[chunk.start:chunk.stop].copy_(buffer[:n], non_blocking=True)

@@ -236,6 +236,10 @@ class StreamingEngine:
             torch.cuda.current_stream().wait_event(job.done_events[chunk])
             job.waited.add(chunk)
 
+    def gate_param_gather(self, bucket_group) -> None:
+        """Before a bucket group's parameter all-gather: nothing here (exact and delayed run on one rank only);
+        the stream engine waits for its update there."""
+
     def gate_unseen(self) -> None:
         """Before the model's forward (exact mode): wait for the chunks of parameters whose own module's forward
         never ran in the first step (a parent module reads them directly, e.g. a convolution's weight): no
@@ -466,9 +470,7 @@ def _install_param_gather_gate() -> None:
 
     def start_param_sync(self, force_sync: bool = False):
         for engine in engines():
-            gate = getattr(engine, "gate_param_gather", None)
-            if gate is not None:
-                gate(self)
+            engine.gate_param_gather(self)
         return library_start(self, force_sync)
 
     _ParamAndGradBucketGroup.start_param_sync = start_param_sync

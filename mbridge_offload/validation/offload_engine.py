@@ -24,6 +24,15 @@ def _streaming_offload(ctx: Context) -> bool:
     return _streaming(ctx) and bool(ctx.opt.optimizer_cpu_offload)
 
 
+def _stream_offload(ctx: Context) -> bool:
+    return _streaming_offload(ctx) and _mode(ctx) == STREAM
+
+
+def _cpu_adam_offload(ctx: Context) -> bool:
+    """exact or delayed: the engines that run the library's CPU Adam."""
+    return _streaming_offload(ctx) and _mode(ctx) != STREAM
+
+
 def _set(ctx: Context, key: str) -> bool:
     section, name = key.split(".")
     return bool(getattr(getattr(ctx.cfg, section), name, False))
@@ -46,14 +55,14 @@ RULES: tuple[Rule, ...] = guarded(
     _engine_rule("needs-overlap-streams", "the streaming offload engine copies on the D2H/H2D overlap streams "
                  "(run_recipe.py's tuning turns them on); the stream mode has copy streams of its own",
                  key="optimizer.overlap_cpu_optimizer_d2h_h2d",
-                 applies=lambda c: _streaming_offload(c) and _mode(c) != STREAM,
+                 applies=_cpu_adam_offload,
                  holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
                  fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
     _engine_rule("one-shard", "the exact and delayed engines need every optimizer shard to be its whole "
                  "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's "
                  "parameter all-gather would run before the update and delayed's applied update needs an all-gather "
                  "of its own; neither is built; the stream engine gates the all-gather)",
-                 applies=sane(lambda c: _streaming_offload(c) and _mode(c) != STREAM),
+                 applies=sane(_cpu_adam_offload),
                  holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
                  observed=lambda c: f"{_mode(c)} on {c.num_gpus} GPUs: " + (
                      f"{c.sizes.dense_optimizer_shards} dense and {c.sizes.expert_optimizer_shards} expert optimizer "
@@ -63,18 +72,18 @@ RULES: tuple[Rule, ...] = guarded(
          text="the stream engine with several data-parallel or expert-data-parallel ranks has not run on several GPUs "
               "yet: each bucket's parameter all-gather waits on the GPU for this rank's update; compare the first "
               "steps' loss with the library engine's",
-         applies=sane(lambda c: _streaming_offload(c) and _mode(c) == STREAM),
+         applies=sane(_stream_offload),
          holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
          fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning"),
     _engine_rule("stream-adam", "the stream engine updates with the GPU's Adam (Transformer Engine's FusedAdam, the "
                  "optimizer without offload): it supports optimizer.optimizer=adam only", key="optimizer.optimizer",
-                 applies=lambda c: _streaming_offload(c) and _mode(c) == STREAM,
+                 applies=_stream_offload,
                  holds=lambda c: getattr(c.opt, "optimizer", "adam") == "adam",
                  fix=f"optimizer.optimizer=adam  (or ++{ENGINE_KEY}=exact)"),
     _engine_rule("stream-sync-save", "the stream engine keeps Adam's moments in memory that forked processes do not "
                  "inherit (the data loader's workers would otherwise copy it); an asynchronous checkpoint save reads "
                  "the optimizer state from a forked process", key="checkpoint.async_save",
-                 applies=lambda c: _streaming_offload(c) and _mode(c) == STREAM,
+                 applies=_stream_offload,
                  holds=lambda c: not getattr(c.cfg.checkpoint, "async_save", False),
                  fix=f"checkpoint.async_save=False  (or ++{ENGINE_KEY}=exact)"),
     _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
