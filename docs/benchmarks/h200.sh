@@ -215,6 +215,48 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --offload-engine stream \
         --out "$runs/engine-stream-moe/stream-1" model.num_layers=8 train.train_iters=${STEPS:-10} \
         optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 ;;
+    stream-last-parity)
+      # Tenth session (issue #16, docs/benchmarks/offload-engine/stream-last/): the stream mode after two changes,
+      # against no offload: it offloads the tensors the forward uses last (fraction 0.25 offloads other tensors
+      # than before) and fetches the next update's first chunks during the forward (fraction 1). 50 deterministic
+      # steps each, a save at step 3 resumed to 6 (2-layer proxy), and the stream GPU test beside them.
+      d="$runs/stream-last-parity"; mkdir -p "$d"
+      $py -m pytest tests/runtime/test_gpu_engine.py -k stream -v -p no:cacheprovider > "$d/gpu-tests.log" 2>&1 &
+      parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
+      parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+      parity_run stream-0.25 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.25 &
+      $py scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic \
+        --out "$d/resume-stream" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=stream > "$d/resume-stream.log" 2>&1 &
+      wait
+      tail -n 15 "$d/gpu-tests.log"
+      grep -h "^stream offload engine: " "$d"/stream-*.log
+      $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload=$d/baseline:$d/stream-1" \
+        "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25" ;;
+    stream-last-bench)
+      # Tenth session (issue #16, docs/benchmarks/offload-engine/bench-stream-last/): engine-stream-bench again
+      # after the two changes above, and the host's peak after the moments were kept out of forked processes.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-last-bench" --resume \
+        --host-json "$(host_json)" --fractions 0.25,1 --configs engine-stream --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
+    stream-moe-pair)
+      # Tenth session (issue #16, docs/benchmarks/offload-engine/stream-moe-8/): the 8-layer MoE proxy without
+      # offload, then with the stream mode at fraction 1 again, right after engine-stream-moe (STEPS=10): one
+      # stream run on each side of the baseline, 10 steps each (3 warm-up excluded).
+      mkdir -p "$runs/stream-moe-pair"
+      for run in baseline stream-1-again; do
+        case $run in baseline) offload="optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0" ;;
+          *) offload="--offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1" ;; esac
+        $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-moe-pair/$run" \
+          model.num_layers=8 train.train_iters=${STEPS:-10} $offload > "$runs/stream-moe-pair/$run.log" 2>&1
+        echo "$run: exit $?"; tail -n 10 "$runs/stream-moe-pair/$run.log"
+      done ;;
+    stream-moe-bench)
+      # NOT RUN YET (issue #16): the MoE proxy's speed with the stream mode in the issue's measure, 3 rounds
+      # interleaved, 33 steps each. With LAYERS=4 about 2 min a run (12 min in all); the tenth session's
+      # 8-layer runs took ~140 s for 10 steps.
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-moe-bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
+        model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:

@@ -27,8 +27,8 @@ ENGINE_MODES = {
            "deterministic mode)",
     STREAM: "Adam's moments stay on the host and stream through the GPU chunk by chunk, where the GPU optimizer "
             "without offload updates them during the next step's forward; each layer's forward waits only for its "
-            "own parameters (the same update as without offload: bit-identical in deterministic mode; the CPU runs "
-            "no Adam)",
+            "own parameters, and the offloaded ones are those the forward uses last (the same update as without "
+            "offload: bit-identical in deterministic mode; the CPU runs no Adam)",
     DELAYED: "one-step delayed parameter update (ZeRO-Offload's DPU): step k's CPU Adam runs during step k+1, "
              "whose forward and backward use the parameters before it; gradient clipping stays exact; NOT the "
              "same training as without offload, the measured loss deviation is in the engine's benchmark",
@@ -62,3 +62,20 @@ def stream_ring_bytes(offloaded_params: int) -> int:
         return 0
     numel = stream_chunk_numel(offloaded_params)
     return min(STREAM_RING_SLOTS, math.ceil(offloaded_params / numel)) * 2 * 4 * numel
+
+
+def last_used_first(sizes: list[int], positions: list, fraction: float) -> list[int]:
+    """Which tensors to offload (indices into ``sizes``): the library's rule (offload while the total offloaded
+    is below ``fraction`` of the total) walked from the tensor the forward uses last (the highest of
+    ``positions``, any sortable values). The library walks the optimizer's order instead: Megatron's gradient
+    buffers, roughly the forward reversed but group by group (every layer's weights before any norm) and bucket
+    by bucket. The stream engine needs the next forward to meet the streamed chunks last, after the copies have
+    had the most time, so it states that order instead of inheriting it."""
+    threshold = sum(sizes) * fraction
+    chosen, total = [], 0
+    for index in sorted(range(len(sizes)), key=lambda i: positions[i], reverse=True):
+        if total >= threshold:
+            break
+        chosen.append(index)
+        total += sizes[index]
+    return chosen

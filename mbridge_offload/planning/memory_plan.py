@@ -19,7 +19,10 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
 - With the offload engine's ``stream`` mode (mbridge_offload/runtime/streamed_states.py) the host holds m and v
   (8 B) and the fp32 parameter copy (4 B), pinned in place in flat buffers (no rounding), no gradient copy; the
   GPU adds the ring the moments pass through (``stream_ring_bytes``, per optimizer: dense and expert); the link
-  carries 8 B per offloaded parameter each way and the CPU runs no Adam.
+  carries 8 B per offloaded parameter each way and the CPU runs no Adam. It offloads by the same rule from the
+  tensor the forward uses last (``last_used_first``; on the H200 the plan's count at 0.25 was the run's to the
+  parameter). Its host peak keeps the library's first-step allowance until a stream run without the library's
+  throwaway copies has measured its own (docs/benchmarks/offload-engine/, tenth session).
 - The pipeline stage with the most GPU bytes is the worst rank; the plan reports it, and each stage.
 - The GPU total is the whole device a rank uses, what an out-of-memory error is measured against: PyTorch's
   allocations (state, activations, workspaces), what its caching allocator reserves beyond them, and the
@@ -36,13 +39,13 @@ from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
 from mbridge_offload.facts.offload_bytes import traffic_of
-from mbridge_offload.facts.offload_engine import LIBRARY, STREAM, engine_mode, stream_ring_bytes
+from mbridge_offload.facts.offload_engine import LIBRARY, STREAM, engine_mode, last_used_first, stream_ring_bytes
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import activation_bytes, offloaded_layer_bytes
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
-from mbridge_offload.planning.tensors import Tensor, stage_tensors
+from mbridge_offload.planning.tensors import Tensor, forward_position, stage_tensors
 
 # PyTorch's allocations beyond the model's tensors (cuBLAS/TE workspaces, communication buffers through the
 # allocator), fitted with the activation model on the calibration runs (dense-1b-sweep, moe-proxy-sweep,
@@ -161,8 +164,12 @@ def _pow2(nbytes: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(nbytes, 1))))
 
 
-def _offloaded(shards: list[tuple[Tensor, int]], fraction: float) -> list[tuple[Tensor, int]]:
-    """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached."""
+def _offloaded(shards: list[tuple[Tensor, int]], fraction: float, stream: bool = False) -> list[tuple[Tensor, int]]:
+    """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached. The stream engine
+    walks the same rule from the tensor the forward uses last (facts.offload_engine.last_used_first)."""
+    if stream:
+        chosen = last_used_first([n for _, n in shards], [forward_position(t) for t, _ in shards], fraction)
+        return [shards[i] for i in sorted(chosen)]
     total = sum(n for _, n in shards)
     threshold = total * fraction
     done, out = 0, []
@@ -258,7 +265,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         tensors = stage_tensors(cfg, stage)
         params = sum(t.numel for t in tensors)
         shards = [(t, math.ceil(t.numel / optimizer_shards(t))) for t in tensors]
-        offloaded = _offloaded(shards, fraction) if fraction > 0 else []
+        offloaded = _offloaded(shards, fraction, stream) if fraction > 0 else []
         shard_params = sum(n for _, n in shards)
         off_params = sum(n for _, n in offloaded)
         optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes

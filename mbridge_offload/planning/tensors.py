@@ -83,3 +83,14 @@ def stage_tensors(cfg, stage: int) -> list[Tensor]:
         if not m.share_embeddings_and_output_weights or pp > 1:
             add(embeddings, "output", vocab * h // tp, "embedding")
     return dense + expert + small + embeddings
+
+
+def forward_position(tensor: Tensor) -> tuple[int, int]:
+    """Where the forward meets ``tensor`` (sortable): the embedding, the layers in order, the final norm, the
+    output layer (the order of the model's parameters, which the stream engine's choice of what to offload walks
+    backwards)."""
+    if tensor.name == "embedding":
+        return (0, 0)
+    if tensor.name.startswith("l"):
+        return (1, int(tensor.name[1:tensor.name.index(".")]))
+    return (2, tensor.name == "output")

@@ -119,6 +119,7 @@ def make_callback(out_dir: Path, rank: int):
     from megatron.bridge.training.callbacks import Callback
 
     from mbridge_offload.runtime.host_memory import NodeUsedPeak
+    from mbridge_offload.runtime.streaming_engine import take_step_s as take_engine_step_s
     from mbridge_offload.runtime.streaming_engine import take_wait_s as take_engine_wait_s
 
     class StepMetrics(Callback):
@@ -167,6 +168,7 @@ def make_callback(out_dir: Path, rank: int):
             engine_wait_s = take_engine_wait_s()
             if engine_wait_s is not None:  # the training thread blocked on the offload engine in this step
                 record["engine_wait_s"] = engine_wait_s
+                record["engine_step_s"] = take_engine_step_s()  # and enqueued its work instead of the forward
             if self.offload_timer is not None:
                 record.update(self.offload_timer.collect() or {})
                 if self.step == 1:

@@ -11,12 +11,13 @@ model's bf16 weights and its moments go back to the host. The CPU does no Adam a
   updating a chunk at a time changes no bit): loss bit-identical to no offload in deterministic mode.
 - **Time**: 8 bytes per offloaded parameter go up and 8 come down per step, on their own copy streams, while the
   next step's forward waits per module (a forward pre-hook, on the GPU: the training thread never blocks) for
-  the chunks holding its parameters. Nothing is copied during backward.
+  the chunks holding its parameters. The first ``STREAM_RING_SLOTS`` chunks' moments come up at the end of the
+  previous update, so the next update starts without waiting for a copy.
 - **Host memory**: 12 bytes per offloaded parameter: the moments and the library's fp32 host copy of the
   weights (which the checkpoint saves as ``master_param``; refreshed from the GPU at every drain: checkpoint
   save and load, evaluation), in three flat buffers pinned in place (``cudaHostRegister``: no power-of-two
   rounding of the pinned allocator) and kept out of forked processes (``host_buffer``). No host gradients, and
-  the host copies of the optimizer Megatron builds and throws away are dropped (``release_throwaway_copies``).
+  no host copies for the optimizer Megatron builds only to read its settings (streaming_engine.install).
 - **GPU memory**: the library's, plus the ring: ``STREAM_RING_SLOTS`` chunks of the moments
   (mbridge_offload/facts/offload_engine.py, ``stream_ring_bytes``).
 
@@ -24,6 +25,8 @@ With several data-parallel ranks each rank updates its own shards; the parameter
 waits on the GPU for the chunks holding this rank's shards in it (``gate_param_gather``). That path has not run
 on several GPUs (the validator warns).
 
+Which tensors are offloaded is the library's rule (a fraction of the elements) walked from the other end: the ones
+the forward uses last (``last_used_first``), so the next forward meets them after the copies have had the most time.
 The layout is fixed when the optimizer is built: the offloaded fp32 shards in the order of the model's parameters
 (the order the forward meets them in a transformer), as one flat range cut into ``STREAM_CHUNKS`` chunks (a tensor may span
 two). The checkpoint format is the library's: the CPU optimizers' states are views into the host buffers, and a
@@ -33,9 +36,10 @@ load that replaces them is copied back into the buffers before the next update (
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
-from mbridge_offload.facts.offload_engine import STREAM_RING_SLOTS, stream_chunk_numel
+from mbridge_offload.facts.offload_engine import STREAM_RING_SLOTS, last_used_first, stream_chunk_numel
 from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
                                                       _params_of)
 
@@ -87,6 +91,58 @@ def chunk_layout(sizes: list[int], numel: int) -> list[Chunk]:
                 break
         chunks.append(Chunk(start=begin, stop=end, pieces=tuple(pieces)))
     return chunks
+
+
+def main_to_model(owner) -> dict:
+    """The distributed optimizer ``owner``'s fp32 main shards -> their model parameters."""
+    pairs = {}
+    for model_name, main_name in _GROUP_PAIRS:
+        for model_group, main_group in zip(getattr(owner, model_name), getattr(owner, main_name)):
+            pairs.update({main: model for model, main in zip(model_group, main_group)})
+    return pairs
+
+
+def forward_positions(owner) -> dict:
+    """Each fp32 main shard of ``owner``: the place of its model parameter in the model's parameter order (the
+    order the forward meets them in a transformer); shards of no model parameter come last."""
+    order = {param: i for i, param in enumerate(p for chunk in owner.model_chunks for p in chunk.parameters())}
+    return {main: order.get(model, len(order)) for main, model in main_to_model(owner).items()}
+
+
+def streamed_param_groups(hdo, positions: dict, offload_fraction: float):
+    """``HybridDeviceOptimizer._get_sub_optimizer_param_groups`` for the stream mode: the same five results, with
+    two changes. The offloaded tensors are the ones the forward uses last (``last_used_first``), and their host
+    copies are views of one flat buffer in forward order (``hdo._mbridge_host_master``, which the engine's
+    layout adopts) instead of one pinned allocation each, rounded up to a power of two."""
+    import torch
+
+    on_gpu = [p for group in hdo.param_groups for p in group["params"] if p.is_cuda]
+    chosen = [on_gpu[i] for i in last_used_first([p.numel() for p in on_gpu],
+                                                 [positions.get(p, -1) for p in on_gpu], offload_fraction)]
+    not_fp32 = sorted({str(p.dtype) for p in chosen if p.dtype != torch.float32})
+    if not_fp32:
+        raise EngineError(f"the stream offload engine keeps fp32 main weights on the host; this optimizer steps "
+                          f"{', '.join(not_fp32)} ones. Fix: optimizer.use_precision_aware_optimizer=False, or "
+                          "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+    chosen.sort(key=lambda p: positions.get(p, -1))
+    host = host_buffer(sum(p.numel() for p in chosen))
+    copies, offset = {}, 0
+    for param in chosen:
+        copies[param] = host[offset:offset + param.numel()].view_as(param)
+        copies[param].copy_(param.detach())
+        offset += param.numel()
+    hdo._mbridge_host_master = host
+    cpu_groups, gpu_groups, to_fp32 = [], [], {}
+    for group in hdo.param_groups:
+        cpu, gpu = [], []
+        for param in group["params"]:
+            inner = copies.get(param, param)
+            if hdo.param_update_in_fp32 and inner.dtype != torch.float32:
+                inner = to_fp32[param] = inner.detach().clone().float()
+            (gpu if inner.is_cuda else cpu).append(inner)
+        cpu_groups += [{**group, "params": cpu}] if cpu else []
+        gpu_groups += [{**group, "params": gpu}] if gpu else []
+    return cpu_groups, gpu_groups, copies, {copy: param for param, copy in copies.items()}, to_fp32
 
 
 def host_buffer(numel: int):
@@ -168,17 +224,6 @@ def release_pinned_cache() -> None:
     empty()
 
 
-def release_throwaway_copies(hdo) -> None:
-    """Megatron's distributed optimizer builds a HybridDeviceOptimizer on the model's weights, reads only its
-    parameter groups and settings, and builds its own on the fp32 shards. The first one's host copies (a
-    pinned bf16 and a pageable fp32 copy of every weight) are never used: drop them before the second is built."""
-    hdo.cpu_param_groups, hdo.gpu_param_groups, hdo.cpu_optimizers, hdo.gpu_optimizer = [], [], [], None
-    for name in ("gpu_params_map_cpu_copy", "cpu_copys_map_gpu_param", "param_to_fp32_param", "param_to_inner_param",
-                 "inner_param_to_orig_param", "fp32_param_to_orig_param", "cpu_copy_map_grad"):
-        if hasattr(hdo, name):
-            setattr(hdo, name, {})
-
-
 class StateStreamingEngine(StreamingEngine):
     """``stream`` mode for one HybridDeviceOptimizer (one per distributed optimizer: dense, expert)."""
 
@@ -198,6 +243,7 @@ class StateStreamingEngine(StreamingEngine):
                               "++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact")
         self._fused_adam = hdo.gpu_optimizer_cls
         self.pending = False
+        self.prefetched = False  # the first chunks' moments are in the ring already (see the end of step)
         self.waited: set[int] = set()
         self.updated_event = None  # after the last chunk's update
         self.moments_home_event = None  # after the last chunk's moments are back on the host
@@ -222,18 +268,16 @@ class StateStreamingEngine(StreamingEngine):
 
         hdo, owner = self.hdo, self._owner()
         self._maps()  # library_groups: what the library still copies into the model itself
-        order = {param: i for i, param in enumerate(p for chunk in owner.model_chunks for p in chunk.parameters())}
-        main_to_model = {}
-        for model_name, main_name in _GROUP_PAIRS:
-            for model_group, main_group in zip(getattr(owner, model_name), getattr(owner, main_name)):
-                main_to_model.update({main: model for model, main in zip(model_group, main_group)})
-        offloaded = [main for main in hdo.gpu_params_map_cpu_copy if main in main_to_model]
+        models_of = main_to_model(owner)
+        positions = forward_positions(owner)
+        offloaded = [main for main in hdo.gpu_params_map_cpu_copy if main in models_of]
         missing = len(hdo.gpu_params_map_cpu_copy) - len(offloaded)
         if missing:
             raise EngineError(f"the stream offload engine found {missing} offloaded tensor(s) that are not main weights of "
                               "the distributed optimizer. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
-        self.mains = sorted(offloaded, key=lambda main: order.get(main_to_model[main], len(order)))
-        self.models = [main_to_model[main] for main in self.mains]
+        self.mains = sorted(offloaded, key=positions.get)
+        self.models = [models_of[main] for main in self.mains]
+        self._say_what_is_offloaded(owner)
         self.group_of = {p: i for i, group in enumerate(hdo.param_groups) for p in group["params"]}
         sizes = [main.numel() for main in self.mains]
         total = sum(sizes)
@@ -243,9 +287,10 @@ class StateStreamingEngine(StreamingEngine):
         for size in sizes:
             self.starts.append(self.starts[-1] + size)
         self.slots = min(STREAM_RING_SLOTS, len(self.chunks))
-        # the library's pinned fp32 copies, each rounded up to a power of two, move into one buffer first (so the
-        # node's peak is the sum, not both), then the moments are allocated
-        self.host_master = host_buffer(total)
+        # the host copies are already in one buffer when this engine chose them (streamed_param_groups); a copy
+        # made elsewhere moves in before the moments are allocated, so the node's peak holds one of each
+        built = getattr(hdo, "_mbridge_host_master", None)
+        self.host_master = built if built is not None and built.numel() == total else host_buffer(total)
         self._adopt_masters()
         _register(self.host_master)
         self.host_m, self.host_v = _pinned_in_place(total), _pinned_in_place(total)
@@ -280,6 +325,20 @@ class StateStreamingEngine(StreamingEngine):
         self.ready: list = [None] * len(self.chunks)  # chunk: CUDA event after its update and cast
         self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for
         self._adopt_states()
+
+    def _say_what_is_offloaded(self, owner) -> None:
+        """One line on the first rank: how much of this optimizer's shard is on the host and which parameters."""
+        import torch
+
+        if not self.models or (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0):
+            return
+        names = {param: re.sub(r"^(module\.)+", "", name)  # the wrappers' prefixes say nothing to a user
+                 for chunk in owner.model_chunks for name, param in chunk.named_parameters()}
+        held = sum(main.numel() for group in self.hdo.param_groups for main in group["params"])
+        offloaded = sum(main.numel() for main in self.mains)
+        print(f"stream offload engine: {offloaded / 1e6:.1f}M of this optimizer's {held / 1e6:.1f}M parameters on the "
+              f"host, the {len(self.models)} tensors the forward uses last, from {names.get(self.models[0], '?')} "
+              f"to {names.get(self.models[-1], '?')}", flush=True)
 
     def _adopt_masters(self) -> bool:
         """Make the library's host copies of the offloaded weights views of ``host_master`` (a checkpoint load
@@ -338,11 +397,24 @@ class StateStreamingEngine(StreamingEngine):
         return copied
 
     # --- the step ---
+    def _fetch(self, index: int) -> None:
+        """Copy chunk ``index``'s moments from the host into its ring slot, once the slot's last copy down is done."""
+        import torch
+
+        chunk, slot = self.chunks[index], index % self.slots
+        buffer, n = self.ring[slot], chunk.stop - chunk.start
+        if self.slot_free[slot] is not None:
+            self.h2d_stream.wait_event(self.slot_free[slot])
+        with torch.cuda.stream(self.h2d_stream):
+            buffer[:n].copy_(self.host_m[chunk.start:chunk.stop], non_blocking=True)
+            buffer[self.numel:self.numel + n].copy_(self.host_v[chunk.start:chunk.stop], non_blocking=True)
+
     def step(self, closure=None) -> None:
         import torch
 
         hdo = self.hdo
-        self._adopt_states()
+        if self._adopt_states():
+            self.prefetched = False  # a load put new moments on the host
         hdo._sync_hdo_param_groups_to_sub_optimizers()  # the non-offloaded part's lr and weight decay
         current = torch.cuda.current_stream()
         grads_ready = current.record_event()  # clipped gradients: the library clipped them on this stream
@@ -352,14 +424,13 @@ class StateStreamingEngine(StreamingEngine):
         step = int(self.step_tensor)
         self.update_stream.wait_event(grads_ready)
         self.unseen_chunks = self.unseen()
+        hyper = [self._hyper(g) for g in range(len(hdo.param_groups))]
+        prefetched, self.prefetched = self.prefetched, False
         for index, (chunk, (optimizer, pieces)) in enumerate(zip(self.chunks, self.chunk_optimizers)):
             slot, n = index % self.slots, chunk.stop - chunk.start
             buffer = self.ring[slot]
-            if self.slot_free[slot] is not None:
-                self.h2d_stream.wait_event(self.slot_free[slot])
-            with torch.cuda.stream(self.h2d_stream):
-                buffer[:n].copy_(self.host_m[chunk.start:chunk.stop], non_blocking=True)
-                buffer[self.numel:self.numel + n].copy_(self.host_v[chunk.start:chunk.stop], non_blocking=True)
+            if not (prefetched and index < self.slots):
+                self._fetch(index)
             self.update_stream.wait_stream(self.h2d_stream)
             with torch.cuda.stream(self.update_stream):
                 for view, piece in pieces:
@@ -368,7 +439,7 @@ class StateStreamingEngine(StreamingEngine):
                     if grad is not None:
                         grad.record_stream(self.update_stream)  # a bf16 gradient's fp32 copy is a temporary
                 for group in optimizer.param_groups:
-                    group.update(self._hyper(group[HDO_GROUP]))  # this step's lr and weight decay
+                    group.update(hyper[group[HDO_GROUP]])  # this step's lr and weight decay
                     group["step"] = step - 1  # FusedAdam adds one before it updates
                 optimizer.step()
                 for view, piece in pieces:
@@ -384,6 +455,11 @@ class StateStreamingEngine(StreamingEngine):
         self.updated_event = self.update_stream.record_event()
         self.grads_free_event = self.updated_event
         self.moments_home_event = self.d2h_stream.record_event()
+        # the next step's first chunks come up while this forward runs: the update then starts without a copy
+        # in front of it (their moments are home: each slot's fetch waits for the slot's last copy down)
+        for index in range(self.slots):
+            self._fetch(index)
+        self.prefetched = True
         self.waited = set()
         self.pending = True
         self.job = self  # the library's copy into the model skips the offloaded weights (streaming_engine.install)
@@ -436,6 +512,7 @@ class StateStreamingEngine(StreamingEngine):
         if not apply_delayed:
             return
         self.moments_home_event.synchronize()
+        self.prefetched = False  # the host's moments may be written next (a load): fetched again at the next step
         for main, cpu in self.hdo.gpu_params_map_cpu_copy.items():
             cpu.copy_(main)
         self.pending = False

@@ -53,7 +53,9 @@ from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, L
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
-_STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet()}
+NEVER_STEPS = "_mbridge_never_steps"  # on a HybridDeviceOptimizer built only to be read (_install_stream_selection)
+_STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet(),
+                          "building": None}  # the distributed optimizer whose __init__ is running
 
 
 class EngineError(RuntimeError):
@@ -91,6 +93,7 @@ class StreamingEngine:
         self.job: _Job | None = None
         self.first_use: list[int] = []  # chunks in the order the forward first used them
         self.wait_s = 0.0  # training thread blocked on the engine, since the metrics last read it
+        self.step_s = 0.0  # training thread inside the engine's optimizer step (its enqueueing), likewise
         self.grads_free_event = None  # the gradient buffers may be zeroed after this event
         self.seen_params: set = set()  # model parameters whose own module's forward ran before the first step
         self.unseen_chunks: set[int] = set()
@@ -280,6 +283,10 @@ class StreamingEngine:
         value, self.wait_s = self.wait_s, 0.0
         return value
 
+    def take_step_s(self) -> float:
+        value, self.step_s = self.step_s, 0.0
+        return value
+
 
 def processing_order(first_use: list[int], chunks: int) -> list[int]:
     """The order the worker takes the chunks in: by first use in the forward, then those the forward never
@@ -347,6 +354,13 @@ def take_wait_s() -> float | None:
     return round(sum(e.take_wait_s() for e in running), 6) if running else None
 
 
+def take_step_s() -> float | None:
+    """Seconds the training thread spent inside the engines' optimizer steps since the last call: the time
+    it was not launching the next forward (None: no engine runs)."""
+    running = engines()
+    return round(sum(e.take_step_s() for e in running), 6) if running else None
+
+
 def installed_mode() -> str | None:
     return _STATE["mode"]
 
@@ -375,28 +389,35 @@ def install(mode: str) -> None:
     def step(self, closure=None):
         engine = getattr(self, "_mbridge_offload_engine", None)
         if engine is None:
+            if self.__dict__.get(NEVER_STEPS):
+                raise EngineError("the stream offload engine runs inside Megatron's distributed optimizer; this "
+                                  "offloaded optimizer was built outside one. Fix: ddp.use_distributed_optimizer=True "
+                                  "optimizer.use_distributed_optimizer=True, or ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
             return library_step(self, closure)
-        if engine.mode == STREAM:
-            engine.step(closure)
-            if not _STATE["in_train_step"]:  # e.g. the checkpoint loader's dummy step: finished before it returns
+        started = time.perf_counter()
+        try:
+            if engine.mode == STREAM:
+                engine.step(closure)
+                if not _STATE["in_train_step"]:  # e.g. the checkpoint loader's dummy step: finished before it returns
+                    engine.drain(apply_delayed=True)
+                return None
+            if not (_STATE["in_train_step"] and self.cpu_optimizers):
                 engine.drain(apply_delayed=True)
-            return None
-        if not (_STATE["in_train_step"] and self.cpu_optimizers):
-            engine.drain(apply_delayed=True)
-            return library_step(self, closure)  # e.g. the checkpoint loader's dummy step: synchronous
-        return engine.step(closure)
+                return library_step(self, closure)  # e.g. the checkpoint loader's dummy step: synchronous
+            return engine.step(closure)
+        finally:
+            engine.step_s += time.perf_counter() - started
 
     HybridDeviceOptimizer.step = step
 
     library_init = DistributedOptimizer.__init__
 
     def init(self, *args, **kwargs):
-        first = kwargs.get("optimizer", args[0] if args else None)
-        if mode == STREAM and isinstance(first, HybridDeviceOptimizer):
-            from mbridge_offload.runtime.streamed_states import release_throwaway_copies
-
-            release_throwaway_copies(first)
-        library_init(self, *args, **kwargs)
+        _STATE["building"] = self  # the HybridDeviceOptimizer built inside reads the model's order from it
+        try:
+            library_init(self, *args, **kwargs)
+        finally:
+            _STATE["building"] = None
         if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
             if mode == STREAM:
                 from mbridge_offload.runtime.streamed_states import StateStreamingEngine
@@ -410,6 +431,8 @@ def install(mode: str) -> None:
                 _install_gates(engine, self.model_chunks)
 
     DistributedOptimizer.__init__ = init
+    if mode == STREAM:
+        _install_stream_selection(HybridDeviceOptimizer)
 
     library_copy = DistributedOptimizer._copy_main_params_to_model_params
 
@@ -459,6 +482,32 @@ def install(mode: str) -> None:
     _install_grad_zeroing(DistributedDataParallel)
     if mode == STREAM:
         _install_param_gather_gate()
+
+
+def _install_stream_selection(hdo_class) -> None:
+    """The stream mode chooses which tensors to offload and where their host copies live
+    (streamed_states.streamed_param_groups) for the HybridDeviceOptimizer a distributed optimizer builds on its fp32
+    shards. The choice is kept on the optimizer, so a rebuild after a checkpoint load makes the same one.
+
+    Megatron first builds one on the model's weights, reads only its parameter groups and settings, and builds the
+    one that steps inside the distributed optimizer. The library's split would give that first one a host copy of
+    every offloaded weight (pinned bf16 and pageable fp32) for nothing. Dropping them later is not enough: a freed
+    copy of a tensor under glibc's mmap threshold (at most 32 MiB: a MoE's experts) stays in the process, the
+    likely cause of the ~4 B per parameter beyond the 12 of the stream mode that the 8-layer MoE proxy held on the
+    H200. So it gets no sub-optimizers at all (the runs that measured this emptied them before the distributed
+    optimizer read it), and a step of it is refused."""
+    from mbridge_offload.runtime.streamed_states import forward_positions, streamed_param_groups
+
+    def sub_optimizer_param_groups(self, offload_fraction: float):
+        positions = self.__dict__.get("_mbridge_forward_positions")
+        if positions is None:
+            if _STATE["building"] is None:
+                setattr(self, NEVER_STEPS, True)
+                return [], [], {}, {}, {}
+            positions = self._mbridge_forward_positions = forward_positions(_STATE["building"])
+        return streamed_param_groups(self, positions, offload_fraction)
+
+    hdo_class._get_sub_optimizer_param_groups = sub_optimizer_param_groups
 
 
 def _install_param_gather_gate() -> None:

@@ -118,3 +118,31 @@ def test_stream_engine_plan_adds_the_ring_on_the_gpu_and_drops_the_gradient_copy
     assert st.offloaded_bytes_host_per_rank == st.pinned_bytes_host_per_rank == 12 * off
     assert lib.offloaded_bytes_host_per_rank >= 16 * off
     assert st.transfer_bytes_per_step == 16 * off and lib.transfer_bytes_per_step == 8 * off
+
+
+def test_stream_engine_offloads_what_the_h200_run_offloaded_and_plans_its_host_above_the_moe_run(built):
+    """The stream engine's choice of tensors (the last the forward uses) and its host peak, against the tenth
+    session's H200 runs (docs/benchmarks/offload-engine/): the engine's own line of what it offloaded at 0.25 on
+    the dense proxy, and the node's peak of the 8-layer MoE proxy at fraction 1, which trained."""
+    import json
+    import re
+    from pathlib import Path
+
+    from recipes import with_offload_engine
+
+    runs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "offload-engine"
+    said = re.search(r"^stream offload engine: ([\d.]+)M of this optimizer's ([\d.]+)M",
+                     (runs / "stream-last" / "stream-0.25.log").read_text(), re.M)
+    dense = with_offload_engine(built("qwen3_1b_proxy_pretrain_config"), "stream")
+    quarter = plan(dense, 1, fraction=0.25)
+    assert quarter.offloaded_params_per_rank / 1e6 == pytest.approx(float(said.group(1)), abs=0.05)
+    assert quarter.params_per_rank / 1e6 == pytest.approx(float(said.group(2)), abs=0.05)
+    # the library's walk counts differently (the optimizer's order, the embedding last)
+    library = plan(built("qwen3_1b_proxy_pretrain_config"), 1, fraction=0.25)
+    assert library.offloaded_params_per_rank != quarter.offloaded_params_per_rank
+
+    moe = with_offload_engine(apply_overrides(built("qwen3_30b_a3b_proxy_pretrain_config"), ["model.num_layers=8"]),
+                              "stream")
+    eight = plan(moe, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=124.4)
+    measured = json.loads((runs / "stream-moe-8" / "tenth" / "stream-1" / "summary.json").read_text())
+    assert eight.fits_host and eight.host_peak_bytes_per_node / GIB >= measured["peak_node_host_used_gib"]

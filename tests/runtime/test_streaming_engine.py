@@ -10,6 +10,7 @@ from mbridge_offload.facts.offload_engine import DEFAULT_ENGINE, ENGINE_MODES, e
 from mbridge_offload.runtime.streaming_engine import install, processing_order
 from mbridge_offload.facts.offload_engine import stream_chunk_numel as chunk_numel, stream_ring_bytes as ring_bytes
 from mbridge_offload.runtime.streamed_states import chunk_layout
+from mbridge_offload.facts.offload_engine import last_used_first
 
 
 def test_worker_takes_chunks_in_first_forward_use_then_highest_first():
@@ -76,6 +77,29 @@ def test_stream_layout_cuts_the_tensors_into_chunks_that_cover_every_element_onc
         # each tensor's pieces are consecutive, from 0 to its size: a tensor may span chunks, never overlap
         assert ranges[0][0] == 0 and ranges[-1][1] == sizes[tensor]
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+@pytest.mark.parametrize("fraction", [0, 0.1, 0.25, 0.5, 0.75, 1])
+def test_stream_offloads_the_tensors_the_forward_uses_last_by_the_librarys_threshold(fraction):
+    # a tied embedding (used first) as large as a quarter of the model, then 16 layers of 7 tensors, shuffled
+    import random
+
+    rng = random.Random(7)
+    sizes = [311] + [rng.choice([1, 6, 12, 20]) for _ in range(16 * 7)]
+    positions = list(range(len(sizes)))
+    order = list(range(len(sizes)))
+    rng.shuffle(order)
+    sizes, positions = [sizes[i] for i in order], [positions[i] for i in order]
+    chosen = last_used_first(sizes, positions, fraction)
+    threshold = sum(sizes) * fraction
+    total = sum(sizes[i] for i in chosen)
+    # the library's rule: offload while the total offloaded is below the threshold, so at least the threshold and
+    # less than it before the last one
+    assert total >= threshold and (not chosen or total - sizes[chosen[-1]] < threshold)
+    # and the ones taken are the last the forward uses: every one after the first taken is taken
+    first_taken = min((positions[i] for i in chosen), default=len(sizes))
+    assert {positions[i] for i in chosen} == set(range(first_taken, len(sizes)))
+    assert (0 in {positions[i] for i in chosen}) == (fraction == 1)  # the embedding stays until everything goes
 
 
 def test_stream_ring_holds_three_chunks_of_both_moments():
