@@ -19,6 +19,21 @@ parity_run() {  # NAME RUN_RECIPE_ARGS...
     --out "$d/$name" train.train_iters=${STEPS:-50} "$@" > "$d/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 1 "$d/$name/failure.json" 2>/dev/null || echo ok))"
 }
+stream_parity() {  # DIR [PYTEST_ARGS...]: the stream mode against no offload, 50 deterministic steps at fractions
+  # 1 and 0.25, a save at step 3 resumed to 6 (2-layer proxy), and the engine's GPU tests beside them
+  d=$1; shift; mkdir -p "$d"
+  $py -m pytest tests/runtime/test_gpu_engine.py "$@" -v -p no:cacheprovider > "$d/gpu-tests.log" 2>&1 &
+  parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
+  parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+  parity_run stream-0.25 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.25 &
+  $py scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic \
+    --out "$d/resume-stream" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=stream > "$d/resume-stream.log" 2>&1 &
+  wait
+  tail -n 15 "$d/gpu-tests.log"
+  grep -h "^stream offload engine: " "$d"/stream-*.log  # what the engine offloaded (printed since the tenth session)
+  $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload=$d/baseline:$d/stream-1" \
+    "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25"
+}
 host_json() { if [ -f "$runs/host/host.json" ]; then echo "$runs/host/host.json"; else echo docs/benchmarks/offload-overhead/host.json; fi; }
 for phase in "$@"; do
   start=$(date +%s)
@@ -189,17 +204,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # Ninth session (issue #16, docs/benchmarks/offload-engine/stream-parity/): the stream mode against no
       # offload, 50 deterministic steps at fractions 1 and 0.25, side by side (parity, not speed), with a save at
       # step 3 resumed to 6 (2-layer proxy) and the engine's GPU tests beside them. Ran in one device call (337 s).
-      d="$runs/engine-stream-parity"; mkdir -p "$d"
-      $py -m pytest tests/runtime/test_gpu_engine.py -v -p no:cacheprovider > "$d/gpu-tests.log" 2>&1 &
-      parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
-      parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
-      parity_run stream-0.25 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.25 &
-      $py scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic \
-        --out "$d/resume-stream" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=stream > "$d/resume-stream.log" 2>&1 &
-      wait
-      tail -n 15 "$d/gpu-tests.log"
-      $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload=$d/baseline:$d/stream-1" \
-        "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25" ;;
+      stream_parity "$runs/engine-stream-parity" ;;
     engine-stream-bench)
       # Ninth session (issue #16, docs/benchmarks/offload-engine/bench-stream/): the stream mode at fractions 0.25
       # and 1 against its own baseline, 3 rounds interleaved, 33 steps each (30 measured). Ran in two device calls
@@ -217,21 +222,10 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 ;;
     stream-last-parity)
       # Tenth session (issue #16, docs/benchmarks/offload-engine/stream-last/): the stream mode after two changes,
-      # against no offload: it offloads the tensors the forward uses last (fraction 0.25 offloads other tensors
-      # than before) and fetches the next update's first chunks during the forward (fraction 1). 50 deterministic
-      # steps each, a save at step 3 resumed to 6 (2-layer proxy), and the stream GPU test beside them.
-      d="$runs/stream-last-parity"; mkdir -p "$d"
-      $py -m pytest tests/runtime/test_gpu_engine.py -k stream -v -p no:cacheprovider > "$d/gpu-tests.log" 2>&1 &
-      parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
-      parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
-      parity_run stream-0.25 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.25 &
-      $py scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic \
-        --out "$d/resume-stream" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=stream > "$d/resume-stream.log" 2>&1 &
-      wait
-      tail -n 15 "$d/gpu-tests.log"
-      grep -h "^stream offload engine: " "$d"/stream-*.log
-      $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload=$d/baseline:$d/stream-1" \
-        "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25" ;;
+      # against no offload: it offloads the tensors the forward uses last (its own walk, not the library's) and
+      # fetches the next update's first chunks during the forward. 50 deterministic steps each, a save at step 3
+      # resumed to 6 (2-layer proxy), and the stream GPU test beside them. Ran in the install's call (184 s).
+      stream_parity "$runs/stream-last-parity" -k stream ;;
     stream-last-bench)
       # Tenth session (issue #16, docs/benchmarks/offload-engine/bench-stream-last/): engine-stream-bench again
       # after the two changes above, and the host's peak after the moments were kept out of forked processes.
