@@ -244,6 +244,14 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
           model.num_layers=8 train.train_iters=${STEPS:-10} $offload > "$runs/stream-moe-pair/$run.log" 2>&1
         echo "$run: exit $?"; tail -n 10 "$runs/stream-moe-pair/$run.log"
       done ;;
+    stream-overhead)
+      # NOT RUN YET (issue #16): where the stream mode's 25% cost comes from. Fraction 0.05 moves a fifth of 0.25's
+      # bytes with the same 32 chunks and hooks: about the same slowdown says a fixed cost per step (the metrics'
+      # engine_step_s shows how much of it is the training thread in the engine's step), a fifth of it says the
+      # copies. 3 rounds, 33 steps each, ~10 min.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-overhead" --resume \
+        --host-json "$(host_json)" --fractions 0.05,0.25 --configs engine-stream --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
     stream-moe-bench)
       # NOT RUN YET (issue #16): the MoE proxy's speed with the stream mode in the issue's measure, 3 rounds
       # interleaved, 33 steps each. With LAYERS=4 about 2 min a run (12 min in all); the tenth session's
