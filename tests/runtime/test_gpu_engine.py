@@ -5,6 +5,7 @@ Skipped without CUDA; the recorded runs are in docs/benchmarks/offload-engine/."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +52,6 @@ def test_stream_engine_is_bit_identical_to_no_offload(tmp_path):
     said = [line for line in quarter.splitlines() if line.startswith("stream offload engine: ")]
     assert said and "from decoder.layers." in said[0] and "embedding" not in said[0], said
     # each step records how long the training thread spent inside the engine's step (enqueueing its work)
-    import json
-
     records = [json.loads(line) for line in (tmp_path / "stream" / "metrics.rank0.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(0 < r["engine_step_s"] < r["step_time_s"] for r in records), records
     for name in ("stream", "stream-quarter"):
