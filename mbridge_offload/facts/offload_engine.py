@@ -64,18 +64,23 @@ def stream_ring_bytes(offloaded_params: int) -> int:
     return min(STREAM_RING_SLOTS, math.ceil(offloaded_params / numel)) * 2 * 4 * numel
 
 
-def last_used_first(sizes: list[int], positions: list, fraction: float) -> list[int]:
-    """Which tensors to offload (indices into ``sizes``): the library's rule (offload while the total offloaded
-    is below ``fraction`` of the total) walked from the tensor the forward uses last (the highest of
-    ``positions``, any sortable values). The library walks the optimizer's order instead: Megatron's gradient
-    buffers, roughly the forward reversed but group by group (every layer's weights before any norm) and bucket
-    by bucket. The stream engine needs the next forward to meet the streamed chunks last, after the copies have
-    had the most time, so it states that order instead of inheriting it."""
+def offload_walk(sizes: list[int], walk, fraction: float) -> list[int]:
+    """HybridDeviceOptimizer's rule for which tensors to offload (indices into ``sizes``): whole tensors in the
+    order of ``walk`` while the total offloaded is below ``fraction`` of the total."""
     threshold = sum(sizes) * fraction
     chosen, total = [], 0
-    for index in sorted(range(len(sizes)), key=lambda i: positions[i], reverse=True):
+    for index in walk:
         if total >= threshold:
             break
         chosen.append(index)
         total += sizes[index]
     return chosen
+
+
+def last_used_first(sizes: list[int], positions: list, fraction: float) -> list[int]:
+    """The library's rule (``offload_walk``) walked from the tensor the forward uses last (the highest of
+    ``positions``, any sortable values). The library walks the optimizer's order instead: Megatron's gradient
+    buffers, roughly the forward reversed but group by group (every layer's weights before any norm) and bucket
+    by bucket. The stream engine needs the next forward to meet the streamed chunks last, after the copies have
+    had the most time, so it states that order instead of inheriting it."""
+    return offload_walk(sizes, sorted(range(len(sizes)), key=lambda i: positions[i], reverse=True), fraction)

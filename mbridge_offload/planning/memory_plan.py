@@ -39,7 +39,8 @@ from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
 from mbridge_offload.facts.offload_bytes import traffic_of
-from mbridge_offload.facts.offload_engine import LIBRARY, STREAM, engine_mode, last_used_first, stream_ring_bytes
+from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
+                                                  stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import activation_bytes, offloaded_layer_bytes
@@ -167,17 +168,12 @@ def _pow2(nbytes: int) -> int:
 def _offloaded(shards: list[tuple[Tensor, int]], fraction: float, stream: bool = False) -> list[tuple[Tensor, int]]:
     """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached. The stream engine
     walks the same rule from the tensor the forward uses last (facts.offload_engine.last_used_first)."""
+    sizes = [n for _, n in shards]
     if stream:
-        chosen = last_used_first([n for _, n in shards], [forward_position(t) for t, _ in shards], fraction)
-        return [shards[i] for i in sorted(chosen)]
-    total = sum(n for _, n in shards)
-    threshold = total * fraction
-    done, out = 0, []
-    for tensor, n in shards:
-        if done < threshold:
-            out.append((tensor, n))
-            done += n
-    return out
+        chosen = sorted(last_used_first(sizes, [forward_position(t) for t, _ in shards], fraction))
+    else:
+        chosen = offload_walk(sizes, range(len(shards)), fraction)
+    return [shards[i] for i in chosen]
 
 
 def unplannable(cfg, num_gpus: Any, fraction: Any = None) -> str:

@@ -119,8 +119,8 @@ def make_callback(out_dir: Path, rank: int):
     from megatron.bridge.training.callbacks import Callback
 
     from mbridge_offload.runtime.host_memory import NodeUsedPeak
-    from mbridge_offload.runtime.streaming_engine import take_step_s as take_engine_step_s
-    from mbridge_offload.runtime.streaming_engine import take_wait_s as take_engine_wait_s
+    from mbridge_offload.runtime.streaming_engine import (take_step_s as take_engine_step_s,
+                                                          take_wait_s as take_engine_wait_s)
 
     class StepMetrics(Callback):
         def __init__(self) -> None:

@@ -35,7 +35,7 @@ load that replaces them is copied back into the buffers before the next update (
 
 from __future__ import annotations
 
-import math
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -68,14 +68,17 @@ def chunks_of(params, chunk_of_model: dict) -> tuple[int, ...]:
     return tuple(sorted({c for p in params for c in chunk_of_model.get(p, ())}))
 
 
+def starts_of(sizes: list[int]) -> list[int]:
+    """Where each of tensors of ``sizes`` elements starts when they lie end to end, and (last) where they end."""
+    return [0, *itertools.accumulate(sizes)]
+
+
 def chunk_layout(sizes: list[int], numel: int) -> list[Chunk]:
     """Tensors of ``sizes`` elements laid end to end, cut into chunks of ``numel`` (the last one shorter)."""
     if numel < 1:
         raise ValueError(f"chunk size must be >= 1 element, got {numel}")
     total = sum(sizes)
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + size)
+    starts = starts_of(sizes)
     chunks, tensor = [], 0
     for begin in range(0, total, numel):
         end = min(begin + numel, total)
@@ -283,9 +286,7 @@ class StateStreamingEngine(StreamingEngine):
         total = sum(sizes)
         self.numel = stream_chunk_numel(total) if total else 0
         self.chunks = chunk_layout(sizes, self.numel) if total else []
-        self.starts = [0]  # each offloaded tensor's place in the flat host buffers
-        for size in sizes:
-            self.starts.append(self.starts[-1] + size)
+        self.starts = starts_of(sizes)  # each offloaded tensor's place in the flat host buffers
         self.slots = min(STREAM_RING_SLOTS, len(self.chunks))
         # the host copies are already in one buffer when this engine chose them (streamed_param_groups); a copy
         # made elsewhere moves in before the moments are allocated, so the node's peak holds one of each
