@@ -45,16 +45,14 @@ def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
 
 
 # The stream mode's ring (mbridge_offload/runtime/streamed_states.py): the GPU buffers Adam's moments pass through.
-# Chunks have a fixed size, not a fixed count: each chunk costs the training thread the same Python (copies, a
-# FusedAdam call, events) whatever it holds, and that time is not hidden when the offloaded part is small.
-STREAM_CHUNK_NUMEL = 1 << 25  # 32M elements: a slot's two fp32 moments take 256 MiB, the ring 768 MiB
-STREAM_MAX_CHUNKS = 64  # past 2B offloaded elements per optimizer the chunks grow instead of multiplying
+STREAM_CHUNKS = 32  # chunks per step: the forward waits per chunk, so fewer means longer waits
 STREAM_RING_SLOTS = 3  # GPU buffers: one arriving, one updated, one leaving
+STREAM_MIN_CHUNK_NUMEL = 1 << 20  # below this a chunk's copies cost more in launches than they move
 
 
-def stream_chunk_numel(total: int, target: int = STREAM_CHUNK_NUMEL, most: int = STREAM_MAX_CHUNKS) -> int:
+def stream_chunk_numel(total: int, chunks: int = STREAM_CHUNKS, minimum: int = STREAM_MIN_CHUNK_NUMEL) -> int:
     """Elements per chunk for ``total`` offloaded elements of one optimizer."""
-    return max(1, min(total, max(target, math.ceil(total / most))))
+    return max(1, min(total, max(minimum, math.ceil(total / chunks))))
 
 
 def stream_ring_bytes(offloaded_params: int) -> int:
