@@ -170,6 +170,32 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
           *) echo "unknown case $case"; exit 2 ;;
         esac 2>&1 | tee "$runs/planner-auto/$case.log"
       done ;;
+    planner-heldout-2)
+      # Eleventh session (issue #15, docs/benchmarks/planner-heldout-2/): the activation model read from the layers'
+      # code, on configurations nothing in the planner was set or checked on, side by side in waves that fit the GPU.
+      RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh ${WAVES:-4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-unfused-loss-sl4096 \
+        moe-proxy-5-moe-act+moe-proxy-2-fine-grained-sl8192+0p6b-activation-offload-sl4096-mb2 \
+        moe-proxy-6-sl4096-mb2-overlap+1p7b-sl8192-block4} ;;
+    planner-auto-2)
+      # Eleventh session (issue #15, docs/benchmarks/planner-auto-2/): planner-auto with the eleventh session's
+      # planner (activation model, reserve, memory outside PyTorch), on configurations none of it was set on.
+      mkdir -p "$runs/planner-auto-2"
+      for case in ${CASES:-1p7b-sl4096 moe-proxy-4-sl2048 1b-proxy-sl4096-mb2-selective moe-proxy-2-sl8192 0p6b-sl8192-full}; do
+        case $case in
+          1p7b-sl4096) args="40 qwen3_1p7b_pretrain_config model.seq_length=4096 dataset.seq_length=4096" ;;
+          moe-proxy-4-sl2048) args="48 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=4 model.seq_length=2048 dataset.seq_length=2048" ;;
+          1b-proxy-sl4096-mb2-selective) args="28 qwen3_1b_proxy_pretrain_config model.seq_length=4096 dataset.seq_length=4096 \
+            train.micro_batch_size=2 train.global_batch_size=2 model.recompute_granularity=selective model.recompute_modules=[mlp]" ;;
+          moe-proxy-2-sl8192) args="36 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=2 model.seq_length=8192 dataset.seq_length=8192" ;;
+          0p6b-sl8192-full) args="16 qwen3_0p6b_pretrain_config model.seq_length=8192 dataset.seq_length=8192 \
+            model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=2" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        case $args in *micro_batch_size*) ;; *) args="$args train.micro_batch_size=1 train.global_batch_size=1" ;; esac
+        read -r -a words <<< "$args"  # DEVICE_GIB RECIPE OVERRIDES...
+        $py scripts/check_auto.py --recipe "${words[1]}" --device-gib "${words[0]}" --out "$runs/planner-auto-2/$case" \
+          "${words[@]:2}" 2>&1 | tee "$runs/planner-auto-2/$case.log"
+      done ;;
     engine-parity)
       # Eighth session (issue #16, docs/benchmarks/offload-engine/): 50 deterministic steps of the dense proxy
       # without offload, with the library's offloaded step (tuned) and with the engine's exact and delayed modes,
@@ -251,6 +277,14 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # copies. 3 rounds, 33 steps each, ~10 min.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-overhead" --resume \
         --host-json "$(host_json)" --fractions 0.05,0.25 --configs engine-stream --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
+    stream-chunks-bench)
+      # Eleventh session (issue #16, docs/benchmarks/offload-engine/bench-stream-chunks/): the stream mode at 25% with
+      # chunks of a fixed size (32M elements: 9 chunks here instead of 32), 3 rounds interleaved with their
+      # baselines, 33 steps each; engine_step_s says the training thread's time in the step. Ran at commit 6a7cf4d
+      # (that rule; reverted in the next commit: no faster, a larger ring): check it out to run it again.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-chunks-bench" --resume \
+        --host-json "$(host_json)" --fractions 0.25 --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
     stream-moe-bench)
       # NOT RUN YET (issue #16): the MoE proxy's speed with the stream mode in the issue's measure, 3 rounds

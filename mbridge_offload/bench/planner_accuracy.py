@@ -2,9 +2,9 @@
 benchmark folders (plan_offload.py --compare; docs/benchmarks/planner-accuracy.md).
 
 A run folder is one training of run_recipe.py: its command (the first line of log.txt, as the sweep and the
-checks write it) says the recipe and overrides, its summary.json what it used. The calibration folders set
-the planner's fitted constants; the held-out ones (HELDOUT) were measured after them and set none, except
-the memory outside PyTorch, which is measured there (memory_plan.OUTSIDE_PYTORCH_BYTES).
+checks write it) says the recipe and overrides, its summary.json what it used. The calibration folders
+(CALIBRATION) set the planner's fitted constants or were used to check its activation model; the held-out ones
+(HELDOUT) were measured after the planner was fixed and set nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import re
 import shlex
 from pathlib import Path
 
-HELDOUT = ("planner-heldout", "planner-auto")  # folders under docs/benchmarks/
+# folders under docs/benchmarks/: the seventh session's held-out runs are calibration for the eleventh session's
+# activation model, which was checked against them
+CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b", "planner-heldout", "planner-auto")
+HELDOUT = ("planner-heldout-2", "planner-auto-2")
 REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 
@@ -89,7 +92,9 @@ def compare_run(run_dir: Path) -> dict | None:
             "measured_host_rss_gib": host, "planned_host_gib": planned.host_bytes_per_node / GIB,
             "host_error": _ratio(planned.host_bytes_per_node / GIB, host),
             "planned_host_peak_gib": planned.host_peak_bytes_per_node / GIB,
-            "measured_node_peak_gib": s.get("peak_node_host_used_gib")}
+            "measured_host_high_water_gib": s.get("peak_host_rss_high_water_gib"),
+            "measured_node_peak_gib": s.get("peak_node_host_used_gib"),
+            "overlap": s.get("overlap_cpu_optimizer_d2h_h2d") if fraction else None}
 
 
 def compare_rows(folder: Path) -> list[dict]:
@@ -139,11 +144,13 @@ def heldout_markdown(folders: list[Path]) -> str:
 
 def compare_host_markdown(folders: list[Path]) -> str:
     """Planned vs measured host memory of the same runs (one rank per node)."""
-    lines = ["| recipe | fraction | measured host RSS at step ends (GiB) | planned between steps (GiB) | error "
-             "| planned peak in the first optimizer step (GiB) | measured node peak (GiB) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| recipe | fraction | overlap | measured host RSS at step ends (GiB) | planned between steps (GiB) | error "
+             "| planned peak in the first optimizer step (GiB) | measured process peak (GiB) | measured node peak (GiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in _all_rows(folders):
-        lines.append(f"| {r['recipe']} | {r['fraction']:g} | {_cell(r['measured_host_rss_gib'])} "
+        overlap = "-" if r["overlap"] is None else ("on" if r["overlap"] else "off")
+        lines.append(f"| {r['recipe']} | {r['fraction']:g} | {overlap} | {_cell(r['measured_host_rss_gib'])} "
                      f"| {r['planned_host_gib']:.2f} | {_cell(r['host_error'], '+.1%')} "
-                     f"| {r['planned_host_peak_gib']:.2f} | {_cell(r['measured_node_peak_gib'])} |")
+                     f"| {r['planned_host_peak_gib']:.2f} | {_cell(r['measured_host_high_water_gib'])} "
+                     f"| {_cell(r['measured_node_peak_gib'])} |")
     return "\n".join(lines)

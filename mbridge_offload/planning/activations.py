@@ -1,17 +1,31 @@
-"""Activation memory of one rank: the tensors kept for backward, the logits, the micro batches in flight,
+"""Activation memory of one rank: the tensors kept for backward, the loss's peak, the micro batches in flight,
 and what activation offload takes off the GPU.
 
-Activations per micro batch and layer come from the tensors kept for backward (bf16), plus the logits
-(bf16 output and fp32 loss work), times the micro batches in flight on the stage (1F1B keeps up to PP of
-them on the first). Layer-level activation offload removes the offloaded layers but one; fine-grained
-offload removes the chosen modules' inputs.
+The count is of the tensors this stack's layers save (megatron-core 0.19.2 with the Transformer Engine spec,
+TE 2.20), read from their code, per token of a micro batch on the rank:
 
-Recompute follows Megatron Core's ``recompute.checkpointed_forward``: full recompute keeps only the input of
-each checkpointed chunk (``uniform``: chunks of ``recompute_num_layers`` layers; ``block``: the first
-``recompute_num_layers`` layers one by one) and rebuilds one chunk's activations at a time in backward;
-selective recompute drops what the listed modules rebuild (``layernorm``: the norms' outputs; ``mlp``/``moe``:
-everything inside the MLP but its input; ``moe_act``: the activation's output; ``core_attn`` keeps the same
-tensors with TE's fused attention, which stores no score matrix to drop).
+- attention: the layer input and the fused norm's output (TE's LayerNormLinear keeps both); with q/k norms a
+  copy of q and of k (the split of the fused qkv output is not contiguous, so the norms get copies); q and k
+  after the unfused RoPE and a copy of v (TE's attention makes q, k, v contiguous); the attention output, which
+  the projection keeps too; fp32 norm and softmax statistics. Unfused RoPE keeps its cos and sin per position.
+- dense MLP: the residual and the fused norm's output; with the unfused SwiGLU the fc1 output (its halves are
+  views), the SiLU output, a copy of the linear half (``x + glu_linear_offset``) and their product (fc2's input).
+- MoE MLP: the norm's input and output (the router keeps it), routing indices, probabilities and the permute's
+  row map, the permuted tokens (fc1's input), the experts' fc1 output and the SwiGLU's three products, fc2's
+  input, all top-k times per token.
+- after the last layer: the final norm's input and output; the loss peaks at the logits plus TE's fused cross
+  entropy's bf16 copy (4 B per token and vocabulary entry; 6 B unfused: the fp32 copy beside the bf16 logits),
+  or in the output layer's backward at the logits' gradient plus a bf16 weight gradient.
+
+1F1B keeps up to PP micro batches in flight on the first stage. Layer-level activation offload (TE's) removes
+the first N layers' saved tensors except the non-contiguous ones (the unfused SwiGLU's view of fc1's output); fine-grained offload removes the chosen modules' tensors on every layer but the last.
+Recompute follows Megatron Core's ``recompute.checkpointed_forward``: full recompute keeps only the input of each
+checkpointed chunk (``uniform``: chunks of ``recompute_num_layers`` layers; ``block``: the first
+``recompute_num_layers`` layers one by one) and rebuilds one chunk at a time in backward, after the loss's
+tensors are freed; selective recompute
+drops what the listed modules rebuild (``mlp``/``moe``: everything inside the MLP but its input; ``moe_act``: the
+activation's products and output; ``layernorm``: the outputs of norms that are not fused into a linear;
+``core_attn`` keeps the same tensors with TE's fused attention, which stores no score matrix).
 """
 
 from __future__ import annotations
@@ -25,56 +39,92 @@ from mbridge_offload.planning.tensors import layers_per_stage
 class LayerActivations:
     """What one transformer layer keeps for backward per micro batch."""
 
-    bytes_kept: int  # all of it, bf16, after selective recompute
+    bytes_kept: int  # all of it, after selective recompute
     fine_grained_offloaded_bytes: int  # of which fine-grained activation offload moves to the host
     tokens: int  # tokens of a micro batch on this rank (CP splits the sequence)
     input_bytes: int  # the layer's input (hidden states), what a full-recompute checkpoint keeps
+    not_offloadable_bytes: int  # what stays on the GPU in a layer that layer-level offload moves to the host
+
+
+def _attention_bytes_per_token(m, tp: int, shard: int) -> float:
+    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+    heads, groups = m.num_attention_heads / tp, (m.num_query_groups or m.num_attention_heads) / tp
+    q, k = heads * kv, groups * kv
+    kept = 2 * (2 * h / shard)  # the layer input and the fused norm's output
+    kept += 2 * (q + 2 * k) + 2 * q + 4 * heads + 4  # q, k, v; the attention output; softmax and norm stats
+    if getattr(m, "qk_layernorm", False):
+        kept += 2 * (q + k) + 4 * (heads + groups)  # the norms' contiguous inputs and their statistics
+    return kept
+
+
+def _glu_unfused(m) -> bool:
+    """The gated MLP's activation runs as torch ops (mlp.py): SiLU keeps a half of fc1's output, a view."""
+    return bool(m.gated_linear_unit and not (m.bias_activation_fusion or getattr(m, "use_te_activation_func", False)))
+
+
+def _mlp_bytes_per_token(m, tp: int, shard: int, recomputed: set) -> tuple[float, dict]:
+    """(bytes kept, {fine-grained module: bytes it moves}) of the MLP half per token."""
+    h = m.hidden_size
+    glu_unfused = _glu_unfused(m)
+
+    def ffn_bytes(ffn: float) -> float:  # fc1's output (the activation keeps it), the activation's output
+        if not m.gated_linear_unit:
+            return 2 * ffn + 2 * ffn
+        return 4 * ffn + (4 * ffn if glu_unfused else 0) + 2 * ffn  # unfused: + SiLU's output, the linear copy
+
+    if not m.num_moe_experts:
+        if "mlp" in recomputed:
+            return 2 * h / shard, {}
+        return 2 * (2 * h / shard) + 4 + ffn_bytes(m.ffn_hidden_size / tp), {}
+    experts, topk = m.num_moe_experts, m.moe_router_topk
+    ffn = (m.moe_ffn_hidden_size or m.ffn_hidden_size) / (getattr(m, "expert_tensor_parallel_size", None) or 1)
+    norm_output = 0 if "layernorm" in recomputed else 2 * h / shard  # a separate norm: the router keeps its output
+    kept = 2 * h / shard + 4 + norm_output
+    if "moe" in recomputed or "mlp" in recomputed:
+        return kept, {}
+    routing = 22 * topk + 7 * experts + 4 * (2 * experts + 1)  # indices, probabilities, the permute's row map
+    if m.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss"):
+        routing += 4 * experts  # the auxiliary loss's fp32 softmax over all experts
+    fc1_input = 2 * topk * h
+    activation = topk * (4 * ffn + (6 * ffn if glu_unfused else 0)) if m.gated_linear_unit else topk * 2 * ffn
+    fc2_input = topk * 2 * ffn
+    if "moe_act" in recomputed:  # the activation keeps its input only; its output is rebuilt for fc2's backward
+        activation, fc2_input = topk * (4 * ffn if m.gated_linear_unit else 2 * ffn), 0
+    shared = getattr(m, "moe_shared_expert_intermediate_size", None)
+    kept += routing + fc1_input + activation + fc2_input + (ffn_bytes(shared / tp) if shared else 0)
+    return kept, {"expert_fc1": fc1_input, "moe_act": activation}
 
 
 def layer_activations(cfg) -> LayerActivations:
     """Bytes a layer keeps for backward per micro batch, and how many of them fine-grained offload takes."""
     m = cfg.model
-    tokens = m.seq_length * cfg.train.micro_batch_size // m.context_parallel_size
+    positions = m.seq_length // m.context_parallel_size
+    tokens = positions * cfg.train.micro_batch_size
     tp = m.tensor_model_parallel_size
     h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
-    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
-    sp = m.sequence_parallel and tp > 1
-    # Kept for backward, elements per token: norm inputs/outputs and residuals (sharded by SP),
-    # q/k/v and attention output (sharded by TP), MLP or routed-expert inputs and outputs.
-    shard = tp if sp else 1
-    norm_outputs = 2 * h / shard  # qkv in, fc1 in
-    other_replicated = 3 * h / shard  # ln1 in, residual, ln2 in
-    attention = ((heads + 2 * groups) * kv + heads * kv) / tp
+    shard = tp if (m.sequence_parallel and tp > 1) else 1
     recomputed = set(m.recompute_modules or []) if m.recompute_granularity == "selective" else set()
-    offloadable = {}
-    if m.num_moe_experts:
-        ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
-        topk = m.moe_router_topk
-        offloadable["expert_fc1"] = topk * h
-        offloadable["moe_act"] = topk * 2 * ffn
-        act_output = 0 if "moe_act" in recomputed else topk * ffn
-        mlp = 0 if "moe" in recomputed else offloadable["expert_fc1"] + offloadable["moe_act"] + act_output
-        mlp += 2 * m.num_moe_experts  # router scores and probabilities
-    else:
-        gated = 2 if m.gated_linear_unit else 1
-        mlp = 0 if "mlp" in recomputed else (gated * m.ffn_hidden_size + m.ffn_hidden_size) / tp
-    if "layernorm" in recomputed:
-        norm_outputs = 0
-    offloadable["core_attn"] = (heads + 2 * groups) * kv / tp
-    offloadable["attn_proj"] = heads * kv / tp
-    offloadable["qkv_linear"] = h / shard
-    offloadable["attn_norm"] = h / shard
-    offloadable["mlp_norm"] = h / shard
-    per_token = norm_outputs + other_replicated + attention + mlp
+    mlp, fine_grained = _mlp_bytes_per_token(m, tp, shard, recomputed)
+    # the attention half's tensors by fine-grained module name
+    fine_grained.update(core_attn=2 * (m.num_attention_heads + 2 * (m.num_query_groups or m.num_attention_heads)) * kv / tp,
+                        attn_proj=2 * m.num_attention_heads * kv / tp, qkv_linear=2 * h / shard,
+                        attn_norm=2 * h / shard, mlp_norm=2 * h / shard)
+    per_token = _attention_bytes_per_token(m, tp, shard) + mlp
+    per_layer = per_token * tokens
+    if m.position_embedding_type == "rope" and not m.apply_rope_fusion:
+        per_layer += 8 * kv * positions  # cos and sin for q and for k, per position
     chosen = 0.0
     if m.fine_grained_activation_offloading:
-        chosen = sum(offloadable.get(name, 0) for name in (m.offload_modules or []))
+        chosen = sum(fine_grained.get(name, 0) for name in (m.offload_modules or []))
         chosen *= m.activation_offload_fraction
     # tensor_parallel.checkpoint keeps the chunk's input, split over TP with distribute_saved_activations
-    input_shard = tp if (sp or m.distribute_saved_activations) else 1
-    return LayerActivations(bytes_kept=int(2 * per_token * tokens),
-                            fine_grained_offloaded_bytes=int(2 * chosen * tokens), tokens=tokens,
-                            input_bytes=int(2 * h / input_shard * tokens))
+    input_shard = tp if (shard > 1 or m.distribute_saved_activations) else 1
+    # TE's layer-level offload skips non-contiguous saved tensors: the unfused SwiGLU's half of the dense fc1
+    # output, which keeps all of that output on the GPU (transformer_engine/pytorch/cpu_offload.py)
+    not_offloadable = 4 * m.ffn_hidden_size / tp if _glu_unfused(m) and not m.num_moe_experts else 0
+    return LayerActivations(bytes_kept=int(per_layer), fine_grained_offloaded_bytes=int(chosen * tokens),
+                            tokens=tokens, input_bytes=int(2 * h / input_shard * tokens),
+                            not_offloadable_bytes=int(not_offloadable * tokens))
 
 
 def _full_recompute_bytes(m, layer: LayerActivations, layers: int) -> tuple[int, int]:
@@ -89,6 +139,20 @@ def _full_recompute_bytes(m, layer: LayerActivations, layers: int) -> tuple[int,
     return chunks * layer.input_bytes, min(n, layers) * layer.bytes_kept
 
 
+def loss_peak_bytes(cfg, tokens: int) -> int:
+    """The last stage's peak beyond the layers: the final norm's input and output, and the larger of the loss's
+    forward (logits and the cross entropy's copy) and the output layer's backward (the logits' gradient, a bf16
+    weight gradient unless gradient accumulation fusion writes it into the fp32 buffer, the input's gradient)."""
+    m = cfg.model
+    tp = m.tensor_model_parallel_size
+    vocab, h = m.vocab_size / tp, m.hidden_size
+    fused_te = m.cross_entropy_loss_fusion and getattr(m, "cross_entropy_fusion_impl", "native") == "te"
+    forward = (4 if fused_te else 6) * tokens * vocab + 12 * tokens  # + the loss and its fp32 statistics
+    weight_grad = 0 if m.gradient_accumulation_fusion else 2 * vocab * h
+    backward = 2 * tokens * vocab + weight_grad + 2 * tokens * h
+    return int(2 * 2 * h * tokens + max(forward, backward))
+
+
 def activation_bytes(cfg, stage: int | None = None) -> int:
     """Peak activation bytes of one rank of pipeline stage ``stage`` (None: the worst stage)."""
     m = cfg.model
@@ -97,21 +161,26 @@ def activation_bytes(cfg, stage: int | None = None) -> int:
         return max(activation_bytes(cfg, s) for s in range(pp))
     layer = layer_activations(cfg)
     layers = layers_per_stage(m, pp)[stage]
-    kept_layers = layers
+    layer_bytes = layers * layer.bytes_kept
     if m.cpu_offloading:
-        # Offloaded layers leave the GPU; the one being copied stays until its copy ends.
-        kept_layers = layers - max(0, m.cpu_offloading_num_layers - 1)
-    layer_bytes = kept_layers * layer.bytes_kept - layers * layer.fine_grained_offloaded_bytes
+        # TE frees offloaded layer i when layer L-N+i starts: at the loss, layers N..L-1 are whole on the GPU
+        offloaded = min(m.cpu_offloading_num_layers, layers)
+        layer_bytes = (layers - offloaded) * layer.bytes_kept + offloaded * layer.not_offloadable_bytes
+    # fine-grained offload keeps each module's last layer on the GPU (its copy would end after backward needs it)
+    layer_bytes -= max(0, layers - 1) * layer.fine_grained_offloaded_bytes
     transient = 0
     if m.recompute_granularity == "full":
         layer_bytes, transient = _full_recompute_bytes(m, layer, layers)
     in_flight = pp - stage  # 1F1B: stage s holds up to PP - s micro batches before its first backward
-    # Logits on the last stage: bf16 output, fp32 softmax work and its gradient.
-    logits = layer.tokens * m.vocab_size // m.tensor_model_parallel_size * (2 + 4) if stage == pp - 1 else 0
-    return int(layer_bytes * in_flight + transient + logits)
+    loss = loss_peak_bytes(cfg, layer.tokens) if stage == pp - 1 else 0
+    # the loss's tensors are gone before backward rebuilds the first checkpointed chunk
+    return int(layer_bytes * in_flight + max(transient, loss))
 
 
 def offloaded_layer_bytes(cfg) -> int:
     """Host bytes (pinned) layer-level activation offload holds per rank: the offloaded layers' activations."""
     m = cfg.model
-    return layer_activations(cfg).bytes_kept * m.cpu_offloading_num_layers if m.cpu_offloading else 0
+    if not m.cpu_offloading:
+        return 0
+    layer = layer_activations(cfg)
+    return (layer.bytes_kept - layer.not_offloadable_bytes) * m.cpu_offloading_num_layers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from overrides import apply_overrides
 from mbridge_offload.planning import plan
-from mbridge_offload.planning.activations import activation_bytes, layer_activations
+from mbridge_offload.planning.activations import activation_bytes, layer_activations, loss_peak_bytes
 
 
 def test_activation_offload_lowers_the_plan(built):
@@ -17,32 +17,62 @@ def test_activation_offload_lowers_the_plan(built):
     assert plan(fg, 1, fraction=0).activation_bytes_gpu < plan(moe, 1, fraction=0).activation_bytes_gpu
 
 
-def test_layer_offload_keeps_one_offloaded_layer_and_pins_the_rest_on_the_host(built):
-    """Offloading k layers removes k - 1 of them from the GPU (the one being copied stays), and the host
-    holds all k, pinned, besides what optimizer offload pins."""
+def test_layer_offload_moves_whole_layers_but_their_non_contiguous_fc1_outputs(built):
+    """TE frees offloaded layer i when layer L-N+i starts, so at the loss N layers are on the host; what TE will
+    not offload (non-contiguous: the unfused SwiGLU's half-view of fc1's output, the whole output) stays on the
+    GPU, and the host pins the rest."""
     cfg = built("qwen3_1b_proxy_pretrain_config")
     act = apply_overrides(cfg, ["model.cpu_offloading=True", "model.cpu_offloading_num_layers=8"])
-    layer = layer_activations(cfg).bytes_kept
-    assert layer_activations(act).bytes_kept == layer
-    assert activation_bytes(cfg) - activation_bytes(act) == 7 * layer
-    assert plan(act, 1, fraction=0).pinned_bytes_host_per_rank == 8 * layer
+    layer = layer_activations(act)
+    assert layer.bytes_kept == layer_activations(cfg).bytes_kept
+    assert layer.not_offloadable_bytes == 4 * cfg.model.ffn_hidden_size * layer.tokens  # bf16, both halves
+    moved = layer.bytes_kept - layer.not_offloadable_bytes
+    assert activation_bytes(cfg) - activation_bytes(act) == 8 * moved
+    assert plan(act, 1, fraction=0).pinned_bytes_host_per_rank == 8 * moved
     assert plan(cfg, 1, fraction=0).pinned_bytes_host_per_rank == 0
+    fused = apply_overrides(act, ["model.bias_activation_fusion=True"])  # SwiGLUFunction keeps its contiguous input
+    assert layer_activations(fused).not_offloadable_bytes == 0
 
 
-def test_full_recompute_keeps_the_checkpoints_inputs_and_rebuilds_one_chunk(built):
+def test_full_recompute_keeps_the_checkpoints_inputs_and_rebuilds_one_chunk_after_the_loss(built):
     """recompute.checkpointed_forward: uniform chunks of N layers keep each chunk's input and rebuild N layers at
-    a time; block keeps the inputs of its first N layers and everything of the rest, rebuilding one layer."""
+    a time; block keeps the inputs of its first N layers and everything of the rest, rebuilding one layer. The
+    rebuild happens in backward, after the loss's tensors are gone: the peak is the larger of the two."""
     cfg = built("qwen3_1b_proxy_pretrain_config")
     layers = cfg.model.num_layers
     layer = layer_activations(cfg)
-    logits = activation_bytes(cfg) - layers * layer.bytes_kept
+    loss = loss_peak_bytes(cfg, layer.tokens)
+    assert activation_bytes(cfg) == layers * layer.bytes_kept + loss
     full = ["model.recompute_granularity=full"]
-    uniform2 = apply_overrides(cfg, full + ["model.recompute_method=uniform", "model.recompute_num_layers=2"])
-    assert activation_bytes(uniform2) == (layers // 2) * layer.input_bytes + 2 * layer.bytes_kept + logits
+    for n in (2, 8):
+        uniform = apply_overrides(cfg, full + ["model.recompute_method=uniform", f"model.recompute_num_layers={n}"])
+        assert activation_bytes(uniform) == (layers // n) * layer.input_bytes + max(n * layer.bytes_kept, loss)
+    assert 8 * layer.bytes_kept > loss > 2 * layer.bytes_kept  # both sides of the max are taken above
     block4 = apply_overrides(cfg, full + ["model.recompute_method=block", "model.recompute_num_layers=4"])
-    assert activation_bytes(block4) == 4 * layer.input_bytes + (layers - 4) * layer.bytes_kept + layer.bytes_kept + logits
+    assert activation_bytes(block4) == 4 * layer.input_bytes + (layers - 4) * layer.bytes_kept + max(layer.bytes_kept, loss)
     assert layer.input_bytes < layer.bytes_kept
-    assert activation_bytes(uniform2) < activation_bytes(block4) < activation_bytes(cfg)
+
+
+def test_a_dense_qwen3_layer_keeps_the_tensors_its_code_saves(built):
+    """Qwen3-0.6B (TE spec, q/k norms, unfused RoPE and SwiGLU), bytes per token, tensor by tensor as the layers'
+    code saves them (megatron-core 0.19.2, TE 2.20), and the loss's peak with TE's fused and the unfused cross
+    entropy."""
+    cfg = apply_overrides(built("qwen3_0p6b_pretrain_config"), ["model.seq_length=4096", "dataset.seq_length=4096",
+                                                                 "train.micro_batch_size=1", "train.global_batch_size=1"])
+    m = cfg.model
+    h, ffn, q, kv = m.hidden_size, m.ffn_hidden_size, m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
+    saved = {"layer input": 2 * h, "qkv norm output": 2 * h, "q copy for its norm": 2 * q, "k copy for its norm": 2 * kv,
+             "q after RoPE": 2 * q, "k after RoPE": 2 * kv, "v copy": 2 * kv, "attention output": 2 * q,
+             "residual": 2 * h, "fc1 norm output": 2 * h, "fc1 output": 2 * 2 * ffn, "SiLU output": 2 * ffn,
+             "linear half + offset": 2 * ffn, "product (fc2 input)": 2 * ffn,
+             "fp32 statistics": 4 * (2 + 2 * m.num_attention_heads + m.num_query_groups)}
+    rope = 8 * m.kv_channels * 4096  # cos and sin for q and k, fp32, per position
+    assert layer_activations(cfg).bytes_kept == sum(saved.values()) * 4096 + rope
+    tokens, vocab = 4096, m.vocab_size
+    fused = loss_peak_bytes(cfg, tokens)
+    assert fused == 2 * 2 * h * tokens + 4 * tokens * vocab + 12 * tokens  # logits and TE's bf16 copy
+    unfused = loss_peak_bytes(apply_overrides(cfg, ["model.cross_entropy_loss_fusion=False"]), tokens)
+    assert unfused - fused == 2 * tokens * vocab  # the fp32 copy instead of a bf16 one
 
 
 def test_selective_recompute_drops_what_the_modules_rebuild(built):
@@ -50,8 +80,9 @@ def test_selective_recompute_drops_what_the_modules_rebuild(built):
     moe = built("qwen3_30b_a3b_proxy_pretrain_config")
     selective = "model.recompute_granularity=selective"
     kept = lambda cfg, modules: layer_activations(apply_overrides(cfg, [selective, f"model.recompute_modules=[{modules}]"])).bytes_kept
-    # core_attn: TE's fused attention stores no score matrix, so the same tensors stay
-    assert kept(dense, "core_attn") == layer_activations(dense).bytes_kept
-    assert kept(dense, "mlp") < kept(dense, "layernorm") < layer_activations(dense).bytes_kept
-    assert kept(dense, "layernorm,mlp") < kept(dense, "mlp")
+    # core_attn: TE's fused attention stores no score matrix, so the same tensors stay; layernorm: the dense
+    # layer's norms are fused into the linears (nothing to rebuild), the MoE layer's pre-MLP norm is not
+    assert kept(dense, "core_attn") == kept(dense, "layernorm") == layer_activations(dense).bytes_kept
+    assert kept(dense, "mlp") < layer_activations(dense).bytes_kept
     assert kept(moe, "moe") < kept(moe, "moe_act") < layer_activations(moe).bytes_kept
+    assert kept(moe, "layernorm") < layer_activations(moe).bytes_kept

@@ -9,7 +9,7 @@ import pytest
 
 from overrides import apply_overrides
 from mbridge_offload.planning import GIB, Plan, plan
-from mbridge_offload.planning.memory_plan import FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM
+from mbridge_offload.planning.memory_plan import FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM, base_gpu_bytes
 
 
 def test_seed_numbers(built):
@@ -71,9 +71,10 @@ def test_the_plan_adds_up_and_is_frozen(built):
     """The worst rank's GPU total is the whole device: PyTorch's allocation (state, activations, workspaces), the
     allocator's reserve and the memory outside PyTorch; the state is its weights, gradients and optimizer; the
     JSON is the plan's fields, stage records as objects."""
-    p = plan(built("qwen3_30b_a3b_pretrain_config"), 16, fraction=0.5)
+    cfg = built("qwen3_30b_a3b_pretrain_config")
+    p = plan(cfg, 16, fraction=0.5)
     assert p.state_bytes_gpu == p.weights_bytes_gpu + p.grads_bytes_gpu + p.optimizer_bytes_gpu
-    assert p.allocated_bytes_gpu == p.state_bytes_gpu + p.activation_bytes_gpu + int(0.5 * GIB)
+    assert p.allocated_bytes_gpu == p.state_bytes_gpu + p.activation_bytes_gpu + base_gpu_bytes(cfg)
     assert p.total_bytes_gpu == p.allocated_bytes_gpu + p.allocator_reserve_bytes_gpu + p.outside_pytorch_bytes_gpu
     assert p.allocated_bytes_gpu < p.allocated_bytes_gpu + p.allocator_reserve_bytes_gpu < p.total_bytes_gpu
     assert p.weights_bytes_gpu == 2 * p.params_per_rank  # bf16

@@ -74,6 +74,6 @@ def test_json_has_the_fields(capsys):
                 "host_bytes_per_node", "transfer_bytes_per_step", "transfer_time_lower_bound_s",
                 "offload_time_lower_bound_s", "offload_time_bound_by", "recommendation"):
         assert key in data
-    assert data["allocated_bytes_gpu"] == data["state_bytes_gpu"] + data["activation_bytes_gpu"] + int(0.5 * GIB)
+    assert data["allocated_bytes_gpu"] == data["state_bytes_gpu"] + data["activation_bytes_gpu"] + int(0.23 * GIB)  # 0.13 GiB + 0.10 GiB on a MoE model
     assert data["total_bytes_gpu"] == (data["allocated_bytes_gpu"] + data["allocator_reserve_bytes_gpu"]
                                        + data["outside_pytorch_bytes_gpu"])

@@ -7,12 +7,7 @@
 # PyTorch (CUDA context, workspaces, communicators) is read from the whole device when NVML cannot see the
 # process, so the first wave runs one case alone. Results: $RUNS/planner-heldout/<case>/ (sweep.json, the run's
 # metrics and log) and <case>.log.
-set -uo pipefail
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-runs=${RUNS:-/tmp/runs}
-py=${PYTHON:-python3}
-sl() { echo "model.seq_length=$1 dataset.seq_length=$1"; }
-mb() { echo "train.micro_batch_size=$1 train.global_batch_size=$1"; }
+source docs/benchmarks/case_runner.sh
 full_uniform="model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=1"
 run_case() {
   local case=$1 recipe fraction overrides
@@ -39,11 +34,4 @@ run_case() {
     --out "$runs/planner-heldout/$case" train.train_iters=4 $overrides
   echo "=== $case done $(date +%T)"
 }
-mkdir -p "$runs/planner-heldout"
-for wave in "$@"; do
-  for case in ${wave//+/ }; do
-    run_case "$case" > "$runs/planner-heldout/$case.log" 2>&1 &
-  done
-  wait
-  for case in ${wave//+/ }; do tail -n 4 "$runs/planner-heldout/$case.log"; done
-done
+run_side_by_side "$runs/planner-heldout" run_case 4 "$@"

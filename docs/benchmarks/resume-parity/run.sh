@@ -6,10 +6,7 @@
 #   PART: dense | dense-sigterm | dense-sigint | dense-stock | dense-library-overlap | dense-nondeterministic | moe
 # Results under $RUNS/resume-parity/<part>/ (resume_parity.json and .md, each run's metrics and log), and each
 # part's console output in $RUNS/resume-parity/<part>.log. Checkpoints are removed once compared.
-set -uo pipefail
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-runs=${RUNS:-/tmp/runs}
-py=${PYTHON:-python3}
+source docs/benchmarks/case_runner.sh
 dense=(--recipe qwen3_1b_proxy_pretrain_config --save-at 5)
 run_part() {
   local part=$1
@@ -39,11 +36,4 @@ run_part() {
   esac
   echo "=== $part done $(date +%T)"
 }
-mkdir -p "$runs/resume-parity"
-for group in "$@"; do
-  for part in ${group//+/ }; do
-    run_part "$part" > "$runs/resume-parity/$part.log" 2>&1 &
-  done
-  wait
-  for part in ${group//+/ }; do tail -n 12 "$runs/resume-parity/$part.log"; done
-done
+run_side_by_side "$runs/resume-parity" run_part 12 "$@"
