@@ -94,14 +94,15 @@ def _run_with_saved_config(tmp_path, fraction: float, log_text: str, **changes: 
 
 
 def test_saved_run_config_plans_like_the_recipe_it_was_saved_from(recipe):
-    """The real run_config.yaml (dense proxy, 4 layers, fraction 1) read without Megatron plans byte for byte
-    like the recipe with the run's overrides."""
+    """The real run_config.yaml (dense proxy, 4 layers, fraction 1, deterministic: the unfused cross entropy, which
+    the planner counts) read without Megatron plans byte for byte like the recipe with the run's overrides."""
     from overrides import apply_overrides
 
     saved = load_run_config(SAVED_CONFIG)
     cfg = apply_overrides(recipe("qwen3_1b_proxy_pretrain_config"), [
         "model.num_layers=4", "train.train_iters=10", "optimizer.optimizer_cpu_offload=True",
-        "optimizer.optimizer_offload_fraction=1.0"])
+        "optimizer.optimizer_offload_fraction=1.0", "model.deterministic_mode=True",
+        "model.cross_entropy_loss_fusion=False"])
     for fraction in (0.0, 0.5, 1.0):
         assert plan(saved, 1, fraction=fraction) == plan(cfg, 1, fraction=fraction)
 
