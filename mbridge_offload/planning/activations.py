@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mbridge_offload.facts.offload_bytes import pinned_block_bytes
 from mbridge_offload.planning.tensors import layers_per_stage
 
 
@@ -177,10 +178,63 @@ def activation_bytes(cfg, stage: int | None = None) -> int:
     return int(layer_bytes * in_flight + max(transient, loss))
 
 
-def offloaded_layer_bytes(cfg) -> int:
-    """Host bytes (pinned) layer-level activation offload holds per rank: the offloaded layers' activations."""
+# TE's layer-level offload copies a saved tensor from this many elements up (transformer_engine/pytorch/cpu_offload.py)
+TE_LAYER_OFFLOAD_MIN_NUMEL = 256 * 1024
+
+
+def _dense_layer_offloaded_tensors(m, tokens: int, positions: int, tp: int, shard: int) -> list[int]:
+    """Bytes of each tensor TE's layer-level offload copies from one dense layer to pinned host memory: the
+    contiguous saved tensors of at least TE_LAYER_OFFLOAD_MIN_NUMEL elements (the list in the module docstring)."""
+    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+    q, k = m.num_attention_heads * kv / tp, (m.num_query_groups or m.num_attention_heads) * kv / tp
+    ffn = m.ffn_hidden_size / tp
+    # input, norm output, q and k after RoPE, v, attention output, residual, MLP norm output
+    per_token = [h / shard, h / shard, q, k, k, q, h / shard, h / shard]
+    if getattr(m, "qk_layernorm", False):
+        per_token += [q, k]  # the norms' contiguous inputs
+    if _glu_unfused(m):
+        per_token += [ffn, ffn, ffn]  # SiLU's output, the linear copy, the product (fc1's output stays: a view)
+    else:
+        per_token += [2 * ffn if m.gated_linear_unit else ffn, ffn]  # fc1's output, the activation's output
+    numels = [n * tokens for n in per_token]
+    if m.position_embedding_type == "rope" and not m.apply_rope_fusion:
+        numels += [kv * positions] * 4  # cos and sin for q and for k
+    return [int(2 * n) for n in numels if n >= TE_LAYER_OFFLOAD_MIN_NUMEL]
+
+
+def _fine_grained_offloaded_tensors(m, tokens: int, tp: int, shard: int) -> list[int]:
+    """Bytes of each tensor fine-grained offload copies from one layer to pinned host memory: per chosen module,
+    its tensors of at least ``min_offloaded_tensor_size`` elements."""
+    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+    q, k = m.num_attention_heads * kv / tp, (m.num_query_groups or m.num_attention_heads) * kv / tp
+    topk = m.moe_router_topk or 0
+    ffn = (m.moe_ffn_hidden_size or m.ffn_hidden_size) / (getattr(m, "expert_tensor_parallel_size", None) or 1)
+    # moe_act: SiLU's input half, its output, the linear copy and the product
+    modules = {"expert_fc1": [topk * h], "moe_act": [topk * ffn] * 4, "core_attn": [q, k, k], "attn_proj": [q],
+               "qkv_linear": [h / shard], "attn_norm": [h / shard], "mlp_norm": [h / shard]}
+    smallest = getattr(m, "min_offloaded_tensor_size", 0) or 0
+    numels = [n * tokens for name in (m.offload_modules or []) for n in modules.get(name, [])]
+    return [int(2 * n) for n in numels if n >= smallest]
+
+
+def activation_offload_pinned_bytes(cfg) -> int:
+    """Pinned host bytes activation offload holds per rank, each tensor in a block of PyTorch's caching host
+    allocator (a power of two; the blocks are reused across micro batches and steps, not between layers).
+    Layer-level: the N offloaded layers' copies (a MoE layer's many routed tensors are counted unrounded).
+    Fine-grained: every layer's, since the first iteration offloads them all and the allocator keeps the blocks,
+    for each micro batch in flight."""
     m = cfg.model
-    if not m.cpu_offloading:
-        return 0
-    layer = layer_activations(cfg)
-    return (layer.bytes_kept - layer.not_offloadable_bytes) * m.cpu_offloading_num_layers
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    shard = tp if (m.sequence_parallel and tp > 1) else 1
+    positions = m.seq_length // m.context_parallel_size
+    tokens = positions * cfg.train.micro_batch_size
+    if m.cpu_offloading:
+        if m.num_moe_experts:
+            layer = layer_activations(cfg)
+            return (layer.bytes_kept - layer.not_offloadable_bytes) * m.cpu_offloading_num_layers
+        per_layer = _dense_layer_offloaded_tensors(m, tokens, positions, tp, shard)
+        return m.cpu_offloading_num_layers * sum(pinned_block_bytes(b) for b in per_layer)
+    if m.fine_grained_activation_offloading:
+        per_layer = _fine_grained_offloaded_tensors(m, tokens, tp, shard)
+        return max(layers_per_stage(m, pp)) * pp * sum(pinned_block_bytes(b) for b in per_layer)
+    return 0

@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
-from mbridge_offload.facts.offload_bytes import traffic_of
+from mbridge_offload.facts.offload_bytes import pinned_block_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.units import GIB
-from mbridge_offload.planning.activations import activation_bytes, offloaded_layer_bytes
+from mbridge_offload.planning.activations import activation_bytes, activation_offload_pinned_bytes
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
 from mbridge_offload.planning.tensors import Tensor, forward_position, stage_tensors
@@ -168,11 +168,6 @@ class _StageState:
     pinned_bytes_host: int
 
 
-def _pow2(nbytes: int) -> int:
-    """PyTorch's caching host allocator rounds each pinned block up to a power of two."""
-    return 1 << max(0, math.ceil(math.log2(max(nbytes, 1))))
-
-
 def _offloaded(shards: list[tuple[Tensor, int]], fraction: float, stream: bool = False) -> list[tuple[Tensor, int]]:
     """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached. The stream engine
     walks the same rule from the tensor the forward uses last (facts.offload_engine.last_used_first)."""
@@ -288,7 +283,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                              for expert in (False, True))
             pinned = (4 + moment_bytes) * off_params  # fp32 parameter copy and moments, in flat buffers
         else:
-            pinned = sum(2 * _pow2(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
+            pinned = sum(2 * pinned_block_bytes(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
         state = 2 * params + grad_bytes * params + optimizer
         activations = activation_bytes(cfg, stage)
         allocated = state + activations + base_gpu_bytes(cfg)
@@ -300,7 +295,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
     params, off_params = worst.stage_plan.params, worst.offloaded_params
-    activation_pinned = offloaded_layer_bytes(cfg)  # layer-level activation offload, pinned
+    activation_pinned = activation_offload_pinned_bytes(cfg)  # layer-level or fine-grained activation offload
     pinned = worst.pinned_bytes_host + activation_pinned
     host_off = pinned if stream else off_params * moment_bytes + pinned  # stream: the moments are pinned
     ranks_per_node = gpus_per_node or min(num_gpus, 8)

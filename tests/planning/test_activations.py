@@ -28,10 +28,29 @@ def test_layer_offload_moves_whole_layers_but_their_non_contiguous_fc1_outputs(b
     assert layer.not_offloadable_bytes == 4 * cfg.model.ffn_hidden_size * layer.tokens  # bf16, both halves
     moved = layer.bytes_kept - layer.not_offloadable_bytes
     assert activation_bytes(cfg) - activation_bytes(act) == 8 * moved
-    assert plan(act, 1, fraction=0).pinned_bytes_host_per_rank == 8 * moved
     assert plan(cfg, 1, fraction=0).pinned_bytes_host_per_rank == 0
+    # the host: each copied tensor in its own power-of-two pinned block, 8 layers
+    m, tokens = cfg.model, layer.tokens
+    h, q, k, ffn = m.hidden_size, m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels, m.ffn_hidden_size
+    copied = [2 * n * tokens for n in (h, h, q, k, k, q, h, h, q, k, ffn, ffn, ffn)]
+    copied += [2 * m.kv_channels * m.seq_length] * 4  # RoPE's cos and sin for q and k
+    blocks = sum(1 << (b - 1).bit_length() for b in copied)
+    assert sum(copied) < blocks < 2 * sum(copied)
+    assert plan(act, 1, fraction=0).pinned_bytes_host_per_rank == 8 * blocks
     fused = apply_overrides(act, ["model.bias_activation_fusion=True"])  # SwiGLUFunction keeps its contiguous input
     assert layer_activations(fused).not_offloadable_bytes == 0
+
+
+def test_fine_grained_offload_pins_every_layers_chosen_tensors(built):
+    """The first iteration offloads every layer and PyTorch's host allocator keeps the blocks: expert_fc1's input
+    and moe_act's four tensors (SiLU's input half, its output, the linear copy, the product) per layer."""
+    cfg = built("qwen3_30b_a3b_proxy_fine_grained_offload_config")
+    m, tokens = cfg.model, layer_activations(cfg).tokens
+    assert sorted(m.offload_modules) == ["expert_fc1", "moe_act"]
+    block = lambda n: 1 << (n - 1).bit_length()
+    per_layer = block(2 * m.moe_router_topk * m.hidden_size * tokens)
+    per_layer += 4 * block(2 * m.moe_router_topk * m.moe_ffn_hidden_size * tokens)
+    assert plan(cfg, 1, fraction=0).pinned_bytes_host_per_rank == m.num_layers * per_layer
 
 
 def test_full_recompute_keeps_the_checkpoints_inputs_and_rebuilds_one_chunk_after_the_loss(built):
