@@ -271,10 +271,10 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         echo "$run: exit $?"; tail -n 10 "$runs/stream-moe-pair/$run.log"
       done ;;
     stream-overhead)
-      # NOT RUN YET (issue #16): where the stream mode's 25% cost comes from. Fraction 0.05 moves a fifth of 0.25's
-      # bytes with the same 32 chunks and hooks: about the same slowdown says a fixed cost per step (the metrics'
-      # engine_step_s shows how much of it is the training thread in the engine's step), a fifth of it says the
-      # copies. 3 rounds, 33 steps each, ~10 min.
+      # NOT RUN (issue #16): where the stream mode's 25% cost comes from. Fraction 0.05 moves a fifth of 0.25's
+      # bytes with the same 32 chunks and hooks: about the same slowdown says a fixed cost per step, a fifth of it
+      # says the copies. 3 rounds, 33 steps each, ~10 min. The eleventh session's stream-chunks-bench answered the
+      # first half without it (the training thread: 3.5 ms of ~35 ms); this would still size the copies' share.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-overhead" --resume \
         --host-json "$(host_json)" --fractions 0.05,0.25 --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
