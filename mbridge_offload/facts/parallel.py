@@ -26,7 +26,7 @@ class ParallelSizes:
         which no grid splits into (its range rule reports the key)."""
         return cls(num_gpus=_whole(num_gpus), tp=_whole(model.tensor_model_parallel_size),
                    pp=_whole(model.pipeline_model_parallel_size), cp=_whole(model.context_parallel_size),
-                   ep=_whole(model.expert_model_parallel_size), etp=_whole(model.expert_tensor_parallel_size or 1))
+                   ep=_whole(model.expert_model_parallel_size), etp=_whole(model.expert_tensor_parallel_size or model.tensor_model_parallel_size))  # null: TP's, as Megatron
 
     @property
     def model_parallel(self) -> int:

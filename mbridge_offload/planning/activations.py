@@ -78,7 +78,7 @@ def _mlp_bytes_per_token(m, tp: int, shard: int, recomputed: set) -> tuple[float
             return 2 * h / shard, {}
         return 2 * (2 * h / shard) + 4 + ffn_bytes(m.ffn_hidden_size / tp), {}
     experts, topk = m.num_moe_experts, m.moe_router_topk
-    ffn = (m.moe_ffn_hidden_size or m.ffn_hidden_size) / (getattr(m, "expert_tensor_parallel_size", None) or 1)
+    ffn, routed = _expert_ffn(m, tp), _routed_per_token(m, tp, shard)
     norm_output = 0 if "layernorm" in recomputed else 2 * h / shard  # a separate norm: the router keeps its output
     kept = 2 * h / shard + 4 + norm_output
     if "moe" in recomputed or "mlp" in recomputed:
@@ -86,14 +86,35 @@ def _mlp_bytes_per_token(m, tp: int, shard: int, recomputed: set) -> tuple[float
     routing = 22 * topk + 7 * experts + 4 * (2 * experts + 1)  # indices, probabilities, the permute's row map
     if m.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss"):
         routing += 4 * experts  # the auxiliary loss's fp32 softmax over all experts
-    fc1_input = 2 * topk * h
-    activation = topk * (4 * ffn + (6 * ffn if glu_unfused else 0)) if m.gated_linear_unit else topk * 2 * ffn
-    fc2_input = topk * 2 * ffn
+    fc1_input = 2 * h * routed
+    activation = routed * (4 * ffn + (6 * ffn if glu_unfused else 0)) if m.gated_linear_unit else routed * 2 * ffn
+    fc2_input = routed * 2 * ffn
     if "moe_act" in recomputed:  # the activation keeps its input only; its output is rebuilt for fc2's backward
-        activation, fc2_input = topk * (4 * ffn if m.gated_linear_unit else 2 * ffn), 0
+        activation, fc2_input = routed * (4 * ffn if m.gated_linear_unit else 2 * ffn), 0
     shared = getattr(m, "moe_shared_expert_intermediate_size", None)
-    kept += routing + fc1_input + activation + fc2_input + (ffn_bytes(shared / tp) if shared else 0)
+    kept += routing / shard + fc1_input + activation + fc2_input + (ffn_bytes(shared / tp) if shared else 0)
     return kept, {"expert_fc1": fc1_input, "moe_act": activation}
+
+
+def _expert_ffn(m, tp: int) -> float:
+    """An expert's fc1 width per rank: the expert FFN split over expert tensor parallel (null: TP's size)."""
+    return (m.moe_ffn_hidden_size or m.ffn_hidden_size) / (getattr(m, "expert_tensor_parallel_size", None) or tp)
+
+
+def _routed_per_token(m, tp: int, shard: int) -> float:
+    """Routed tokens a rank's experts process per token of the micro batch: top-k of the tokens it holds (a
+    sequence-parallel shard: Megatron requires SP for MoE with TP > 1), gathered over expert tensor parallel."""
+    etp = getattr(m, "expert_tensor_parallel_size", None) or tp
+    return m.moe_router_topk * etp / shard
+
+
+def _norm_offloadable(m, shard: int) -> dict:
+    """Fine-grained offload of the norms: only where they are modules of their own (transformer_layer.py turns
+    attn_norm off when the input norm is fused into the qkv linear, as in every non-MLA TE spec, and mlp_norm off
+    on dense layers, whose pre-MLP norm is fused into fc1)."""
+    h = m.hidden_size
+    return {"attn_norm": 2 * h / shard if getattr(m, "multi_latent_attention", False) else 0,
+            "mlp_norm": 2 * h / shard if m.num_moe_experts else 0}
 
 
 def layer_activations(cfg) -> LayerActivations:
@@ -109,7 +130,7 @@ def layer_activations(cfg) -> LayerActivations:
     # the attention half's tensors by fine-grained module name
     fine_grained.update(core_attn=2 * (m.num_attention_heads + 2 * (m.num_query_groups or m.num_attention_heads)) * kv / tp,
                         attn_proj=2 * m.num_attention_heads * kv / tp, qkv_linear=2 * h / shard,
-                        attn_norm=2 * h / shard, mlp_norm=2 * h / shard)
+                        **_norm_offloadable(m, shard))
     per_token = _attention_bytes_per_token(m, tp, shard) + mlp
     per_layer = per_token * tokens
     if m.position_embedding_type == "rope" and not m.apply_rope_fusion:
@@ -120,9 +141,14 @@ def layer_activations(cfg) -> LayerActivations:
         chosen *= m.activation_offload_fraction
     # tensor_parallel.checkpoint keeps the chunk's input, split over TP with distribute_saved_activations
     input_shard = tp if (shard > 1 or m.distribute_saved_activations) else 1
-    # TE's layer-level offload skips non-contiguous saved tensors: the unfused SwiGLU's half of the dense fc1
-    # output, which keeps all of that output on the GPU (transformer_engine/pytorch/cpu_offload.py)
-    not_offloadable = 4 * m.ffn_hidden_size / tp if _glu_unfused(m) and not m.num_moe_experts else 0
+    # TE's layer-level offload skips non-contiguous saved tensors: the unfused SwiGLU's half of an fc1 output (the
+    # dense MLP's, the experts', a shared expert's), which keeps all of that output on the GPU (cpu_offload.py)
+    not_offloadable = 0.0
+    if _glu_unfused(m) and not m.num_moe_experts:
+        not_offloadable = 4 * m.ffn_hidden_size / tp
+    elif _glu_unfused(m):
+        shared = getattr(m, "moe_shared_expert_intermediate_size", None)
+        not_offloadable = 4 * _expert_ffn(m, tp) * _routed_per_token(m, tp, shard) + (4 * shared / tp if shared else 0)
     return LayerActivations(bytes_kept=int(per_layer), fine_grained_offloaded_bytes=int(chosen * tokens),
                             tokens=tokens, input_bytes=int(2 * h / input_shard * tokens),
                             not_offloadable_bytes=int(not_offloadable * tokens))
@@ -163,7 +189,7 @@ def activation_bytes(cfg, stage: int | None = None) -> int:
     layer = layer_activations(cfg)
     layers = layers_per_stage(m, pp)[stage]
     layer_bytes = layers * layer.bytes_kept
-    if m.cpu_offloading:
+    if _layer_offload(m):
         # TE frees offloaded layer i when layer L-N+i starts: at the loss, layers N..L-1 are whole on the GPU
         offloaded = min(m.cpu_offloading_num_layers, layers)
         layer_bytes = (layers - offloaded) * layer.bytes_kept + offloaded * layer.not_offloadable_bytes
@@ -176,6 +202,11 @@ def activation_bytes(cfg, stage: int | None = None) -> int:
     loss = loss_peak_bytes(cfg, layer.tokens) if stage == pp - 1 else 0
     # the loss's tensors are gone before backward rebuilds the first checkpointed chunk
     return int(layer_bytes * in_flight + max(transient, loss))
+
+
+def _layer_offload(m) -> bool:
+    """Layer-level offload of activations (with weights only, TE 2.20 offloads nothing: cpu_offload.py)."""
+    return bool(m.cpu_offloading and getattr(m, "cpu_offloading_activations", True))
 
 
 # TE's layer-level offload copies a saved tensor from this many elements up (transformer_engine/pytorch/cpu_offload.py)
@@ -207,11 +238,13 @@ def _fine_grained_offloaded_tensors(m, tokens: int, tp: int, shard: int) -> list
     its tensors of at least ``min_offloaded_tensor_size`` elements."""
     h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
     q, k = m.num_attention_heads * kv / tp, (m.num_query_groups or m.num_attention_heads) * kv / tp
-    topk = m.moe_router_topk or 0
-    ffn = (m.moe_ffn_hidden_size or m.ffn_hidden_size) / (getattr(m, "expert_tensor_parallel_size", None) or 1)
-    # moe_act: SiLU's input half, its output, the linear copy and the product
-    modules = {"expert_fc1": [topk * h], "moe_act": [topk * ffn] * 4, "core_attn": [q, k, k], "attn_proj": [q],
-               "qkv_linear": [h / shard], "attn_norm": [h / shard], "mlp_norm": [h / shard]}
+    modules = {"core_attn": [q, k, k], "attn_proj": [q], "qkv_linear": [h / shard],
+               **{name: [n / 2] if n else [] for name, n in _norm_offloadable(m, shard).items()}}
+    if m.num_moe_experts:
+        routed, ffn = _routed_per_token(m, tp, shard), _expert_ffn(m, tp)
+        modules["expert_fc1"] = [routed * h]
+        # moe_act: the unfused SwiGLU's input half, its output, the linear copy and the product; fused, fc1's output
+        modules["moe_act"] = [routed * ffn] * 4 if _glu_unfused(m) else [2 * routed * ffn]
     smallest = getattr(m, "min_offloaded_tensor_size", 0) or 0
     numels = [n * tokens for name in (m.offload_modules or []) for n in modules.get(name, [])]
     return [int(2 * n) for n in numels if n >= smallest]
@@ -228,7 +261,7 @@ def activation_offload_pinned_bytes(cfg) -> int:
     shard = tp if (m.sequence_parallel and tp > 1) else 1
     positions = m.seq_length // m.context_parallel_size
     tokens = positions * cfg.train.micro_batch_size
-    if m.cpu_offloading:
+    if _layer_offload(m):
         if m.num_moe_experts:
             layer = layer_activations(cfg)
             return (layer.bytes_kept - layer.not_offloadable_bytes) * m.cpu_offloading_num_layers

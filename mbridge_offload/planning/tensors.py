@@ -42,7 +42,7 @@ def stage_tensors(cfg, stage: int) -> list[Tensor]:
     """The parameter tensors one rank of pipeline stage ``stage`` holds, in optimizer order."""
     m = cfg.model
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size or 1
+    ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size or tp  # null: TP's size, as Megatron
     h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     gated = 2 if m.gated_linear_unit else 1

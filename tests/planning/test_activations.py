@@ -105,3 +105,38 @@ def test_selective_recompute_drops_what_the_modules_rebuild(built):
     assert kept(dense, "mlp") < layer_activations(dense).bytes_kept
     assert kept(moe, "moe") < kept(moe, "moe_act") < layer_activations(moe).bytes_kept
     assert kept(moe, "layernorm") < layer_activations(moe).bytes_kept
+
+
+def test_experts_see_their_sequence_parallel_share_gathered_over_expert_tensor_parallel(built):
+    """Megatron requires sequence parallel for MoE with TP > 1: a rank routes top-k of its tokens/TP, and the
+    experts' alltoall gathers over expert tensor parallel; a null ETP is TP's size."""
+    cfg = built("qwen3_30b_a3b_pretrain_config")  # TP2 PP2 EP4 ETP1, sequence parallel
+    assert cfg.model.tensor_model_parallel_size == 2 and cfg.model.sequence_parallel
+    etp1 = layer_activations(apply_overrides(cfg, ["model.expert_tensor_parallel_size=1"])).bytes_kept
+    etp2 = layer_activations(apply_overrides(cfg, ["model.expert_tensor_parallel_size=2"])).bytes_kept
+    assert etp2 > etp1  # twice the routed tokens, each half as wide: fc1's input doubles
+    null = apply_overrides(cfg, ["model.expert_tensor_parallel_size=null"])
+    assert plan(null, 16, fraction=0.5) == plan(apply_overrides(cfg, ["model.expert_tensor_parallel_size=2"]), 16,
+                                                fraction=0.5)
+
+
+def test_what_megatron_does_not_offload_stays_in_the_plan(built):
+    """Fine-grained attn_norm/mlp_norm on a dense TE layer (fused norms: transformer_layer.py turns them off) and
+    layer-level offload of weights only (TE 2.20 offloads nothing then) leave the activations where they are."""
+    dense = built("qwen3_1b_proxy_pretrain_config")
+    norms = apply_overrides(dense, ["model.fine_grained_activation_offloading=True",
+                                    "model.offload_modules=[attn_norm,mlp_norm]"])
+    assert activation_bytes(norms) == activation_bytes(dense)
+    assert plan(norms, 1, fraction=0).pinned_bytes_host_per_rank == 0
+    weights = apply_overrides(dense, ["model.cpu_offloading=True", "model.cpu_offloading_num_layers=4",
+                                      "model.cpu_offloading_activations=False", "model.cpu_offloading_weights=True"])
+    assert activation_bytes(weights) == activation_bytes(dense)
+    assert plan(weights, 1, fraction=0).pinned_bytes_host_per_rank == 0
+
+
+def test_layer_offload_of_moe_layers_keeps_the_experts_fc1_outputs(built):
+    moe = built("qwen3_30b_a3b_proxy_pretrain_config")
+    act = apply_overrides(moe, ["model.cpu_offloading=True", "model.cpu_offloading_num_layers=3"])
+    layer = layer_activations(act)
+    m = moe.model
+    assert layer.not_offloadable_bytes == 4 * m.moe_router_topk * m.moe_ffn_hidden_size * layer.tokens
