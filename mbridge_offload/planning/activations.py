@@ -47,15 +47,44 @@ class LayerActivations:
     not_offloadable_bytes: int  # what stays on the GPU in a layer that layer-level offload moves to the host
 
 
-def _attention_bytes_per_token(m, tp: int, shard: int) -> float:
-    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+@dataclass(frozen=True, kw_only=True)
+class _Widths:
+    """One rank's share of a layer, what every count below is made of."""
+
+    tp: int
+    shard: int  # what sequence parallel splits the hidden states into (TP with SP, else 1)
+    positions: int  # sequence positions on this rank (CP splits the sequence)
+    tokens: int  # tokens of a micro batch on this rank
+    kv: int  # the attention head's width
+    heads: float  # attention heads per rank
+    groups: float  # query groups per rank
+    h: float  # hidden states per token, split over SP
+    q: float  # query width per token
+    k: float  # key (and value) width per token
+
+
+def _widths(cfg) -> _Widths:
+    m = cfg.model
+    tp = m.tensor_model_parallel_size
+    shard = tp if (m.sequence_parallel and tp > 1) else 1
+    positions = m.seq_length // m.context_parallel_size
+    kv = m.kv_channels or m.hidden_size // m.num_attention_heads
     heads, groups = m.num_attention_heads / tp, (m.num_query_groups or m.num_attention_heads) / tp
-    q, k = heads * kv, groups * kv
-    kept = 2 * (2 * h / shard)  # the layer input and the fused norm's output
-    kept += 2 * (q + 2 * k) + 2 * q + 4 * heads + 4  # q, k, v; the attention output; softmax and norm stats
+    return _Widths(tp=tp, shard=shard, positions=positions, tokens=positions * cfg.train.micro_batch_size, kv=kv,
+                   heads=heads, groups=groups, h=m.hidden_size / shard, q=heads * kv, k=groups * kv)
+
+
+def _attention_bytes_per_token(m, w: _Widths) -> float:
+    kept = 2 * (2 * w.h)  # the layer input and the fused norm's output
+    kept += 2 * (w.q + 2 * w.k) + 2 * w.q + 4 * w.heads + 4  # q, k, v; the attention output; softmax and norm stats
     if getattr(m, "qk_layernorm", False):
-        kept += 2 * (q + k) + 4 * (heads + groups)  # the norms' contiguous inputs and their statistics
+        kept += 2 * (w.q + w.k) + 4 * (w.heads + w.groups)  # the norms' contiguous inputs and their statistics
     return kept
+
+
+def _unfused_rope(m) -> bool:
+    """RoPE as torch ops: each layer keeps its own cos and sin for q and for k (rope_utils.py)."""
+    return m.position_embedding_type == "rope" and not m.apply_rope_fusion
 
 
 def _glu_unfused(m) -> bool:
@@ -63,9 +92,9 @@ def _glu_unfused(m) -> bool:
     return bool(m.gated_linear_unit and not (m.bias_activation_fusion or getattr(m, "use_te_activation_func", False)))
 
 
-def _mlp_bytes_per_token(m, tp: int, shard: int, recomputed: set) -> tuple[float, dict]:
-    """(bytes kept, {fine-grained module: bytes it moves}) of the MLP half per token."""
-    h = m.hidden_size
+def _mlp_bytes_per_token(m, w: _Widths, recomputed: set) -> tuple[float, dict]:
+    """(bytes kept, {expert fine-grained module: bytes it takes off the GPU}) of the MLP half per token."""
+    h, tp, shard = m.hidden_size, w.tp, w.shard  # h: the full width, which routed tokens have
     glu_unfused = _glu_unfused(m)
 
     def ffn_bytes(ffn: float) -> float:  # fc1's output (the activation keeps it), the activation's output
@@ -75,14 +104,14 @@ def _mlp_bytes_per_token(m, tp: int, shard: int, recomputed: set) -> tuple[float
 
     if not m.num_moe_experts:
         if "mlp" in recomputed:
-            return 2 * h / shard, {}
-        return 2 * (2 * h / shard) + 4 + ffn_bytes(m.ffn_hidden_size / tp), {}
+            return 2 * w.h, {}
+        return 2 * (2 * w.h) + 4 + ffn_bytes(m.ffn_hidden_size / tp), {}
     experts, topk = m.num_moe_experts, m.moe_router_topk
     ffn, routed = _expert_ffn(m, tp), _routed_per_token(m, tp, shard)
-    norm_output = 0 if "layernorm" in recomputed else 2 * h / shard  # a separate norm: the router keeps its output
-    kept = 2 * h / shard + 4 + norm_output
+    norm_output = 0 if "layernorm" in recomputed else 2 * w.h  # a separate norm: the router keeps its output
+    kept = 2 * w.h + 4 + norm_output
     if "moe" in recomputed or "mlp" in recomputed:
-        return kept, {}
+        return kept, {"expert_fc1": 0, "moe_act": 0}  # nothing inside the experts is kept to move
     routing = 22 * topk + 7 * experts + 4 * (2 * experts + 1)  # indices, probabilities, the permute's row map
     if m.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss"):
         routing += 4 * experts  # the auxiliary loss's fp32 softmax over all experts
@@ -108,33 +137,36 @@ def _routed_per_token(m, tp: int, shard: int) -> float:
     return m.moe_router_topk * etp / shard
 
 
-def _norm_offloadable(m, shard: int) -> dict:
-    """Fine-grained offload of the norms: only where they are modules of their own (transformer_layer.py turns
-    attn_norm off when the input norm is fused into the qkv linear, as in every non-MLA TE spec, and mlp_norm off
-    on dense layers, whose pre-MLP norm is fused into fc1)."""
-    h = m.hidden_size
-    return {"attn_norm": 2 * h / shard if getattr(m, "multi_latent_attention", False) else 0,
-            "mlp_norm": 2 * h / shard if m.num_moe_experts else 0}
+def _fine_grained_tensors(m, w: _Widths) -> dict[str, list[float]]:
+    """What each fine-grained offload module copies to the host: its tensors' elements per token. The norms are
+    modules of their own only where they are not fused into a linear (transformer_layer.py turns attn_norm off when
+    the input norm is fused into the qkv linear, as in every non-MLA TE spec, and mlp_norm off on dense layers,
+    whose pre-MLP norm is fused into fc1)."""
+    modules = {"core_attn": [w.q, w.k, w.k], "attn_proj": [w.q], "qkv_linear": [w.h],
+               "attn_norm": [w.h] if getattr(m, "multi_latent_attention", False) else [],
+               "mlp_norm": [w.h] if m.num_moe_experts else []}
+    if m.num_moe_experts:
+        routed, ffn = _routed_per_token(m, w.tp, w.shard), _expert_ffn(m, w.tp)
+        modules["expert_fc1"] = [routed * m.hidden_size]
+        # moe_act: the unfused SwiGLU's input half, its output, the linear copy and the product; else fc1's output
+        modules["moe_act"] = ([routed * ffn] * 4 if _glu_unfused(m)
+                              else [(2 if m.gated_linear_unit else 1) * routed * ffn])
+    return modules
 
 
 def layer_activations(cfg) -> LayerActivations:
     """Bytes a layer keeps for backward per micro batch, and how many of them fine-grained offload takes."""
     m = cfg.model
-    positions = m.seq_length // m.context_parallel_size
-    tokens = positions * cfg.train.micro_batch_size
-    tp = m.tensor_model_parallel_size
-    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
-    shard = tp if (m.sequence_parallel and tp > 1) else 1
+    w = _widths(cfg)
+    tp, shard, tokens = w.tp, w.shard, w.tokens
     recomputed = set(m.recompute_modules or []) if m.recompute_granularity == "selective" else set()
-    mlp, fine_grained = _mlp_bytes_per_token(m, tp, shard, recomputed)
-    # the attention half's tensors by fine-grained module name
-    fine_grained.update(core_attn=2 * (m.num_attention_heads + 2 * (m.num_query_groups or m.num_attention_heads)) * kv / tp,
-                        attn_proj=2 * m.num_attention_heads * kv / tp, qkv_linear=2 * h / shard,
-                        **_norm_offloadable(m, shard))
-    per_token = _attention_bytes_per_token(m, tp, shard) + mlp
-    per_layer = per_token * tokens
-    if m.position_embedding_type == "rope" and not m.apply_rope_fusion:
-        per_layer += 8 * kv * positions  # cos and sin for q and for k, per position
+    mlp, expert_modules = _mlp_bytes_per_token(m, w, recomputed)
+    # what each module takes off the GPU: the bf16 tensors it copies; the expert modules free more than they copy
+    fine_grained = {name: 2 * sum(numels) for name, numels in _fine_grained_tensors(m, w).items()}
+    fine_grained.update(expert_modules)
+    per_layer = (_attention_bytes_per_token(m, w) + mlp) * tokens
+    if _unfused_rope(m):
+        per_layer += 8 * w.kv * w.positions  # cos and sin for q and for k, per position
     chosen = 0.0
     if m.fine_grained_activation_offloading:
         chosen = sum(fine_grained.get(name, 0) for name in (m.offload_modules or []))
@@ -150,7 +182,7 @@ def layer_activations(cfg) -> LayerActivations:
         shared = getattr(m, "moe_shared_expert_intermediate_size", None)
         not_offloadable = 4 * _expert_ffn(m, tp) * _routed_per_token(m, tp, shard) + (4 * shared / tp if shared else 0)
     return LayerActivations(bytes_kept=int(per_layer), fine_grained_offloaded_bytes=int(chosen * tokens),
-                            tokens=tokens, input_bytes=int(2 * h / input_shard * tokens),
+                            tokens=tokens, input_bytes=int(2 * m.hidden_size / input_shard * tokens),
                             not_offloadable_bytes=int(not_offloadable * tokens))
 
 
@@ -213,40 +245,30 @@ def _layer_offload(m) -> bool:
 TE_LAYER_OFFLOAD_MIN_NUMEL = 256 * 1024
 
 
-def _dense_layer_offloaded_tensors(m, tokens: int, positions: int, tp: int, shard: int) -> list[int]:
+def _dense_layer_offloaded_tensors(m, w: _Widths) -> list[int]:
     """Bytes of each tensor TE's layer-level offload copies from one dense layer to pinned host memory: the
     contiguous saved tensors of at least TE_LAYER_OFFLOAD_MIN_NUMEL elements (the list in the module docstring)."""
-    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
-    q, k = m.num_attention_heads * kv / tp, (m.num_query_groups or m.num_attention_heads) * kv / tp
-    ffn = m.ffn_hidden_size / tp
+    h, q, k, ffn = w.h, w.q, w.k, m.ffn_hidden_size / w.tp
     # input, norm output, q and k after RoPE, v, attention output, residual, MLP norm output
-    per_token = [h / shard, h / shard, q, k, k, q, h / shard, h / shard]
+    per_token = [h, h, q, k, k, q, h, h]
     if getattr(m, "qk_layernorm", False):
         per_token += [q, k]  # the norms' contiguous inputs
     if _glu_unfused(m):
         per_token += [ffn, ffn, ffn]  # SiLU's output, the linear copy, the product (fc1's output stays: a view)
     else:
         per_token += [2 * ffn if m.gated_linear_unit else ffn, ffn]  # fc1's output, the activation's output
-    numels = [n * tokens for n in per_token]
-    if m.position_embedding_type == "rope" and not m.apply_rope_fusion:
-        numels += [kv * positions] * 4  # cos and sin for q and for k
+    numels = [n * w.tokens for n in per_token]
+    if _unfused_rope(m):
+        numels += [w.kv * w.positions] * 4  # cos and sin for q and for k
     return [int(2 * n) for n in numels if n >= TE_LAYER_OFFLOAD_MIN_NUMEL]
 
 
-def _fine_grained_offloaded_tensors(m, tokens: int, tp: int, shard: int) -> list[int]:
+def _fine_grained_offloaded_tensors(m, w: _Widths) -> list[int]:
     """Bytes of each tensor fine-grained offload copies from one layer to pinned host memory: per chosen module,
     its tensors of at least ``min_offloaded_tensor_size`` elements."""
-    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
-    q, k = m.num_attention_heads * kv / tp, (m.num_query_groups or m.num_attention_heads) * kv / tp
-    modules = {"core_attn": [q, k, k], "attn_proj": [q], "qkv_linear": [h / shard],
-               **{name: [n / 2] if n else [] for name, n in _norm_offloadable(m, shard).items()}}
-    if m.num_moe_experts:
-        routed, ffn = _routed_per_token(m, tp, shard), _expert_ffn(m, tp)
-        modules["expert_fc1"] = [routed * h]
-        # moe_act: the unfused SwiGLU's input half, its output, the linear copy and the product; fused, fc1's output
-        modules["moe_act"] = [routed * ffn] * 4 if _glu_unfused(m) else [2 * routed * ffn]
+    modules = _fine_grained_tensors(m, w)
     smallest = getattr(m, "min_offloaded_tensor_size", 0) or 0
-    numels = [n * tokens for name in (m.offload_modules or []) for n in modules.get(name, [])]
+    numels = [n * w.tokens for name in (m.offload_modules or []) for n in modules.get(name, [])]
     return [int(2 * n) for n in numels if n >= smallest]
 
 
@@ -257,17 +279,14 @@ def activation_offload_pinned_bytes(cfg) -> int:
     Fine-grained: every layer's, since the first iteration offloads them all and the allocator keeps the blocks,
     for each micro batch in flight."""
     m = cfg.model
-    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    shard = tp if (m.sequence_parallel and tp > 1) else 1
-    positions = m.seq_length // m.context_parallel_size
-    tokens = positions * cfg.train.micro_batch_size
+    pp, w = m.pipeline_model_parallel_size, _widths(cfg)
     if _layer_offload(m):
         if m.num_moe_experts:
             layer = layer_activations(cfg)
             return (layer.bytes_kept - layer.not_offloadable_bytes) * m.cpu_offloading_num_layers
-        per_layer = _dense_layer_offloaded_tensors(m, tokens, positions, tp, shard)
+        per_layer = _dense_layer_offloaded_tensors(m, w)
         return m.cpu_offloading_num_layers * sum(pinned_block_bytes(b) for b in per_layer)
     if m.fine_grained_activation_offloading:
-        per_layer = _fine_grained_offloaded_tensors(m, tokens, tp, shard)
+        per_layer = _fine_grained_offloaded_tensors(m, w)
         return max(layers_per_stage(m, pp)) * pp * sum(pinned_block_bytes(b) for b in per_layer)
     return 0
