@@ -128,12 +128,12 @@ def streamed_param_groups(hdo, positions: dict, offload_fraction: float):
                           f"{', '.join(not_fp32)} ones. Fix: optimizer.use_precision_aware_optimizer=False, or "
                           "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
     chosen.sort(key=lambda p: positions.get(p, -1))
-    host = host_buffer(sum(p.numel() for p in chosen))
-    copies, offset = {}, 0
-    for param in chosen:
-        copies[param] = host[offset:offset + param.numel()].view_as(param)
+    sizes = [p.numel() for p in chosen]
+    host = host_buffer(sum(sizes))
+    copies, starts = {}, starts_of(sizes)
+    for param, start, stop in zip(chosen, starts, starts[1:]):
+        copies[param] = host[start:stop].view_as(param)
         copies[param].copy_(param.detach())
-        offset += param.numel()
     hdo._mbridge_host_master = host
     cpu_groups, gpu_groups, to_fp32 = [], [], {}
     for group in hdo.param_groups:
