@@ -293,6 +293,32 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-moe-bench" --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
+    alloc-conf)
+      # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): is the recipes' PYTORCH_CUDA_ALLOC_CONF=
+      # expandable_segments:True (Megatron Bridge's COMMON_RECIPE_ENV_VARS, applied to the environment inside
+      # pretrain) in effect, and what does the allocator reserve with it set in the shell before the process
+      # starts? Held-out cases of planner-heldout-2 again, side by side: the MoE one under both settings, the dense
+      # one with the shell's (its recipe-env run is in planner-heldout-2/). Each run records
+      # allocator_expandable_segments at step 1. Beside them: does importing the stack start CUDA?
+      $py -c "import torch, megatron.bridge.training.pretrain, transformer_engine.pytorch; \
+print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs/alloc-conf-imports.log" 2>&1 &
+      DEST=alloc-conf/recipe-env RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh moe-proxy-2-fine-grained-sl8192 &
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True DEST=alloc-conf/shell-env RUNS=$runs \
+        bash docs/benchmarks/planner-heldout-2/run.sh moe-proxy-2-fine-grained-sl8192+1b-proxy-unfused-loss-sl4096 &
+      wait
+      mkdir -p "$runs/alloc-conf" && mv "$runs/alloc-conf-imports.log" "$runs/alloc-conf/imports.log"
+      cat "$runs/alloc-conf/imports.log"
+      grep -h '"step": 1,' "$runs"/alloc-conf/*/*/metrics.rank0.jsonl | cut -c1-600 ;;
+    stream-profile)
+      # Twelfth session (issue #16, docs/benchmarks/offload-engine/stream-profile/): where the stream mode's 25%
+      # cost goes on the GPU: a torch.profiler trace of steps 10-12 of the dense proxy at fraction 0.25, read by
+      # mbridge_offload.bench.gpu_trace (each stream's busy time, the copies' rates, the training stream's gaps).
+      d="$runs/stream-profile"; mkdir -p "$d"
+      $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --offload-engine stream --out "$d/stream-0.25" \
+        train.train_iters=13 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.25 \
+        profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
+        > "$d/stream-0.25.log" 2>&1; echo "exit $?"
+      $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:

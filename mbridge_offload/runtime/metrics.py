@@ -45,6 +45,37 @@ def pinned_host_bytes() -> int | None:
     return None
 
 
+def allocator_layout() -> dict[str, Any]:
+    """How PyTorch's caching allocator holds the device memory it reserved: whether its segments are expandable
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in effect: the setting is read once, when CUDA starts in
+    the process, so a value set later does nothing) and how many segments it holds."""
+    import torch
+
+    segments = torch.cuda.memory_snapshot()
+    expandable = {bool(segment["is_expandable"]) for segment in segments if "is_expandable" in segment}
+    return {"allocator_expandable_segments": expandable.pop() if len(expandable) == 1 else None,
+            "allocator_segments": len(segments)}
+
+
+def heap_bytes() -> dict[str, int] | None:
+    """glibc malloc's heap: bytes in use and bytes freed but kept by the process (both inside the RSS), or None
+    where the C library is not glibc. Freed blocks below malloc's mmap threshold stay in the heap."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return {"in_use": info.uordblks + info.hblkhd, "free_kept": info.fordblks}
+
+
 def device_used_by_this_process() -> int | None:
     """Device memory NVML counts for this process (CUDA context and library workspaces included), or None
     where NVML is missing or cannot see the process (a container's PID namespace)."""
@@ -110,7 +141,15 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
         "pinned_host_gib": _gib_or_none(pinned_host_bytes()),
         "host_rss_high_water_gib": _gib_or_none(rss_high_water_bytes()),
         "node_host_used_peak_gib": _gib_or_none(node_used_peak_bytes),
+        **_heap_record(),
     }
+
+
+def _heap_record() -> dict[str, float]:
+    heap = heap_bytes()
+    if heap is None:
+        return {}
+    return {"host_heap_in_use_gib": heap["in_use"] / GIB, "host_heap_free_kept_gib": heap["free_kept"] / GIB}
 
 
 def make_callback(out_dir: Path, rank: int):
@@ -169,6 +208,8 @@ def make_callback(out_dir: Path, rank: int):
             if engine_wait_s is not None:  # the training thread blocked on the offload engine in this step
                 record["engine_wait_s"] = engine_wait_s
                 record["engine_step_s"] = take_engine_step_s()  # and enqueued its work instead of the forward
+            if self.step == 1:
+                record.update(allocator_layout())
             if self.offload_timer is not None:
                 record.update(self.offload_timer.collect() or {})
                 if self.step == 1:

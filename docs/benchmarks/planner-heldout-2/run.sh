@@ -5,7 +5,8 @@
 # fraction; cases in a wave run side by side (peak allocated and reserved are per process, NVML's device use too;
 # the host's RSS high water is per process, the node's peak is not). Run from the repository root after the
 # offline install:  bash docs/benchmarks/planner-heldout-2/run.sh WAVE [WAVE ...]   WAVE: CASE or CASE+CASE+...
-# Results: $RUNS/planner-heldout-2/<case>/ (log.txt, whose first line is the command, metrics, summary).
+# Results: $RUNS/planner-heldout-2/<case>/ (log.txt, whose first line is the command, metrics, summary); DEST=folder
+# puts them under $RUNS/folder/ instead (the same cases run again under another setting).
 source docs/benchmarks/case_runner.sh
 offload() { echo "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=$1 optimizer.overlap_cpu_optimizer_d2h_h2d=$2"; }
 none="optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0"
@@ -30,7 +31,7 @@ run_case() {
                           overrides="$(sl 8192) $(mb 1) model.recompute_granularity=full model.recompute_method=block model.recompute_num_layers=4 $(offload 0.25 False)" ;;
     *) echo "unknown case $case"; return 2 ;;
   esac
-  local out="$runs/planner-heldout-2/$case" command
+  local out="$runs/${DEST:-planner-heldout-2}/$case" command
   command="$py scripts/run_recipe.py --recipe $recipe --num-gpus 1 --out $out train.train_iters=4 $overrides"
   mkdir -p "$out"
   echo "=== $case $(date +%T)"
@@ -39,4 +40,4 @@ run_case() {
   $command >> "$out/log.txt" 2>&1
   echo "=== $case exit $? $(date +%T)"
 }
-run_side_by_side "$runs/planner-heldout-2" run_case 2 "$@"
+run_side_by_side "$runs/${DEST:-planner-heldout-2}" run_case 2 "$@"

@@ -1,0 +1,155 @@
+"""Where a step's GPU time goes, from a PyTorch profiler trace: each stream's busy time, the copies' bytes and
+rates, and the training stream's idle gaps with what the other streams were doing meanwhile.
+
+A run writes the trace with ``profiling.use_pytorch_profiler=True profiling.profile_step_start=S
+profiling.profile_step_end=E`` (Megatron Bridge's profiler: ``<out>/torch_profile/rank-0.json.gz``). Then::
+
+    python -m mbridge_offload.bench.gpu_trace <out>/torch_profile/rank-0.json.gz [--gap-ms 0.5]
+
+The training stream is the one with the most kernel time. A gap in it is time the GPU's compute waited: on an
+event (an offload engine's gate, a copy), or on the CPU launching work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+COPY_KINDS = {"HtoD": "host to device", "DtoH": "device to host", "DtoD": "device to device"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuEvent:
+    stream: int
+    start_us: float
+    end_us: float
+    name: str
+    category: str  # kernel, gpu_memcpy, gpu_memset
+    nbytes: int  # copies only
+
+    @property
+    def copy_kind(self) -> str | None:
+        if self.category != "gpu_memcpy":
+            return None
+        return next((kind for kind in COPY_KINDS if kind in self.name), "other")
+
+
+def load_events(path: Path) -> tuple[list[GpuEvent], list[tuple[float, float]]]:
+    """(the GPU's kernels, copies and memsets; the profiled steps' spans on the GPU, or the CPU's when the trace
+    has no GPU annotation) of a Chrome trace written by torch.profiler."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        trace = json.load(handle)
+    events, gpu_steps, cpu_steps = [], [], []
+    for event in trace.get("traceEvents", trace if isinstance(trace, list) else []):
+        if event.get("ph") != "X" or "dur" not in event:
+            continue
+        category, name = event.get("cat", ""), event.get("name", "")
+        start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
+        if name.startswith("ProfilerStep#"):
+            (gpu_steps if category == "gpu_user_annotation" else cpu_steps).append((start, end))
+        elif category in ("kernel", "gpu_memcpy", "gpu_memset"):
+            args = event.get("args", {})
+            events.append(GpuEvent(stream=int(args.get("stream", event.get("tid", 0))), start_us=start, end_us=end,
+                                   name=name, category=category, nbytes=int(args.get("bytes", 0) or 0)))
+    return sorted(events, key=lambda e: e.start_us), sorted(gpu_steps or cpu_steps)
+
+
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``spans``."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def overlap_us(spans: list[tuple[float, float]], window: tuple[float, float]) -> float:
+    lo, hi = window
+    return union_us([(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi])
+
+
+def training_stream(events: list[GpuEvent]) -> int:
+    kernel_us: dict[int, float] = {}
+    for event in events:
+        if event.category == "kernel":
+            kernel_us[event.stream] = kernel_us.get(event.stream, 0.0) + event.end_us - event.start_us
+    if not kernel_us:
+        raise ValueError("the trace holds no GPU kernels (was the profiler's CUDA activity on?)")
+    return max(kernel_us, key=kernel_us.get)
+
+
+def gaps(events: list[GpuEvent], stream: int, min_us: float) -> list[tuple[float, float, str, str]]:
+    """The idle spans of ``stream`` of at least ``min_us``: (start, end, the work before, the work after)."""
+    own = [e for e in events if e.stream == stream]
+    found, end, before = [], None, ""
+    for event in own:
+        if end is not None and event.start_us - end >= min_us:
+            found.append((end, event.start_us, before, event.name))
+        if end is None or event.end_us > end:
+            end, before = event.end_us, event.name
+    return found
+
+
+def report(path: Path, gap_ms: float = 0.5) -> str:
+    events, steps = load_events(path)
+    main = training_stream(events)
+    window = (steps[0][0], steps[-1][1]) if steps else (events[0].start_us, max(e.end_us for e in events))
+    inside = [e for e in events if e.end_us > window[0] and e.start_us < window[1]]
+    span_ms = (window[1] - window[0]) / 1e3
+    lines = [f"# GPU trace: {path}", "",
+             f"{len(steps)} profiled step(s), {span_ms:.1f} ms on the GPU; training stream: {main} (the most kernel "
+             "time)", "", "| stream | busy (ms) | busy share | kernels | copies: kind, GB, busy ms, GB/s while copying |",
+             "|---|---|---|---|---|"]
+    for stream in sorted({e.stream for e in inside}):
+        own = [e for e in inside if e.stream == stream]
+        busy = overlap_us([(e.start_us, e.end_us) for e in own], window) / 1e3
+        copies = []
+        for kind in sorted({e.copy_kind for e in own if e.copy_kind}):
+            moved = [e for e in own if e.copy_kind == kind]
+            nbytes = sum(e.nbytes for e in moved)
+            copy_ms = union_us([(e.start_us, e.end_us) for e in moved]) / 1e3
+            rate = nbytes / 1e9 / (copy_ms / 1e3) if copy_ms else 0.0
+            copies.append(f"{kind} {nbytes / 1e9:.2f} GB in {copy_ms:.1f} ms ({rate:.1f} GB/s)")
+        kernels = sum(1 for e in own if e.category == "kernel")
+        label = f"{stream} (training)" if stream == main else str(stream)
+        lines.append(f"| {label} | {busy:.1f} | {busy / span_ms:.0%} | {kernels} | {'; '.join(copies) or '-'} |")
+    idle = gaps(inside, main, gap_ms * 1e3)
+    idle_ms = sum(b - a for a, b, _, _ in idle) / 1e3
+    lines += ["", f"Training stream idle in gaps of >= {gap_ms} ms: {idle_ms:.1f} ms over {len(idle)} gap(s) "
+              f"({idle_ms / max(len(steps), 1):.1f} ms per step). The longest:", "",
+              "| at (ms from the first step) | gap (ms) | other streams busy meanwhile (ms) | before | after |",
+              "|---|---|---|---|---|"]
+    for start, end, before, after in sorted(idle, key=lambda g: g[0] - g[1])[:12]:
+        others = {}
+        for stream in sorted({e.stream for e in inside} - {main}):
+            busy = overlap_us([(e.start_us, e.end_us) for e in inside if e.stream == stream], (start, end)) / 1e3
+            if busy > 0.05:
+                others[stream] = busy
+        lines.append(f"| {(start - window[0]) / 1e3:.1f} | {(end - start) / 1e3:.2f} | "
+                     f"{', '.join(f'{s}: {ms:.1f}' for s, ms in others.items()) or '-'} | {before[:50]} | {after[:50]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace", type=Path, help="a Chrome trace from torch.profiler (.json or .json.gz)")
+    parser.add_argument("--gap-ms", type=float, default=0.5, help="the shortest idle span of the training stream "
+                        "listed (default 0.5)")
+    parser.add_argument("--out", type=Path, help="also write the report to this file")
+    args = parser.parse_args(argv)
+    text = report(args.trace, args.gap_ms)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

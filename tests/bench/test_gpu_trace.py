@@ -1,0 +1,43 @@
+"""The trace reader on a small hand-written Chrome trace (the format torch.profiler writes)."""
+
+import gzip
+import json
+
+from mbridge_offload.bench.gpu_trace import gaps, load_events, report, training_stream, union_us
+
+
+def _event(name, cat, ts, dur, stream, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": stream,
+            "args": {"stream": stream, **args}}
+
+
+def _trace(tmp_path):
+    events = [
+        _event("ProfilerStep#5", "gpu_user_annotation", 0, 10_000, 7),
+        _event("gemm", "kernel", 0, 3_000, 7),
+        _event("gemm", "kernel", 5_000, 5_000, 7),  # 2 ms idle before it
+        _event("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 1_000, 2_000, 20, bytes=100_000_000),
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 2_000, 4_000, 21, bytes=100_000_000),
+        _event("adam", "kernel", 3_500, 500, 22),
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 10},
+    ]
+    path = tmp_path / "rank-0.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    return path
+
+
+def test_union_counts_overlaps_once():
+    assert union_us([(0, 4), (2, 6), (10, 11)]) == 7
+
+
+def test_reads_streams_copies_and_gaps(tmp_path):
+    events, steps = load_events(_trace(tmp_path))
+    assert steps == [(0.0, 10_000.0)]
+    assert training_stream(events) == 7
+    assert gaps(events, 7, 1_000) == [(3_000.0, 5_000.0, "gemm", "gemm")]
+    text = report(_trace(tmp_path), gap_ms=1.0)
+    assert "HtoD 0.10 GB in 2.0 ms (50.0 GB/s)" in text
+    assert "DtoH 0.10 GB in 4.0 ms (25.0 GB/s)" in text
+    assert "2.0 ms over 1 gap(s)" in text
+    assert "| 21: 2.0, 22: 0.5 |" in text  # what ran while the training stream waited (the HtoD ended before)
