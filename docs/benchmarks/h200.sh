@@ -319,6 +319,38 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    alloc-expandable)
+      # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): the allocator's reserve once the recipes'
+      # expandable segments are in effect, on calibration and held-out cases (docs/benchmarks/alloc-conf/run.sh).
+      RUNS=$runs bash docs/benchmarks/alloc-conf/run.sh ${WAVES:-4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-fraction-1 \
+        moe-proxy-6-sl4096-mb2-overlap+1p7b-sl8192-block4 moe-proxy-4-fraction-0.5+1b-proxy-fraction-0+0p6b-activation-offload-sl4096-mb2}
+      grep -h '"step": 1,' "$runs"/alloc-conf/{calibration,heldout}/*/metrics.rank0.jsonl | grep -o '"allocator_[a-z_]*": [a-zA-Z0-9]*' | sort | uniq -c
+      [ -n "${OUT:-}" ] && tar czf "$OUT/alloc-expandable-runs.tgz" -C "$runs" --exclude=tb alloc-conf/calibration alloc-conf/heldout ;;
+    stream-lazy-parity)
+      # Twelfth session (issue #16, docs/benchmarks/offload-engine/stream-lazy/): the stream mode enqueueing its
+      # update from the next forward's module pre-hooks instead of inside the optimizer step: 50 deterministic
+      # steps at fractions 1 and 0.25 against no offload, a save at 3 resumed to 6, and the stream GPU test.
+      stream_parity "$runs/stream-lazy-parity" -k stream ;;
+    stream-lazy-moe)
+      # Twelfth session (issue #16, docs/benchmarks/offload-engine/stream-lazy/): the same change on the MoE proxy
+      # (2 layers: a dense and an expert optimizer, whose gradient zeroing waits for both): deterministic, 8 steps,
+      # no offload and stream at fraction 1 side by side, compared step by step.
+      d="$runs/stream-lazy-moe"; mkdir -p "$d"
+      for run in baseline stream-1; do
+        case $run in baseline) offload="optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0" ;;
+          *) offload="--offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1" ;; esac
+        $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --deterministic --cpu-threads 6 \
+          --out "$d/$run" model.num_layers=2 train.train_iters=8 $offload > "$d/$run.log" 2>&1 &
+      done
+      wait
+      $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload, MoE proxy=$d/baseline:$d/stream-1" ;;
+    stream-lazy-bench)
+      # Twelfth session (issue #16, docs/benchmarks/offload-engine/bench-stream-lazy/): the 25% speed after that
+      # change, 3 rounds interleaved with their baselines, 33 steps each (engine_step_s: the training thread's
+      # time in the engine, the enqueueing in the forward's hooks included).
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
+        --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from mbridge_offload.facts.environment import run_env
+
 ENGINE_ENV = "MBRIDGE_OFFLOAD_ENGINE"
 ENGINE_KEY = f"env_vars.{ENGINE_ENV}"
 LIBRARY = "library"
@@ -38,16 +40,22 @@ ENGINE_MODES = {
 def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:
     """The engine a run will use: the shell's MBRIDGE_OFFLOAD_ENGINE, else the config's, else the default.
     Unknown values come back as given (the validator names them)."""
-    if ENGINE_ENV in environ:
-        return environ[ENGINE_ENV]
-    value = (env_vars or {}).get(ENGINE_ENV)
-    return DEFAULT_ENGINE if value is None else str(value)
+    value = run_env(ENGINE_ENV, env_vars, environ)
+    return DEFAULT_ENGINE if value is None else value
 
 
 # The stream mode's ring (mbridge_offload/runtime/streamed_states.py): the GPU buffers Adam's moments pass through.
 STREAM_CHUNKS = 32  # chunks per step: the forward waits per chunk, so fewer means longer waits
 STREAM_RING_SLOTS = 3  # GPU buffers: one arriving, one updated, one leaving
 STREAM_MIN_CHUNK_NUMEL = 1 << 20  # below this a chunk's copies cost more in launches than they move
+
+
+def stream_pacing(chunks: int, modules_before_first_gate: int) -> tuple[int, int]:
+    """(forward pre-hooks per enqueue, chunks per enqueue) that spread the enqueueing of ``chunks`` chunks over
+    the modules the forward meets before its first offloaded one; with fewer modules than chunks, several
+    chunks each time. The training stream then has the forward's kernels to run while the thread enqueues."""
+    chunks, modules = max(1, chunks), max(1, modules_before_first_gate)
+    return max(1, modules // chunks), max(1, -(-chunks // modules))
 
 
 def stream_chunk_numel(total: int, chunks: int = STREAM_CHUNKS, minimum: int = STREAM_MIN_CHUNK_NUMEL) -> int:

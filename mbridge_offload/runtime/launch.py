@@ -103,7 +103,7 @@ def offload_engine(cfg) -> str:
     return engine_mode(cfg.env_vars, os.environ)
 
 
-def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
+def run_header(cfg, settings: LaunchSettings, threads_reason: str, allocator: str | None = None) -> str:
     import torch
 
     lines = [f"Training {settings.recipe_name} ({settings.topology}), {cfg.train.train_iters} steps, "
@@ -116,6 +116,8 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
         mode = offload_engine(cfg)
         lines.append(f"  offload engine: {mode}: {ENGINE_MODES[mode]}")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
+    lines.append(f"  GPU memory allocator: PYTORCH_CUDA_ALLOC_CONF={allocator}" if allocator
+                 else "  GPU memory allocator: PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
     if warning:
@@ -224,6 +226,13 @@ def train(cfg, settings: LaunchSettings) -> int:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     use_prebuilt_dataset_helper()
+    from mbridge_offload.runtime.allocator_settings import AllocatorSettingsError, apply_allocator_settings
+
+    try:
+        allocator = apply_allocator_settings(cfg.env_vars, os.environ)  # before the model's first allocation
+    except AllocatorSettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     threads_reason = tune_cpu_threads(cfg, settings.cpu_threads)
     if settings.overlap_chunks:
         from mbridge_offload.runtime.chunked_overlap import use_chunked_overlap
@@ -244,7 +253,7 @@ def train(cfg, settings: LaunchSettings) -> int:
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / FAILURE_FILE).unlink(missing_ok=True)
-        print(run_header(cfg, settings, threads_reason), flush=True)
+        print(run_header(cfg, settings, threads_reason, allocator), flush=True)
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain

@@ -279,6 +279,17 @@ class StreamingEngine:
             raise EngineError(f"the streaming offload engine's CPU optimizer step failed: "
                               f"{type(job.error).__name__}: {job.error}") from job.error
 
+    def unqueued(self) -> bool:
+        """Whether work of the pending update is still to be enqueued (the stream mode enqueues it during the
+        next forward; exact and delayed enqueue everything in their step)."""
+        return False
+
+    def advance(self) -> None:
+        """A module's forward is about to start (the stream mode enqueues its next chunks)."""
+
+    def enqueue_all(self) -> None:
+        """Enqueue whatever of the pending update is not enqueued yet."""
+
     def take_wait_s(self) -> float:
         value, self.wait_s = self.wait_s, 0.0
         return value
@@ -547,14 +558,37 @@ def _draining_function(function, apply_delayed: bool = True):
 
 def _install_gates(engine: StreamingEngine, model_chunks) -> None:
     """A forward pre-hook on every module that holds offloaded parameters, run before the library's own
-    (which may start the parameter all-gather)."""
+    (which may start the parameter all-gather). The stream mode also enqueues its pending update from the
+    pre-hooks of the modules with parameters of their own (``advance``), paced over those the forward meets
+    before its first offloaded one."""
     engine._maps()
+    before_first_gate, gated = 0, False
     for chunk in model_chunks:
         for module in chunk.modules():
-            owned = [p for p in module.parameters(recurse=False) if p in engine.chunk_of_model]
+            own = list(module.parameters(recurse=False))
+            owned = [p for p in own if p in engine.chunk_of_model]
             if owned:
                 module.register_forward_pre_hook(lambda _module, _args, owned=owned: engine.gate(owned),
                                                  prepend=True)
+                gated = True
+            elif own and engine.mode == STREAM:
+                module.register_forward_pre_hook(lambda _module, _args: engine.advance(), prepend=True)
+                before_first_gate += 0 if gated else 1
+    if engine.mode == STREAM:
+        engine.pace(before_first_gate)
+
+
+_DEFERRED_ZEROS: list = []  # DDP modules whose zero_grad_buffer waits for an update still to be enqueued
+
+
+def issue_deferred_zeros() -> None:
+    """A stream engine enqueued its update's last chunk: zero the gradient buffers that waited for it, once no
+    engine has chunks left to enqueue (the dense and the expert optimizer of a MoE each have one)."""
+    if any(e.unqueued() for e in engines()):
+        return
+    waiting, _DEFERRED_ZEROS[:] = list(_DEFERRED_ZEROS), []
+    for ddp in waiting:
+        ddp.zero_grad_buffer()
 
 
 def _install_grad_zeroing(ddp_class) -> None:
@@ -566,6 +600,11 @@ def _install_grad_zeroing(ddp_class) -> None:
     library_forward = ddp_class.forward
 
     def zero_grad_buffer(self):
+        if any(e.unqueued() for e in engines()):
+            # the update still to be enqueued reads these gradients: zeroed after its last chunk
+            if self not in _DEFERRED_ZEROS:
+                _DEFERRED_ZEROS.append(self)
+            return None
         pending = [e for e in engines() if e.grads_free_event is not None]
         if not pending:
             return library_zero(self)
@@ -582,6 +621,9 @@ def _install_grad_zeroing(ddp_class) -> None:
         for engine in engines():
             engine.gate_unseen()
         output = library_forward(self, *args, **kwargs)
+        if self in _DEFERRED_ZEROS:  # the backward writes the gradient buffer: its zeroing must be enqueued
+            for engine in engines():
+                engine.enqueue_all()
         zeroed = getattr(self, "_mbridge_offload_zeroed", None)
         if zeroed is not None:
             torch.cuda.current_stream().wait_event(zeroed)  # the backward writes the gradient buffer

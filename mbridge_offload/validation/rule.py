@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from mbridge_offload.facts.checkpoint_dir import saved_run_config
 from mbridge_offload.facts.config_tree import get_path, show
+from mbridge_offload.facts.environment import run_env
 from mbridge_offload.facts.key_ranges import KeyRange
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.validation.installed import module_available, te_version
@@ -69,10 +70,7 @@ class Context:
 
     def env(self, name: str) -> str | None:
         """The value a launched run will see: the shell wins over the recipe's ``env_vars``."""
-        if name in self.environ:
-            return self.environ[name]
-        value = (self.cfg.env_vars or {}).get(name)
-        return None if value is None else str(value)
+        return run_env(name, self.cfg.env_vars, self.environ)
 
     @cached_property
     def saved_checkpoint_config(self) -> dict[str, Any] | None:

@@ -112,6 +112,17 @@ def test_stream_ring_holds_three_chunks_of_both_moments():
     assert ring_bytes(500) == 8 * 500 and ring_bytes(0) == 0
 
 
+@pytest.mark.parametrize("chunks, modules", [(32, 64), (32, 75), (32, 20), (32, 0), (1, 5), (7, 7)])
+def test_stream_spreads_its_enqueueing_over_the_modules_before_the_first_offloaded_one(chunks, modules):
+    from mbridge_offload.facts.offload_engine import stream_pacing
+
+    calls_per_enqueue, chunks_per_enqueue = stream_pacing(chunks, modules)
+    enqueues_before_the_gate = max(1, modules) // calls_per_enqueue
+    assert enqueues_before_the_gate * chunks_per_enqueue >= chunks  # all enqueued by the first offloaded module
+    if modules >= chunks:  # one chunk at a time, as far apart as the modules allow
+        assert chunks_per_enqueue == 1 and (calls_per_enqueue + 1) * chunks > modules
+
+
 def test_stream_rules_need_adam_and_not_the_library_overlap_streams(recipe):
     from recipes import with_offload_engine, with_optimizer_offload
     from mbridge_offload.validation import validate
