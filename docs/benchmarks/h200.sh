@@ -35,6 +35,13 @@ stream_parity() {  # DIR [PYTEST_ARGS...]: the stream mode against no offload, 5
     "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25"
 }
 host_json() { if [ -f "$runs/host/host.json" ]; then echo "$runs/host/host.json"; else echo docs/benchmarks/offload-overhead/host.json; fi; }
+save_phase() {  # PHASE: its folders under $RUNS as $OUT/PHASE.tgz (also when the call's time limit interrupts it)
+  if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/$1.tgz" -C "$runs" --exclude='tb' $(cd "$runs" && ls -d "$1"* 2>/dev/null) 2>/dev/null || true
+  fi
+}
+# the twelfth session lost an interrupted bench's finished runs with the machine: keep what a cut phase has
+trap 'echo "=== ${phase:-?} interrupted"; save_phase "${phase:-none}"; exit 130' INT TERM
 for phase in "$@"; do
   start=$(date +%s)
   echo "=== $phase"
@@ -322,6 +329,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     alloc-expandable)
       # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): the allocator's reserve once the recipes'
       # expandable segments are in effect, on calibration and held-out cases (docs/benchmarks/alloc-conf/run.sh).
+      # Ran its first wave only (WAVES=4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-fraction-1, 90 s): the
+      # session's device time ran out.
       RUNS=$runs bash docs/benchmarks/alloc-conf/run.sh ${WAVES:-4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-fraction-1 \
         moe-proxy-6-sl4096-mb2-overlap+1p7b-sl8192-block4 moe-proxy-4-fraction-0.5+1b-proxy-fraction-0+0p6b-activation-offload-sl4096-mb2}
       grep -h '"step": 1,' "$runs"/alloc-conf/{calibration,heldout}/*/metrics.rank0.jsonl | grep -o '"allocator_[a-z_]*": [a-zA-Z0-9]*' | sort | uniq -c
@@ -333,7 +342,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       stream_parity "$runs/stream-lazy-parity" -k stream ;;
     stream-lazy-moe)
       # Twelfth session (issue #16, docs/benchmarks/offload-engine/stream-lazy/): the same change on the MoE proxy
-      # (2 layers: a dense and an expert optimizer, whose gradient zeroing waits for both): deterministic, 8 steps,
+      # (2 layers; one optimizer on one GPU: the zeroing's wait for a dense and an expert one is written, not run):
+      # deterministic, 8 steps,
       # no offload and stream at fraction 1 side by side, compared step by step.
       d="$runs/stream-lazy-moe"; mkdir -p "$d"
       for run in baseline stream-1; do
@@ -347,7 +357,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     stream-lazy-bench)
       # Twelfth session (issue #16, docs/benchmarks/offload-engine/bench-stream-lazy/): the 25% speed after that
       # change, 3 rounds interleaved with their baselines, 33 steps each (engine_step_s: the training thread's
-      # time in the engine, the enqueueing in the forward's hooks included).
+      # time in the engine, the enqueueing in the forward's hooks included). Ran 5 of its 6 runs (~65 s each, not
+      # the ~35 s planned); the call's limit cut the sixth and the runs were lost with the machine: NOT MEASURED.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
@@ -360,7 +371,5 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
   echo "=== $phase done in $(( $(date +%s) - start )) s"
-  if [ -n "${OUT:-}" ]; then
-    tar czf "$OUT/$phase.tgz" -C "$runs" --exclude='tb' $(cd "$runs" && ls -d "$phase"* 2>/dev/null) 2>/dev/null || true
-  fi
+  save_phase "$phase"
 done

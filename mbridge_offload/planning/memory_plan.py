@@ -7,15 +7,19 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   + optimizer state. The distributed optimizer shards the optimizer state of dense parameters over
   DP x CP and of expert parameters over the expert-data-parallel group. Its fp32 main parameters
   stay on the GPU under offload; Adam's m and v (8 B) move to the host for offloaded parameters.
-- Which parameters are offloaded follows Megatron Core's ``HybridDeviceOptimizer``: it walks the
-  optimizer's parameters in order (tensors.py) and offloads whole tensors until the offloaded share
-  reaches the fraction, so a large last tensor can overshoot (measured: 0.75 offloads everything on the
-  dense proxy because the embedding comes last).
+- Which parameters are offloaded follows Megatron Core's ``HybridDeviceOptimizer``: per optimizer (one, or
+  the dense one and the experts' with EP > 1 or ETP != TP) it walks the parameter groups (2-D weights, then
+  1-D) in the gradient buffer's order (tensors.py: the output layer first, the embedding last) and offloads
+  whole tensors until the offloaded share reaches the fraction, so a large last tensor can overshoot
+  (measured: 0.75 offloads everything on the dense proxy because the embedding comes last).
 - Host per offloaded parameter: m and v (8 B, pageable) plus pinned fp32 copies of the parameter
   and its gradient (8 B), each pinned tensor rounded up to a power of two by PyTorch's caching host
-  allocator; plus a fixed base per process. That is the steady state. The node's memory peaks above it
-  inside the first optimizer step, by a measured 5.1 B per offloaded parameter; the host check uses that
-  peak, since a host overflow is a SIGKILL.
+  allocator; plus the pinned bf16 copies of the HybridDeviceOptimizer Megatron builds on the bf16
+  parameters and throws away, which the allocator keeps cached: one block per power of two, the
+  embedding's (its walk starts there) the largest (facts/offload_bytes.py ``library_pinned_bytes``, equal to
+  the measured pinned memory within 7 MiB on all 39 offload runs of docs/benchmarks/); plus a fixed base per
+  process. That is the steady state. The node's memory peaks above it inside the first optimizer step, by a
+  measured 4.9 B per offloaded parameter; the host check uses that peak, since a host overflow is a SIGKILL.
 - With the offload engine's ``stream`` mode (mbridge_offload/runtime/streamed_states.py) the host holds m and v
   (8 B) and the fp32 parameter copy (4 B), pinned in place in flat buffers (no rounding), no gradient copy; the
   GPU adds the ring the moments pass through (``stream_ring_bytes``, per optimizer: dense and expert); the link
@@ -38,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
-from mbridge_offload.facts.offload_bytes import pinned_block_bytes, traffic_of
+from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
@@ -46,7 +50,8 @@ from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import activation_bytes, activation_offload_pinned_bytes
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
-from mbridge_offload.planning.tensors import Tensor, forward_position, stage_tensors
+from mbridge_offload.planning.tensors import (Tensor, first_walk_order, forward_position, optimizer_groups,
+                                              stage_tensors, walk_order)
 
 # PyTorch's allocations beyond the model's tensors and activations (cuBLAS/TE workspaces, buffers the layers
 # keep between steps): peak allocated - planned state - planned activations on the calibration runs (dense-1b-sweep,
@@ -77,12 +82,16 @@ BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process 
 # The node's used memory peaks inside the first optimizer step, above the steady state the rest of the
 # host model counts. Measured on the H200 (docs/benchmarks/host-peak/): the 7-layer MoE proxy at fraction 1
 # (4.98B parameters offloaded, overlap off) held 114.6 GiB of the node (above the 1.4 GiB in use before
-# it started) for ~10 s of its first step, against 91.1 GiB planned between steps: 23.6 GiB more, 5.1 B
-# per offloaded parameter, up to 22 GiB of it outside any process's RSS; the steps after held 94.2 GiB.
-# The 8-layer proxy (5.61B, 101.9 GiB planned between steps, 128.5 GiB at this peak) was killed by the
-# 125.8 GiB host in that step. Which allocation makes the transient is not identified, so this is a
-# measured rate, applied with overlap on too (not measured there).
-FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM = 5.1
+# it started) for ~10 s of its first step, against 92.1 GiB planned between steps (with the thrown-away
+# optimizer's cached bf16 blocks): 22.5 GiB more, 4.85 B per offloaded parameter (rounded up), up to 22 GiB of
+# it outside any process's RSS; the steps after held 94.2 GiB. The 8-layer proxy (5.61B, 102.9 GiB planned
+# between steps, 128.5 GiB at this peak) was killed by the 125.8 GiB host in that step. Which allocation makes
+# the transient is not identified, so this is a measured rate, applied with overlap on too (not measured there).
+FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM = 4.9
+# The stream engine runs no CPU optimizer and pins its host buffers when the optimizer is built: its first step adds
+# nothing measurable. The 8-layer MoE proxy at fraction 1 (5607.3M parameters offloaded) held 65.35 GiB RSS between
+# steps and 65.36 GiB at its high water (docs/benchmarks/offload-engine/stream-moe-8/twelfth/), so the plan's peak
+# for stream is its steady state.
 # Host memory per offloading rank kept free beyond that peak: for what the measurements above do not
 # cover (other processes, another stack or allocator); a host overflow is a SIGKILL, not an error message.
 DEFAULT_HOST_MARGIN_GIB = 4.0
@@ -169,8 +178,9 @@ class _StageState:
 
 
 def _offloaded(shards: list[tuple[Tensor, int]], fraction: float, stream: bool = False) -> list[tuple[Tensor, int]]:
-    """HybridDeviceOptimizer's greedy split: whole tensors in order until the share is reached. The stream engine
-    walks the same rule from the tensor the forward uses last (facts.offload_engine.last_used_first)."""
+    """HybridDeviceOptimizer's greedy split: whole tensors in order (one optimizer's, tensors.walk_order) until
+    the share is reached. The stream engine walks the same rule from the tensor the forward uses last
+    (facts.offload_engine.last_used_first)."""
     sizes = [n for _, n in shards]
     if stream:
         chosen = sorted(last_used_first(sizes, [forward_position(t) for t, _ in shards], fraction))
@@ -274,7 +284,19 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         tensors = stage_tensors(cfg, stage)
         params = sum(t.numel for t in tensors)
         shards = [(t, math.ceil(t.numel / optimizer_shards(t))) for t in tensors]
-        offloaded = _offloaded(shards, fraction, stream) if fraction > 0 else []
+        walks = []  # per optimizer: (bf16 tensors the thrown-away HybridDeviceOptimizer pins, fp32 shards offloaded)
+        if fraction <= 0:
+            offloaded = []
+        elif stream:
+            offloaded = _offloaded(shards, fraction, stream)
+        else:
+            offloaded = []
+            for group in optimizer_groups(cfg, stage):
+                own = _offloaded([(t, math.ceil(t.numel / optimizer_shards(t))) for t in walk_order(group)], fraction)
+                first = first_walk_order(group)  # whole bf16 tensors, not DP shards
+                thrown_away = offload_walk([t.numel for t in first], range(len(first)), fraction)
+                walks.append(([first[i].numel for i in thrown_away], [n for _, n in own]))
+                offloaded += own
         shard_params = sum(n for _, n in shards)
         off_params = sum(n for _, n in offloaded)
         optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
@@ -283,7 +305,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                              for expert in (False, True))
             pinned = (4 + moment_bytes) * off_params  # fp32 parameter copy and moments, in flat buffers
         else:
-            pinned = sum(2 * pinned_block_bytes(4 * n) for _, n in offloaded)  # fp32 parameter and gradient copies
+            pinned = library_pinned_bytes(walks)  # fp32 parameter and gradient copies, the cached bf16 copies
         state = 2 * params + grad_bytes * params + optimizer
         activations = activation_bytes(cfg, stage)
         allocated = state + activations + base_gpu_bytes(cfg)
@@ -300,7 +322,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     host_off = pinned if stream else off_params * moment_bytes + pinned  # stream: the moments are pinned
     ranks_per_node = gpus_per_node or min(num_gpus, 8)
     host_node = ranks_per_node * (host_off + BASE_HOST_BYTES_PER_RANK)
-    host_peak = host_node + ranks_per_node * int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * off_params)
+    first_step = 0 if stream else FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM  # stream: no CPU optimizer
+    host_peak = host_node + ranks_per_node * int(first_step * off_params)
     allocated, reserve, total = (worst.allocated_bytes_gpu, worst.allocator_reserve_bytes_gpu,
                                  worst.stage_plan.total_bytes_gpu)
     margin = HELDOUT_UNDERPREDICTION_SHARE * total / GIB if margin_gib is None else margin_gib

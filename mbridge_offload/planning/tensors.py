@@ -1,9 +1,13 @@
-"""The parameter tensors one rank holds, stage by stage, in the order the optimizer walks them.
+"""The parameter tensors one rank holds, stage by stage, in the orders Megatron Core walks them.
 
 Parameters are enumerated tensor by tensor for one rank of each pipeline stage (the first stage holds
-the embedding, the last the output layer and final norm), split by TP, EP and ETP. The order is
-Megatron Core's ``HybridDeviceOptimizer``'s: 2-D weights by layer, expert weights, 1-D parameters, then
-the embedding and output layer; its greedy offload split (memory_plan.py) depends on it.
+the embedding, the last the output layer and final norm), split by TP, EP and ETP, in the model's
+``named_parameters()`` order (GPTModel with Transformer Engine's layer spec). Megatron Core 0.19.2 builds a
+``HybridDeviceOptimizer`` twice per optimizer (megatron/core/optimizer/__init__.py:532 on the bf16 model
+parameters, then distrib_optimizer.py:779 on the fp32 main shards), and both walk the parameter groups of
+``_get_param_groups`` (2-D weights first, then the 1-D ones without weight decay): the first in
+``named_parameters()`` order (the embedding first), the second in the gradient buffer's order, its reverse
+(the output layer first, the embedding last). The greedy offload split (memory_plan.py) depends on both.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ def layers_per_stage(m, pp: int) -> list[int]:
     return [m.num_layers // pp] * pp
 
 
-def stage_tensors(cfg, stage: int) -> list[Tensor]:
-    """The parameter tensors one rank of pipeline stage ``stage`` holds, in optimizer order."""
+def named_tensors(cfg, stage: int) -> list[Tensor]:
+    """The parameter tensors one rank of pipeline stage ``stage`` holds, in ``named_parameters()`` order:
+    per layer the attention's projection, its fused norm, QKV, the QK norms, then the MLP's fused norm and
+    fc1/fc2 (MoE: the pre-MLP norm, the router, every expert's fc1, then every expert's fc2, then the shared
+    expert). Checked against the gradient buffer's listing in the H200 runs' logs (its reverse)."""
     m = cfg.model
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size or tp  # null: TP's size, as Megatron
@@ -49,40 +56,82 @@ def stage_tensors(cfg, stage: int) -> list[Tensor]:
     layers = layers_per_stage(m, pp)[stage]
     vocab = m.vocab_size
     experts = m.num_moe_experts or 0
-    dense, expert, small = [], [], []
+    out: list[Tensor] = []
 
-    def add(into: list[Tensor], name: str, numel: int, kind: str) -> None:
-        into.append(Tensor(name=name, numel=numel, kind=kind))
+    def add(name: str, numel: int, kind: str) -> None:
+        out.append(Tensor(name=name, numel=numel, kind=kind))
 
+    if stage == 0:
+        add("embedding", vocab * h // tp, "embedding")
     for layer in range(layers):
-        add(dense, f"l{layer}.qkv", (heads + 2 * groups) * kv * h // tp, "dense")
-        add(dense, f"l{layer}.proj", heads * kv * h // tp, "dense")
-        add(small, f"l{layer}.ln1", h, "small")
-        add(small, f"l{layer}.ln2", h, "small")
+        add(f"l{layer}.proj", heads * kv * h // tp, "dense")
+        add(f"l{layer}.ln1", h, "small")
+        add(f"l{layer}.qkv", (heads + 2 * groups) * kv * h // tp, "dense")
         if m.qk_layernorm:
-            add(small, f"l{layer}.q_ln", kv, "small")
-            add(small, f"l{layer}.k_ln", kv, "small")
+            add(f"l{layer}.q_ln", kv, "small")
+            add(f"l{layer}.k_ln", kv, "small")
         if experts:
             ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
-            add(dense, f"l{layer}.router", experts * h, "dense")
+            add(f"l{layer}.ln2", h, "small")
+            add(f"l{layer}.router", experts * h, "dense")
             for e in range(experts // ep):
-                add(expert, f"l{layer}.e{e}.fc1", gated * ffn * h // etp, "expert")
-                add(expert, f"l{layer}.e{e}.fc2", ffn * h // etp, "expert")
+                add(f"l{layer}.e{e}.fc1", gated * ffn * h // etp, "expert")
+            for e in range(experts // ep):
+                add(f"l{layer}.e{e}.fc2", ffn * h // etp, "expert")
             shared = getattr(m, "moe_shared_expert_intermediate_size", None)
             if shared:
-                add(dense, f"l{layer}.shared.fc1", gated * shared * h // tp, "dense")
-                add(dense, f"l{layer}.shared.fc2", shared * h // tp, "dense")
+                add(f"l{layer}.shared.fc1", gated * shared * h // tp, "dense")
+                add(f"l{layer}.shared.fc2", shared * h // tp, "dense")
         else:
-            add(dense, f"l{layer}.fc1", gated * m.ffn_hidden_size * h // tp, "dense")
-            add(dense, f"l{layer}.fc2", m.ffn_hidden_size * h // tp, "dense")
-    embeddings = []
-    if stage == 0:
-        add(embeddings, "embedding", vocab * h // tp, "embedding")
+            add(f"l{layer}.ln2", h, "small")
+            add(f"l{layer}.fc1", gated * m.ffn_hidden_size * h // tp, "dense")
+            add(f"l{layer}.fc2", m.ffn_hidden_size * h // tp, "dense")
     if stage == pp - 1:
-        add(small, "final_ln", h, "small")
+        add("final_ln", h, "small")
         if not m.share_embeddings_and_output_weights or pp > 1:
-            add(embeddings, "output", vocab * h // tp, "embedding")
-    return dense + expert + small + embeddings
+            add("output", vocab * h // tp, "embedding")
+    return out
+
+
+def separate_expert_optimizer(m) -> bool:
+    """Whether the experts have an optimizer of their own: Megatron marks expert weights ``allreduce=False`` (a
+    gradient buffer and a DistributedOptimizer apart) only with EP > 1 or ETP != TP."""
+    tp = m.tensor_model_parallel_size
+    return bool(m.num_moe_experts) and (m.expert_model_parallel_size > 1
+                                        or (m.expert_tensor_parallel_size or tp) != tp)
+
+
+def optimizer_groups(cfg, stage: int) -> list[list[Tensor]]:
+    """The tensors of each optimizer (each HybridDeviceOptimizer pair) of one rank, in ``named_parameters()``
+    order: one, or the dense one and the experts' (``separate_expert_optimizer``)."""
+    named = named_tensors(cfg, stage)
+    if not separate_expert_optimizer(cfg.model):
+        return [named]
+    groups = [[t for t in named if t.kind != "expert"], [t for t in named if t.kind == "expert"]]
+    return [g for g in groups if g]
+
+
+def first_walk_order(tensors: list[Tensor]) -> list[Tensor]:
+    """The walk of the HybridDeviceOptimizer Megatron builds on the bf16 parameters and throws away: the 2-D
+    weights, then the 1-D parameters, each in ``named_parameters()`` order."""
+    return [t for t in tensors if t.kind != "small"] + [t for t in tensors if t.kind == "small"]
+
+
+def walk_order(tensors: list[Tensor]) -> list[Tensor]:
+    """The walk of the HybridDeviceOptimizer that trains (on the DistributedOptimizer's fp32 shards): the same
+    groups, each in the gradient buffer's order, the reverse of ``named_parameters()``."""
+    return first_walk_order(tensors[::-1])
+
+
+KIND_ORDER = ("dense", "expert", "small", "embedding")
+
+
+def stage_tensors(cfg, stage: int) -> list[Tensor]:
+    """The parameter tensors one rank of pipeline stage ``stage`` holds (``named_tensors``), grouped by kind: 2-D
+    weights, expert weights, 1-D parameters, the embedding and output layer, each in ``named_parameters()``
+    order. The stream engine's plan walks them by ``forward_position``; the library's walks are ``walk_order``
+    and ``first_walk_order`` of ``optimizer_groups``."""
+    return sorted(named_tensors(cfg, stage), key=lambda t: KIND_ORDER.index(t.kind))
 
 
 def forward_position(tensor: Tensor) -> tuple[int, int]:
