@@ -21,3 +21,16 @@ run_side_by_side() {
     for case in ${group//+/ }; do tail -n "$lines" "$dir/$case.log"; done
   done
 }
+
+# train_case CASE OUT RECIPE OVERRIDES: one 4-step run_recipe.py training on one GPU into OUT, its command as the first
+# line of OUT/log.txt and its output after it.
+train_case() {
+  local case=$1 out=$2 recipe=$3 overrides=$4 command
+  command="$py scripts/run_recipe.py --recipe $recipe --num-gpus 1 --out $out train.train_iters=4 $overrides"
+  mkdir -p "$out"
+  echo "=== $case $(date +%T)"
+  echo "$command" > "$out/log.txt"
+  # shellcheck disable=SC2086  (the command is words)
+  $command >> "$out/log.txt" 2>&1
+  echo "=== $case exit $? $(date +%T)"
+}

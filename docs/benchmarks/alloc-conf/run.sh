@@ -20,13 +20,6 @@ run_case() {
     *)  # a held-out case of planner-heldout-2
         DEST=alloc-conf/heldout RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh "$case"; return $? ;;
   esac
-  local out="$runs/alloc-conf/calibration/$case" command
-  command="$py scripts/run_recipe.py --recipe $recipe --num-gpus 1 --out $out train.train_iters=4 $overrides"
-  mkdir -p "$out"
-  echo "=== $case $(date +%T)"
-  echo "$command" > "$out/log.txt"
-  # shellcheck disable=SC2086  (the command is words)
-  $command >> "$out/log.txt" 2>&1
-  echo "=== $case exit $? $(date +%T)"
+  train_case "$case" "$runs/alloc-conf/calibration/$case" "$recipe" "$overrides"
 }
 run_side_by_side "$runs/alloc-conf" run_case 2 "$@"

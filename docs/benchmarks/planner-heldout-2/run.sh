@@ -31,13 +31,6 @@ run_case() {
                           overrides="$(sl 8192) $(mb 1) model.recompute_granularity=full model.recompute_method=block model.recompute_num_layers=4 $(offload 0.25 False)" ;;
     *) echo "unknown case $case"; return 2 ;;
   esac
-  local out="$runs/${DEST:-planner-heldout-2}/$case" command
-  command="$py scripts/run_recipe.py --recipe $recipe --num-gpus 1 --out $out train.train_iters=4 $overrides"
-  mkdir -p "$out"
-  echo "=== $case $(date +%T)"
-  echo "$command" > "$out/log.txt"
-  # shellcheck disable=SC2086  (the command is words)
-  $command >> "$out/log.txt" 2>&1
-  echo "=== $case exit $? $(date +%T)"
+  train_case "$case" "$runs/${DEST:-planner-heldout-2}/$case" "$recipe" "$overrides"
 }
 run_side_by_side "$runs/${DEST:-planner-heldout-2}" run_case 2 "$@"
