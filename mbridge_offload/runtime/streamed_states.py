@@ -417,6 +417,7 @@ class StateStreamingEngine(StreamingEngine):
         while the training thread issued them (18-24 ms a step at 25% on the H200, stream-profile/)."""
         import torch
 
+        self.enqueue_all()  # a previous update not enqueued yet (no forward in between): it comes first
         hdo = self.hdo
         if self._adopt_states():
             self.prefetched = False  # a load put new moments on the host
@@ -469,7 +470,7 @@ class StateStreamingEngine(StreamingEngine):
         stop = min(last + 1, len(self.chunks))
         for index in range(self.enqueued, stop):
             self._enqueue(index)
-        self.enqueued = stop
+            self.enqueued = index + 1  # per chunk: after a failure, none is enqueued twice
         if stop == len(self.chunks):
             self._enqueued_last()
         self.step_s += time.perf_counter() - started

@@ -430,6 +430,7 @@ def install(mode: str) -> None:
         finally:
             _STATE["building"] = None
         if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
+            _DEFERRED_ZEROS.clear()  # a previous model's (an in-process restart): its engines are not this one's
             if mode == STREAM:
                 from mbridge_offload.runtime.streamed_states import StateStreamingEngine
 
@@ -578,17 +579,46 @@ def _install_gates(engine: StreamingEngine, model_chunks) -> None:
         engine.pace(before_first_gate)
 
 
-_DEFERRED_ZEROS: list = []  # DDP modules whose zero_grad_buffer waits for an update still to be enqueued
+_DEFERRED_ZEROS: list = []  # DDP modules whose gradient memsets wait for an update still to be enqueued
+
+
+def _reset_grad_bookkeeping(ddp) -> None:
+    """The CPU part of megatron-core 0.19.2's ``DistributedDataParallel.zero_grad_buffer``
+    (distributed_data_parallel.py:603): the parameters' accumulation flags and the bucket groups' state. It runs at
+    the step's start even when the memsets wait: the schedule's no_sync window for the first micro batches relies on
+    ``bucket_group.reset()`` having run before it opens."""
+    if getattr(ddp.config, "cuda_graph_impl", "none") != "transformer_engine":
+        for param in ddp.params_with_grad:
+            param.grad_added_to_main_grad = False
+    for bucket_group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
+        bucket_group.reset()
+
+
+def _zero_grad_memory(ddp) -> None:
+    """The memory part of ``zero_grad_buffer``: each gradient buffer's memsets."""
+    for buffer in ddp.buffers + ddp.expert_parallel_buffers:
+        buffer.reset()
 
 
 def issue_deferred_zeros() -> None:
     """A stream engine enqueued its update's last chunk: zero the gradient buffers that waited for it, once no
     engine has chunks left to enqueue (the dense and the expert optimizer of a MoE each have one)."""
-    if any(e.unqueued() for e in engines()):
+    import torch
+
+    engines_now = engines()
+    if any(e.unqueued() for e in engines_now):
         return
-    waiting, _DEFERRED_ZEROS[:] = list(_DEFERRED_ZEROS), []
-    for ddp in waiting:
-        ddp.zero_grad_buffer()
+    stream = engines_now[0].zero_stream if engines_now else torch.cuda.current_stream()
+    while _DEFERRED_ZEROS:
+        ddp = _DEFERRED_ZEROS[0]
+        stream.wait_stream(torch.cuda.current_stream())
+        for engine in engines_now:
+            if engine.grads_free_event is not None:
+                stream.wait_event(engine.grads_free_event)
+        with torch.cuda.stream(stream):
+            _zero_grad_memory(ddp)
+        ddp._mbridge_offload_zeroed = stream.record_event()
+        _DEFERRED_ZEROS.pop(0)
 
 
 def _install_grad_zeroing(ddp_class) -> None:
@@ -601,7 +631,8 @@ def _install_grad_zeroing(ddp_class) -> None:
 
     def zero_grad_buffer(self):
         if any(e.unqueued() for e in engines()):
-            # the update still to be enqueued reads these gradients: zeroed after its last chunk
+            # the update still to be enqueued reads these gradients: their memsets after its last chunk
+            _reset_grad_bookkeeping(self)
             if self not in _DEFERRED_ZEROS:
                 _DEFERRED_ZEROS.append(self)
             return None

@@ -104,4 +104,9 @@ RULES: tuple[Rule, ...] = guarded(
     _engine_rule("cuda-graphs", "the streaming offload engine waits in forward hooks, which CUDA graphs skip",
                  key="model.cuda_graph_impl", holds=lambda c: getattr(c.model, "cuda_graph_impl", "none") == "none",
                  fix=f"model.cuda_graph_impl=none  (or ++{ENGINE_KEY}=library)"),
+    _engine_rule("optimizer-cuda-graph", "the streaming offload engine's optimizer step is Python that a CUDA graph's "
+                 "replay skips: the offloaded parameters would stop being updated",
+                 key="optimizer.optimizer_cuda_graph",
+                 holds=lambda c: not getattr(c.opt, "optimizer_cuda_graph", False),
+                 fix=f"optimizer.optimizer_cuda_graph=False  (or ++{ENGINE_KEY}=library)"),
 )

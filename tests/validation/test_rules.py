@@ -96,6 +96,7 @@ CASES = {
         DENSE_OPT, EXACT, {**EXACT, "optimizer.use_precision_aware_optimizer": True}),
     "offload-engine/bf16-params-use-megatron-fsdp": case(DENSE_OPT, DELAYED, {**DELAYED, "ddp.use_megatron_fsdp": True}),
     "offload-engine/cuda-graphs": case(DENSE_OPT, EXACT, {**EXACT, "model.cuda_graph_impl": "local"}),
+    "offload-engine/optimizer-cuda-graph": case(DENSE_OPT, EXACT, {**EXACT, "optimizer.optimizer_cuda_graph": True}),
     "activation-offload/num-layers-range": case(DENSE_ACT, {"model.cpu_offloading_num_layers": 15},
                                                 {"model.cpu_offloading_num_layers": 16}),
     "activation-offload/pipeline-parallel": case(DENSE_ACT, {}, {"model.pipeline_model_parallel_size": 2}, gpus=(1, 2)),
