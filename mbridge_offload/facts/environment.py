@@ -1,5 +1,5 @@
 """The environment a launched run sees: the shell's value wins over the config's ``env_vars`` (Megatron Bridge
-puts ``env_vars`` into the process with ``os.environ.setdefault``), and what the allocator settings ask for."""
+puts ``env_vars`` into the process with ``os.environ.setdefault``)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,3 @@ def run_env(name: str, env_vars: Mapping[str, object] | None, environ: Mapping[s
     value = (env_vars or {}).get(name)
     return None if value is None else str(value)
 
-
-def expandable_segments(setting: str | None) -> bool:
-    """Whether allocator settings ``setting`` (``PYTORCH_CUDA_ALLOC_CONF``) ask for expandable segments (the last
-    mention wins)."""
-    asked = False
-    for option in (setting or "").split(","):
-        key, _, value = option.partition(":")
-        if key.strip() == "expandable_segments":
-            asked = value.strip().lower() == "true"
-    return asked

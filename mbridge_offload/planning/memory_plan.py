@@ -279,11 +279,15 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
             return 1
         return sizes.expert_optimizer_shards if tensor.kind == "expert" else sizes.dense_optimizer_shards
 
+    def with_shards(tensors: list[Tensor]) -> list[tuple[Tensor, int]]:
+        """Each tensor with the elements of its optimizer shard on one rank."""
+        return [(t, math.ceil(t.numel / optimizer_shards(t))) for t in tensors]
+
     stages = []
     for stage in range(sizes.pp):
         tensors = stage_tensors(cfg, stage)
         params = sum(t.numel for t in tensors)
-        shards = [(t, math.ceil(t.numel / optimizer_shards(t))) for t in tensors]
+        shards = with_shards(tensors)
         walks = []  # per optimizer: (bf16 tensors the thrown-away HybridDeviceOptimizer pins, fp32 shards offloaded)
         if fraction <= 0:
             offloaded = []
@@ -292,7 +296,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         else:
             offloaded = []
             for group in optimizer_groups(cfg, stage):
-                own = _offloaded([(t, math.ceil(t.numel / optimizer_shards(t))) for t in walk_order(group)], fraction)
+                own = _offloaded(with_shards(walk_order(group)), fraction)
                 first = first_walk_order(group)  # whole bf16 tensors, not DP shards
                 thrown_away = offload_walk([t.numel for t in first], range(len(first)), fraction)
                 walks.append(([first[i].numel for i in thrown_away], [n for _, n in own]))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from mbridge_offload.facts.offload_engine import (STREAM_RING_SLOTS, last_used_first, stream_chunk_numel,
                                                   stream_pacing)
 from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
-                                                      _params_of)
+                                                      _params_of, issue_deferred_zeros)
 
 HDO_GROUP = "_mbridge_hdo_group"  # in a chunk optimizer's param group: the HybridDeviceOptimizer group it follows
 
@@ -509,8 +509,6 @@ class StateStreamingEngine(StreamingEngine):
         self.slot_free[slot] = self.d2h_stream.record_event()
 
     def _enqueued_last(self) -> None:
-        from mbridge_offload.runtime.streaming_engine import issue_deferred_zeros
-
         self.updated_event = self.update_stream.record_event()
         self.grads_free_event = self.updated_event
         self.moments_home_event = self.d2h_stream.record_event()

@@ -574,7 +574,8 @@ def _install_gates(engine: StreamingEngine, model_chunks) -> None:
                 gated = True
             elif own and engine.mode == STREAM:
                 module.register_forward_pre_hook(lambda _module, _args: engine.advance(), prepend=True)
-                before_first_gate += 0 if gated else 1
+                if not gated:
+                    before_first_gate += 1
     if engine.mode == STREAM:
         engine.pace(before_first_gate)
 
@@ -600,24 +601,31 @@ def _zero_grad_memory(ddp) -> None:
         buffer.reset()
 
 
+def _zero_after_updates(ddp, zero) -> None:
+    """``zero(ddp)`` on the engines' zero stream once every pending update has read the gradients (directly when
+    none is pending); the first forward's end makes the backward wait for it (``_mbridge_offload_zeroed``)."""
+    import torch
+
+    pending = [e for e in engines() if e.grads_free_event is not None]
+    if not pending:
+        zero(ddp)
+        return
+    stream = pending[0].zero_stream
+    stream.wait_stream(torch.cuda.current_stream())
+    for engine in pending:
+        stream.wait_event(engine.grads_free_event)
+    with torch.cuda.stream(stream):
+        zero(ddp)
+    ddp._mbridge_offload_zeroed = stream.record_event()
+
+
 def issue_deferred_zeros() -> None:
     """A stream engine enqueued its update's last chunk: zero the gradient buffers that waited for it, once no
     engine has chunks left to enqueue (the dense and the expert optimizer of a MoE each have one)."""
-    import torch
-
-    engines_now = engines()
-    if any(e.unqueued() for e in engines_now):
+    if any(e.unqueued() for e in engines()):
         return
-    stream = engines_now[0].zero_stream if engines_now else torch.cuda.current_stream()
     while _DEFERRED_ZEROS:
-        ddp = _DEFERRED_ZEROS[0]
-        stream.wait_stream(torch.cuda.current_stream())
-        for engine in engines_now:
-            if engine.grads_free_event is not None:
-                stream.wait_event(engine.grads_free_event)
-        with torch.cuda.stream(stream):
-            _zero_grad_memory(ddp)
-        ddp._mbridge_offload_zeroed = stream.record_event()
+        _zero_after_updates(_DEFERRED_ZEROS[0], _zero_grad_memory)
         _DEFERRED_ZEROS.pop(0)
 
 
@@ -636,16 +644,7 @@ def _install_grad_zeroing(ddp_class) -> None:
             if self not in _DEFERRED_ZEROS:
                 _DEFERRED_ZEROS.append(self)
             return None
-        pending = [e for e in engines() if e.grads_free_event is not None]
-        if not pending:
-            return library_zero(self)
-        stream = pending[0].zero_stream
-        stream.wait_stream(torch.cuda.current_stream())
-        for engine in pending:
-            stream.wait_event(engine.grads_free_event)
-        with torch.cuda.stream(stream):
-            library_zero(self)
-        self._mbridge_offload_zeroed = stream.record_event()
+        _zero_after_updates(self, library_zero)
         return None
 
     def forward(self, *args, **kwargs):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mbridge_offload.facts.environment import expandable_segments, run_env
+from mbridge_offload.facts.environment import run_env
 from mbridge_offload.runtime.allocator_settings import AllocatorSettingsError, apply_allocator_settings
 
 
@@ -10,18 +10,6 @@ def test_the_shell_wins_over_env_vars():
     assert run_env("X", {"X": "recipe"}, {"X": "shell"}) == "shell"
     assert run_env("X", {"X": 1}, {}) == "1"
     assert run_env("X", None, {}) is None
-
-
-@pytest.mark.parametrize("setting, asked", [
-    ("expandable_segments:True", True),
-    ("max_split_size_mb:128, expandable_segments:True", True),
-    ("expandable_segments:True,expandable_segments:False", False),
-    ("expandable_segments:false", False),
-    ("", False),
-    (None, False),
-])
-def test_expandable_segments(setting, asked):
-    assert expandable_segments(setting) is asked
 
 
 def test_applies_the_recipe_value_and_says_so():
