@@ -173,8 +173,16 @@ def test_stream_engine_offloads_what_the_h200_run_offloaded_and_plans_its_host_a
     moe = with_offload_engine(apply_overrides(built("qwen3_30b_a3b_proxy_pretrain_config"), ["model.num_layers=8"]),
                               "stream")
     eight = plan(moe, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=124.4)
+    # no first-step allowance for stream: set on this run (its RSS high water is its steady state), so this checks
+    # consistency; the held-out check is the dense runs below
     measured = json.loads((runs / "stream-moe-8" / "twelfth" / "stream-1" / "summary.json").read_text())
     # the process's peak within 2 %; the node's (the system's own ~1.6 GiB on top) within the host margin
     assert eight.host_peak_bytes_per_node / GIB == pytest.approx(measured["peak_host_rss_high_water_gib"], rel=0.02)
     assert eight.fits_host and eight.host_peak_bytes_per_node / GIB + eight.host_margin_gib >= \
         measured["peak_node_host_used_gib"]
+    # held out: the eleventh session's dense runs at 0.25 without the throwaway optimizer's copies (bench-stream-chunks,
+    # 3 runs), which nothing in the stream host model was set on: the process's peak within the host goal's 5 %
+    for run in sorted((runs / "bench-stream-chunks").glob("fraction-0.25-engine-stream*")):
+        dense_run = json.loads((run / "summary.json").read_text())
+        assert quarter.host_peak_bytes_per_node / GIB == pytest.approx(dense_run["peak_host_rss_high_water_gib"],
+                                                                        rel=0.05), run.name
