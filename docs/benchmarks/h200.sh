@@ -329,8 +329,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     alloc-expandable)
       # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): the allocator's reserve once the recipes'
       # expandable segments are in effect, on calibration and held-out cases (docs/benchmarks/alloc-conf/run.sh).
-      # Ran its first wave only (WAVES=4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-fraction-1, 90 s): the
-      # session's device time ran out.
+      # The twelfth session ran its first wave (WAVES=4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-fraction-1,
+      # 90 s), the thirteenth the other two (262 s, at commit d4998d7); the planner's expandable reserve is set on
+      # the calibration cases.
       RUNS=$runs bash docs/benchmarks/alloc-conf/run.sh ${WAVES:-4b-sl2048+1p7b-sl2048-mb2-mlp-overlap+1b-proxy-fraction-1 \
         moe-proxy-6-sl4096-mb2-overlap+1p7b-sl8192-block4 moe-proxy-4-fraction-0.5+1b-proxy-fraction-0+0p6b-activation-offload-sl4096-mb2}
       grep -h '"step": 1,' "$runs"/alloc-conf/{calibration,heldout}/*/metrics.rank0.jsonl | grep -o '"allocator_[a-z_]*": [a-zA-Z0-9]*' | sort | uniq -c
@@ -339,6 +340,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # Twelfth session (issue #16, docs/benchmarks/offload-engine/stream-lazy/): the stream mode enqueueing its
       # update from the next forward's module pre-hooks instead of inside the optimizer step: 50 deterministic
       # steps at fractions 1 and 0.25 against no offload, a save at 3 resumed to 6, and the stream GPU test.
+      # Ran again in the thirteenth session after the review's changes (commit d4998d7, 222 s):
+      # offload-engine/stream-lazy/after-review/.
       stream_parity "$runs/stream-lazy-parity" -k stream ;;
     stream-lazy-moe)
       # Twelfth session (issue #16, docs/benchmarks/offload-engine/stream-lazy/): the same change on the MoE proxy

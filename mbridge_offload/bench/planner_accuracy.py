@@ -17,8 +17,9 @@ from pathlib import Path
 
 # folders under docs/benchmarks/: the seventh session's held-out runs are calibration for the eleventh session's
 # activation model, which was checked against them
-CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b", "planner-heldout", "planner-auto")
-HELDOUT = ("planner-heldout-2", "planner-auto-2")
+CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b", "planner-heldout", "planner-auto",
+               "alloc-conf/calibration")
+HELDOUT = ("planner-heldout-2", "planner-auto-2", "alloc-conf/heldout", "alloc-conf/shell-env", "alloc-conf/recipe-env")
 REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 
@@ -67,6 +68,20 @@ def _recipe(name: str):
     return registry.get(name).build()
 
 
+def ran_with_expandable_segments(run_dir: Path) -> bool:
+    """Whether the run's allocator had expandable segments, as its metrics recorded at step 1. Runs older than that
+    record ran without them, whatever their recipe asked: the recipe's setting took effect only from the twelfth
+    session (docs/benchmarks/alloc-conf/)."""
+    metrics = run_dir / "metrics.rank0.jsonl"
+    if not metrics.exists():
+        return False
+    with metrics.open() as lines:
+        for line in lines:
+            if '"allocator_expandable_segments"' in line:
+                return json.loads(line)["allocator_expandable_segments"] is True
+    return False
+
+
 def compare_run(run_dir: Path) -> dict | None:
     """Planned vs measured of one run folder (None when the fraction it ran at is unknown)."""
     from overrides import apply_overrides
@@ -79,7 +94,8 @@ def compare_run(run_dir: Path) -> dict | None:
     if fraction is None:
         return None
     cfg = apply_overrides(_recipe(recipe), rest)
-    planned = plan(cfg, 1, fraction=fraction)
+    expandable = ran_with_expandable_segments(run_dir)
+    planned = plan(cfg, 1, fraction=fraction, expandable=expandable)
     s = summary or {}
     measured, host, device = s.get("peak_allocated_gib"), s.get("peak_host_rss_gib"), s.get("peak_device_process_used_gib")
     return {"run": str(run_dir), "recipe": recipe, "overrides": rest, "fraction": fraction,
@@ -94,7 +110,7 @@ def compare_run(run_dir: Path) -> dict | None:
             "planned_host_peak_gib": planned.host_peak_bytes_per_node / GIB,
             "measured_host_high_water_gib": s.get("peak_host_rss_high_water_gib"),
             "measured_node_peak_gib": s.get("peak_node_host_used_gib"),
-            "overlap": s.get("overlap_cpu_optimizer_d2h_h2d") if fraction else None}
+            "overlap": s.get("overlap_cpu_optimizer_d2h_h2d") if fraction else None, "expandable_segments": expandable}
 
 
 def compare_rows(folder: Path) -> list[dict]:
@@ -128,8 +144,8 @@ def compare_markdown(folders: list[Path]) -> str:
 def heldout_markdown(folders: list[Path]) -> str:
     """Held-out runs: PyTorch's peak and the whole device (NVML, this process), planned and measured."""
     lines = ["| run | recipe | overrides | fraction | peak allocated: measured / planned (GiB) | error "
-             "| whole device: measured / planned (GiB) | error | outside PyTorch, measured (GiB) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| whole device: measured / planned (GiB) | error | outside PyTorch, measured (GiB) | expandable segments |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in _all_rows(folders):
         if r["measured_gib"] is None:
             continue
@@ -138,7 +154,8 @@ def heldout_markdown(folders: list[Path]) -> str:
         lines.append(f"| {run.parent.name}/{run.name} | {r['recipe']} | {' '.join(shown)} | {r['fraction']:g} "
                      f"| {r['measured_gib']:.2f} / {r['planned_gib']:.2f} | {_cell(r['error'], '+.1%')} "
                      f"| {_cell(r['measured_device_gib'])} / {r['planned_device_gib']:.2f} "
-                     f"| {_cell(r['device_error'], '+.1%')} | {_cell(r['measured_outside_pytorch_gib'])} |")
+                     f"| {_cell(r['device_error'], '+.1%')} | {_cell(r['measured_outside_pytorch_gib'])} "
+                     f"| {'yes' if r['expandable_segments'] else 'no'} |")
     return "\n".join(lines)
 
 

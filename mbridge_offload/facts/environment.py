@@ -15,3 +15,13 @@ def run_env(name: str, env_vars: Mapping[str, object] | None, environ: Mapping[s
     value = (env_vars or {}).get(name)
     return None if value is None else str(value)
 
+
+def expandable_segments(setting: str | None) -> bool:
+    """Whether a ``PYTORCH_CUDA_ALLOC_CONF`` value turns on expandable segments (off by PyTorch's default). The
+    allocator reads the comma-separated ``key:value`` options in order, so a repeated key's last value holds."""
+    on = False
+    for option in (setting or "").split(","):
+        key, _, value = option.partition(":")
+        if key.strip() == "expandable_segments":
+            on = value.strip() == "True"
+    return on

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
+from mbridge_offload.facts.environment import ALLOC_CONF_ENV, expandable_segments, run_env
 from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
@@ -67,6 +68,13 @@ MOE_EXTRA_GPU_BYTES = int(0.10 * GIB)
 # 101.3 GiB on it). It is most of the whole device's error: peak allocated itself is planned within 0.1 %.
 ALLOCATOR_RESERVE_BYTES = int(1.95 * GIB)
 ALLOCATOR_RESERVE_SHARE = 0.0095
+# The same reserve with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which every recipe
+# sets and run_recipe puts in effect): the largest of the calibration runs of
+# docs/benchmarks/alloc-conf/calibration/ (the dense 1.1B proxy at fractions 0 and 1, the 4-layer MoE proxy at
+# 0.5: 0.04, 1.17 and 0.21 GiB from 18.8 to 45.5 GiB allocated, not ordered by it). By PyTorch's allocator source,
+# a failed allocation first unmaps the free pages of expandable segments and retries, so much of this is cache a
+# run could do without (not measured here); the plan counts it all, as NVML shows it as used.
+EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # Device memory outside PyTorch's allocator: CUDA context, library handles and workspaces, NCCL communicators.
 # Measured per process with NVML on the H200 (torch 2.11, CUDA 13, TE 2.20, one rank): 2.43 GiB on every
 # dense run and 3.20 GiB on every MoE run of the seventh session's planner-heldout/ (the MoE layers load more
@@ -132,6 +140,7 @@ class Plan:
     activation_bytes_gpu: int
     allocated_bytes_gpu: int  # PyTorch's peak allocation: state + activations + workspaces
     allocator_reserve_bytes_gpu: int  # what the caching allocator holds beyond that peak
+    allocator_expandable_segments: bool  # which of the two measured reserves applies
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     total_bytes_gpu: int  # the whole device: the three above
     offloaded_bytes_host_per_rank: int
@@ -217,7 +226,8 @@ def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib:
                 margin_source=_margin_source(margin_gib), host_margin_gib=host_margin_gib, params_per_rank=0,
                 optimizer_params_per_rank=0, offloaded_params_per_rank=0, weights_bytes_gpu=0,
                 grads_bytes_gpu=0, optimizer_bytes_gpu=0, state_bytes_gpu=0, activation_bytes_gpu=0,
-                allocated_bytes_gpu=0, allocator_reserve_bytes_gpu=0, outside_pytorch_bytes_gpu=0, total_bytes_gpu=0,
+                allocated_bytes_gpu=0, allocator_reserve_bytes_gpu=0, allocator_expandable_segments=False,
+                outside_pytorch_bytes_gpu=0, total_bytes_gpu=0,
                 offloaded_bytes_host_per_rank=0, pinned_bytes_host_per_rank=0,
                 host_bytes_per_node=0, host_peak_bytes_per_node=0, ranks_per_node=0, transfer_bytes_per_step=0,
                 transfer_time_lower_bound_s=0.0, host_link_gbps=host_link_gbps, offload_time_lower_bound_s=0.0,
@@ -243,11 +253,21 @@ def outside_pytorch_bytes(cfg) -> int:
     return OUTSIDE_PYTORCH_BYTES + (MOE_EXTRA_OUTSIDE_PYTORCH_BYTES if cfg.model.num_moe_experts else 0)
 
 
-def device_total_bytes(allocated: int, outside: int) -> tuple[int, int]:
+def device_total_bytes(allocated: int, outside: int, expandable: bool) -> tuple[int, int]:
     """(the allocator's reserve beyond ``allocated``, the whole device's bytes) for a PyTorch peak of
-    ``allocated`` bytes and ``outside`` bytes outside PyTorch."""
-    reserve = ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
+    ``allocated`` bytes and ``outside`` bytes outside PyTorch, with or without expandable segments."""
+    if expandable:
+        reserve = EXPANDABLE_ALLOCATOR_RESERVE_BYTES
+    else:
+        reserve = ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
     return reserve, allocated + reserve + outside
+
+
+def allocator_expandable(cfg, environ=None) -> bool:
+    """Whether the run of ``cfg`` gets expandable segments: the shell's PYTORCH_CUDA_ALLOC_CONF, else the
+    recipe's ``env_vars`` (run_recipe puts it in effect before the first allocation)."""
+    return expandable_segments(run_env(ALLOC_CONF_ENV, getattr(cfg, "env_vars", None),
+                                       os.environ if environ is None else environ))
 
 
 def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
@@ -255,8 +275,9 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
          host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None,
          host_memory_gbps: float = H200_HOST_MEMORY_GBPS, host_margin_gib: float = DEFAULT_HOST_MARGIN_GIB,
          host_memory_total_gbps: float = H200_HOST_MEMORY_TOTAL_GBPS,
-         host_memory_source: str = HOST_MEMORY_GIVEN) -> Plan:
-    """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's)."""
+         host_memory_source: str = HOST_MEMORY_GIVEN, expandable: bool | None = None) -> Plan:
+    """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's; ``expandable``, whether
+    the allocator has expandable segments, to what the run will get: ``allocator_expandable``)."""
     m, opt = cfg.model, cfg.optimizer
     if fraction is None:
         fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0
@@ -272,6 +293,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     main_bytes = dtype_bytes(opt.main_params_dtype) if precision_aware else 4
     moment_bytes = dtype_bytes(opt.exp_avg_dtype) + dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
     engine = engine_mode(getattr(cfg, "env_vars", None), os.environ) if fraction > 0 else LIBRARY
+    expandable = allocator_expandable(cfg) if expandable is None else expandable
     stream = engine == STREAM
 
     def optimizer_shards(tensor: Tensor) -> int:
@@ -313,7 +335,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         state = 2 * params + grad_bytes * params + optimizer
         activations = activation_bytes(cfg, stage)
         allocated = state + activations + base_gpu_bytes(cfg)
-        reserve, total = device_total_bytes(allocated, outside_pytorch_bytes(cfg))
+        reserve, total = device_total_bytes(allocated, outside_pytorch_bytes(cfg), expandable)
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
@@ -345,7 +367,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         weights_bytes_gpu=2 * params, grads_bytes_gpu=grad_bytes * params,
         optimizer_bytes_gpu=worst.optimizer_bytes_gpu, state_bytes_gpu=worst.stage_plan.state_bytes_gpu,
         activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, allocated_bytes_gpu=allocated,
-        allocator_reserve_bytes_gpu=reserve, outside_pytorch_bytes_gpu=outside_pytorch_bytes(cfg), total_bytes_gpu=total,
+        allocator_reserve_bytes_gpu=reserve, allocator_expandable_segments=expandable,
+        outside_pytorch_bytes_gpu=outside_pytorch_bytes(cfg), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned, host_bytes_per_node=host_node,
         host_peak_bytes_per_node=host_peak, ranks_per_node=ranks_per_node, transfer_bytes_per_step=transfer,
         transfer_time_lower_bound_s=max(bound["d2h_s"], bound["h2d_s"]),  # both directions run at once

@@ -26,7 +26,8 @@ def format_plan(p: Plan) -> str:
                                              f"{g(p.optimizer_bytes_gpu)} = {g(p.state_bytes_gpu)}"),
         ("GPU: activations (peak)", g(p.activation_bytes_gpu)),
         ("GPU: whole device", f"{g(p.allocated_bytes_gpu)} allocated by PyTorch (with workspaces) + "
-                              f"{g(p.allocator_reserve_bytes_gpu)} its allocator's reserve + "
+                              f"{g(p.allocator_reserve_bytes_gpu)} its allocator's reserve ("
+                              f"{'expandable' if p.allocator_expandable_segments else 'fixed'} segments) + "
                               f"{g(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context, libraries, NCCL) = "
                               f"{g(p.total_bytes_gpu)}"),
         ("GPU: fit", f"{g(p.total_bytes_gpu)} + {p.margin_gib:.2f} GiB margin ({p.margin_source}) of "

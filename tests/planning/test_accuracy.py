@@ -39,6 +39,17 @@ def test_the_whole_device_is_never_underplanned_beyond_autos_margin_on_heldout_r
     assert largest_underprediction(rows) <= memory_plan.HELDOUT_UNDERPREDICTION_SHARE
 
 
+def test_the_expandable_segments_reserve_covers_the_heldout_runs_with_them():
+    """Set on the three runs of alloc-conf/calibration; checked on the held-out runs that had expandable segments
+    (measured reserve: the whole device less PyTorch's peak and the memory outside PyTorch, both from NVML)."""
+    rows = [r for folder in HELDOUT for r in compare_rows(BENCHMARKS / folder)
+            if r["expandable_segments"] and r["measured_device_gib"] is not None]
+    assert len(rows) >= 6
+    for r in rows:
+        reserve_gib = r["measured_device_gib"] - r["measured_outside_pytorch_gib"] - r["measured_gib"]
+        assert 0 <= reserve_gib <= memory_plan.EXPANDABLE_ALLOCATOR_RESERVE_BYTES / memory_plan.GIB, r
+
+
 def test_committed_accuracy_tables_are_current():
     dirs = [BENCHMARKS / d for d in CALIBRATION]
     heldout = [BENCHMARKS / d for d in HELDOUT]

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from overrides import apply_overrides
-from mbridge_offload.planning import GIB, Plan, plan
+from mbridge_offload.planning import GIB, Plan, memory_plan, plan
 from mbridge_offload.planning.memory_plan import FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM, base_gpu_bytes
+from mbridge_offload.planning.report import format_plan
 
 
 def test_seed_numbers(built):
@@ -93,6 +94,26 @@ def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(bu
     fast = plan(cfg, 1, fraction=1.0, host_memory_gbps=10_000, host_memory_total_gbps=10_000)
     assert fast.offload_time_bound_by in ("the D2H link", "the H2D link")
     assert fast.offload_time_lower_bound_s == pytest.approx(fast.transfer_time_lower_bound_s)
+
+
+def test_the_allocators_reserve_follows_the_setting_the_run_will_get(built, monkeypatch):
+    """The recipes ask for expandable segments and run_recipe puts them in effect: the plan counts the reserve
+    measured with them; a recipe or a shell that turns them off gets the reserve measured without (larger)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    expandable = plan(cfg, 1, fraction=0.5)
+    assert expandable.allocator_expandable_segments
+    assert expandable.allocator_reserve_bytes_gpu == memory_plan.EXPANDABLE_ALLOCATOR_RESERVE_BYTES
+    fixed_by_recipe = plan(apply_overrides(cfg, ["++env_vars.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"]), 1,
+                           fraction=0.5)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    fixed_by_shell = plan(cfg, 1, fraction=0.5)
+    for fixed in (fixed_by_recipe, fixed_by_shell):
+        assert not fixed.allocator_expandable_segments
+        assert fixed.allocated_bytes_gpu == expandable.allocated_bytes_gpu
+        assert fixed.allocator_reserve_bytes_gpu > expandable.allocator_reserve_bytes_gpu
+    assert "reserve (expandable segments)" in format_plan(expandable)
+    assert "reserve (fixed segments)" in format_plan(fixed_by_shell)
 
 
 def test_the_plan_adds_up_and_is_frozen(built):
