@@ -365,6 +365,36 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
+    planner-heldout-3)
+      # NOT RUN YET (issue #15, docs/benchmarks/planner-heldout-3/): five configurations never run, the host's blind
+      # check (overlap on and off, Qwen3-8B) and the GPU plan with expandable segments. ~6 min by estimate.
+      RUNS=$runs bash docs/benchmarks/planner-heldout-3/run.sh ${WAVES:-8b-sl2048-overlap-off \
+        moe-proxy-7-sl2048-overlap-off+1p7b-activation-offload-sl4096-mb2-overlap-on \
+        4b-sl4096-mlp-overlap-on+0p6b-sl8192-fraction-1-overlap-on} ;;
+    planner-auto-3)
+      # NOT RUN YET (issue #15): auto with the reserve measured with expandable segments, on configurations never run,
+      # each pair (auto's fraction, 0.05 below) alone beside its ballast. The device sizes put auto at 0.5-0.55 by
+      # the thirteenth session's plan. planner-auto-2's cases ran without expandable segments and are owed again too.
+      mkdir -p "$runs/planner-auto-3"
+      for case in ${CASES:-4b-sl2048-mb2 moe-proxy-3-fine-grained-sl4096 0p6b-sl2048-mb4 1p7b-sl6144-block8 moe-proxy-5-sl2048-mb2}; do
+        case $case in
+          4b-sl2048-mb2) args="81 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=2048 \
+            dataset.seq_length=2048 train.micro_batch_size=2 train.global_batch_size=2" ;;
+          moe-proxy-3-fine-grained-sl4096) args="41 qwen3_30b_a3b_proxy_fine_grained_offload_config model.num_layers=3 \
+            model.seq_length=4096 dataset.seq_length=4096" ;;
+          0p6b-sl2048-mb4) args="29 qwen3_0p6b_pretrain_config model.seq_length=2048 dataset.seq_length=2048 \
+            train.micro_batch_size=4 train.global_batch_size=4" ;;
+          1p7b-sl6144-block8) args="42 qwen3_1p7b_pretrain_config model.seq_length=6144 dataset.seq_length=6144 \
+            model.recompute_granularity=full model.recompute_method=block model.recompute_num_layers=8" ;;
+          moe-proxy-5-sl2048-mb2) args="60 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=5 model.seq_length=2048 \
+            dataset.seq_length=2048 train.micro_batch_size=2 train.global_batch_size=2" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        case $args in *micro_batch_size*) ;; *) args="$args train.micro_batch_size=1 train.global_batch_size=1" ;; esac
+        read -r -a words <<< "$args"  # DEVICE_GIB RECIPE OVERRIDES...
+        $py scripts/check_auto.py --recipe "${words[1]}" --device-gib "${words[0]}" --out "$runs/planner-auto-3/$case" \
+          "${words[@]:2}" 2>&1 | tee "$runs/planner-auto-3/$case.log"
+      done ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
       # (dense done; moe failed to save on the host's disk). Sixth session, one device call per group:
