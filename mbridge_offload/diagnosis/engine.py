@@ -219,23 +219,30 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         finding.fix_basis = f"generic: no config of this run was found; {PRECISE_HINT}"
         return
     cfg, gpus = config.cfg, run.num_gpus
+    # The allocator setting the run had, as its header says. A log without that line was not launched by
+    # run_recipe.py, and there a recipe's env_vars reach the allocator too late (docs/benchmarks/alloc-conf/):
+    # fixed segments, unless its shell set them, which the log does not say; their larger reserve is the safe side.
+    expandable = bool(run.facts.expandable_segments)
+    allocator = (f"allocator: {'expandable' if expandable else 'fixed'} segments"
+                 + (" (as the log's header says)" if run.facts.expandable_segments is not None else
+                    " (assumed: the log does not name the allocator setting)"))
     try:
         if finding.rule_id in _OOM_IDS:
-            computed = fixes.oom_fix(cfg, gpus, oom)
+            computed = fixes.oom_fix(cfg, gpus, oom, expandable)
         elif finding.rule_id == "runtime/host-memory-killed":
             if run.facts.host_memory_gib is None:
                 finding.fix_basis = ("generic: the log does not say the node's memory (run_recipe.py prints it in "
                                      "its plan: 'host: per node ... of N GiB'); plan_offload.py --host-memory-gib N "
                                      "optimizer.optimizer_offload_fraction=auto computes it")
                 return
-            computed = fixes.host_fix(cfg, gpus, run.facts.host_memory_gib, run.facts.gpu_memory_gib)
+            computed = fixes.host_fix(cfg, gpus, run.facts.host_memory_gib, run.facts.gpu_memory_gib, expandable)
         else:
-            computed = fixes.slowdown_fix(cfg, gpus, run.facts.gpu_memory_gib)
+            computed = fixes.slowdown_fix(cfg, gpus, run.facts.gpu_memory_gib, expandable)
     except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         finding.fix_basis = f"generic: the planner could not read this config ({type(error).__name__}: {error})"
         return
     if computed is not None:
-        finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; config: {config.source}"
+        finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; {allocator}; config: {config.source}"
 
 
 def _recipe(facts: RunFacts) -> str | None:

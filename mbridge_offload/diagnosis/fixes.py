@@ -29,26 +29,27 @@ def _cheapest(options: list[str]) -> list[str]:
     return sorted(options, key=lambda option: "--num-gpus" in option)
 
 
-def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None) -> tuple[str, str]:
+def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool) -> tuple[str, str]:
     """The smallest larger fraction that the planner fits on this GPU (with its margin) and that frees at least
-    what the failed allocation lacked (the measured part of the need); else the cheapest change that fits."""
+    what the failed allocation lacked (the measured part of the need); else the cheapest change that fits.
+    ``expandable``: whether the run's allocator had expandable segments (the reserve the plan counts)."""
     failed = current_fraction(cfg)
     gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or DEFAULT_GPU_GIB
     shortfall = (oom.shortfall_gib if oom else None) or 0.0
-    at_failure = plan(cfg, num_gpus, fraction=failed, gpu_memory_gib=gpu_gib)
+    at_failure = plan(cfg, num_gpus, fraction=failed, gpu_memory_gib=gpu_gib, expandable=expandable)
     steps = int(round(1 / AUTO_STEP))
     for i in range(1, steps + 1):
         fraction = round(i * AUTO_STEP, 2)
         if fraction <= failed:
             continue
-        candidate = plan(cfg, num_gpus, fraction=fraction, gpu_memory_gib=gpu_gib)
+        candidate = plan(cfg, num_gpus, fraction=fraction, gpu_memory_gib=gpu_gib, expandable=expandable)
         freed = (at_failure.total_bytes_gpu - candidate.total_bytes_gpu) / GIB
         if candidate.fits_gpu and freed >= shortfall:
             return _switch(fraction), (
                 f"planner, {num_gpus} GPU(s) of {gpu_gib:.2f} GiB: fraction {fraction:g} frees {freed:.1f} GiB "
                 f"against fraction {failed:g} (the failed allocation lacked {shortfall:.2f} GiB) and plans "
                 f"{candidate.total_bytes_gpu / GIB:.1f} GiB with {candidate.margin_gib:.2f} GiB margin")
-    options = _cheapest(what_would_fit(cfg, num_gpus, gpu_memory_gib=gpu_gib))
+    options = _cheapest(what_would_fit(cfg, num_gpus, gpu_memory_gib=gpu_gib, expandable=expandable))
     if options:
         return options[0], (f"planner: no optimizer offload fraction fits {gpu_gib:.2f} GiB; the cheapest change "
                             f"that does" + (f" (others: {'; '.join(options[1:])})" if options[1:] else ""))
@@ -56,10 +57,11 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None) -> tuple[str, str]
             f"planner: neither a fraction nor the usual changes fit {gpu_gib:.2f} GiB")
 
 
-def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None) -> tuple[str, str] | None:
+def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None,
+             expandable: bool) -> tuple[str, str] | None:
     """After a SIGKILL: the largest fraction whose first-step host peak fits the node."""
     fraction, at = largest_host_fitting_fraction(cfg, num_gpus, host_memory_gib=host_gib,
-                                                 gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB)
+                                                 gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB, expandable=expandable)
     if fraction is None or at is None:
         return None
     gpu_note = "" if at.fits_gpu else "; the GPU does not fit at that fraction: more nodes or GPUs too"
@@ -68,10 +70,10 @@ def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None) ->
                                + gpu_note)
 
 
-def slowdown_fix(cfg: Any, num_gpus: int, gpu_gib: float | None) -> tuple[str, str] | None:
+def slowdown_fix(cfg: Any, num_gpus: int, gpu_gib: float | None, expandable: bool) -> tuple[str, str] | None:
     """After a slow fraction-1 run: the smallest fraction the GPU fits, with the overlap on."""
     gpu = gpu_gib or DEFAULT_GPU_GIB
-    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, gpu_memory_gib=gpu)
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, gpu_memory_gib=gpu, expandable=expandable)
     if fraction is None or fraction >= 1.0:
         return None
     return (_switch(fraction) + (" optimizer.overlap_cpu_optimizer_d2h_h2d=True" if fraction else "")

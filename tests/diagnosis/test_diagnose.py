@@ -111,7 +111,7 @@ def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path):
     """A torch OOM at fraction 0.3 with the run's real run_config.yaml beside the log, on a GPU the planner
     says is too small at 0.3: the fix is the smallest larger fraction that fits and frees what was lacking."""
     saved = load_run_config(SAVED_CONFIG)
-    failed = plan(saved, 1, fraction=0.3).total_bytes_gpu / 2 ** 30
+    failed = plan(saved, 1, fraction=0.3, expandable=False).total_bytes_gpu / 2 ** 30
     gpu = round(failed + 2.0, 2)  # the planner's 4 GiB margin does not fit at 0.3
     message = TORCH_OOM.replace("79.19 GiB", f"{gpu:.2f} GiB").replace("Tried to allocate 3.50 GiB",
                                                                         "Tried to allocate 1.50 GiB")
@@ -120,13 +120,46 @@ def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path):
     finding = only(run / "log.txt", "runtime/oom-partial-offload")
     fraction = float(finding.fix.split("optimizer.optimizer_offload_fraction=")[1].split()[0])
 
-    def good(f):
-        at = plan(saved, 1, fraction=f, gpu_memory_gib=gpu)
+    def good(f):  # the log names no allocator setting: planned with fixed segments, as the fix is
+        at = plan(saved, 1, fraction=f, gpu_memory_gib=gpu, expandable=False)
         return at.fits_gpu and failed - at.total_bytes_gpu / 2 ** 30 >= shortfall
 
     assert fraction > 0.3 and good(fraction)
     assert not any(good(round(f / 100, 2)) for f in range(35, int(round(fraction * 100)), 5))
     assert str(run / "run_config.yaml") in finding.fix_basis
+
+
+def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
+    """run_recipe.py's header names the allocator setting; the fix plans with that reserve. A log without the line
+    was not launched by run_recipe.py, where a recipe's setting never reached the allocator: fixed segments."""
+    saved = load_run_config(SAVED_CONFIG)
+
+    def next_fitting(gpu: float, expandable: bool) -> float | None:
+        for f in range(35, 101, 5):
+            if plan(saved, 1, fraction=f / 100, gpu_memory_gib=gpu, expandable=expandable).fits_gpu:
+                return f / 100
+        return None
+
+    # a GPU size where the two reserves lead to different fractions, so that the fix shows which one it used
+    failed = plan(saved, 1, fraction=0.3, expandable=False).total_bytes_gpu / 2 ** 30
+    def differ(gpu: float) -> bool:
+        expandable, fixed = next_fitting(gpu, True), next_fitting(gpu, False)
+        return expandable is not None and fixed is not None and expandable != fixed
+
+    gpu = next(g for g in (round(failed - i / 10, 2) for i in range(40)) if differ(g))
+    message = TORCH_OOM.replace("79.19 GiB", f"{gpu:.2f} GiB").replace("Tried to allocate 3.50 GiB",
+                                                                        "Tried to allocate 0.01 GiB")
+    headers = {"  GPU memory allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n": True,
+               "  GPU memory allocator: PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n": False,
+               "": False}
+    for i, (header, expandable) in enumerate(headers.items()):
+        (tmp_path / str(i)).mkdir()
+        run = _run_with_saved_config(tmp_path / str(i), 0.3, f"{header}[rank0]: {message}\n")
+        finding = only(run / "log.txt", "runtime/oom-partial-offload")
+        fraction = float(finding.fix.split("optimizer.optimizer_offload_fraction=")[1].split()[0])
+        assert fraction == next_fitting(gpu, expandable), header
+        said = "as the log's header says" if header else "assumed: the log does not name the allocator setting"
+        assert f"allocator: {'expandable' if expandable else 'fixed'} segments ({said})" in finding.fix_basis
 
 
 def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_path):
