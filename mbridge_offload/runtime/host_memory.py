@@ -1,4 +1,4 @@
-"""Host memory peaks that step-boundary samples miss.
+"""Host memory peaks that step-boundary samples miss, and the freed heap a process keeps.
 
 Offloaded training's host memory peaks inside the first optimizer step, not between steps: on the H200
 the 7-layer MoE proxy at fraction 1 read 93.1 GiB of RSS at the step boundaries while the node's used
@@ -7,10 +7,16 @@ memory (MemTotal - MemAvailable) stood at 116.0 GiB for ten seconds inside its f
 - the process's RSS high-water mark (VmHWM: the kernel tracks it, nothing is sampled), and
 - the node's peak used memory, sampled by a background thread: it also sees memory no process's RSS
   shows (22 GiB of it at that peak).
+
+glibc's malloc keeps the pages of blocks freed below its mmap threshold in the process: the 6-layer MoE proxy at
+fraction 0.75 held 1.02 GiB of them from its first step on, outside any planned term
+(docs/benchmarks/planner-accuracy.md). ``release_free_heap`` gives them back after setup and after each checkpoint
+save (``malloc_trim``); the pages of a block used again are mapped again when it is.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Callable
 
@@ -65,3 +71,38 @@ class NodeUsedPeak:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def release_free_heap() -> int | None:
+    """Return glibc's freed heap pages to the OS (``malloc_trim(0)``): the bytes of RSS it released (0 or more), or
+    None where the C library has no ``malloc_trim``."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    before = proc_kib("VmRSS")
+    trim(0)
+    after = proc_kib("VmRSS")
+    return None if before is None or after is None else max(0, before - after) * 1024
+
+
+def make_heap_release_callback(rank: int):
+    """A Megatron Bridge callback that releases the freed heap once the model and optimizer are built and after
+    each checkpoint save (both free large temporary buffers), saying on rank 0 what setup left."""
+    from megatron.bridge.training.callbacks import Callback
+
+    from mbridge_offload.facts.units import GIB
+
+    class ReleaseFreeHeap(Callback):
+        def on_train_start(self, context) -> None:
+            released = release_free_heap()
+            if rank == 0 and released is not None:
+                print(f"host memory: {released / GIB:.2f} GiB of heap freed during setup returned to the OS "
+                      "(glibc malloc_trim)", flush=True)
+
+        def on_checkpoint_save(self, context) -> None:
+            release_free_heap()
+
+    return ReleaseFreeHeap()
+

@@ -258,12 +258,14 @@ def train(cfg, settings: LaunchSettings) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    from mbridge_offload.runtime.host_memory import make_heap_release_callback
+
     metrics = make_callback(out_dir, rank)
     from mbridge_offload.runtime.streaming_engine import drain_all
 
     try:
         try:
-            pretrain(cfg, forward_step, callbacks=[metrics])
+            pretrain(cfg, forward_step, callbacks=[make_heap_release_callback(rank), metrics])
         except SystemExit as stop:
             if stop.code in (0, None):
                 drain_all(apply_delayed=False)  # the last update: its errors surface, no thread dies mid-step
