@@ -370,7 +370,10 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # check (overlap on and off, Qwen3-8B) and the GPU plan with expandable segments. ~6 min by estimate.
       RUNS=$runs bash docs/benchmarks/planner-heldout-3/run.sh ${WAVES:-8b-sl2048-overlap-off \
         moe-proxy-7-sl2048-overlap-off+1p7b-activation-offload-sl4096-mb2-overlap-on \
-        4b-sl4096-mlp-overlap-on+0p6b-sl8192-fraction-1-overlap-on} ;;
+        4b-sl4096-mlp-overlap-on+0p6b-sl8192-fraction-1-overlap-on}
+      # and the heap release (malloc_trim after setup, thirteenth session): the case that left 1.02 GiB of freed
+      # heap in alloc-conf/heldout/ (RSS 62.51 GiB at step 1), again; its log says what was released
+      DEST=planner-heldout-3/heap-release RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh moe-proxy-6-sl4096-mb2-overlap ;;
     planner-auto-3)
       # NOT RUN YET (issue #15): auto with the reserve measured with expandable segments, on configurations never run,
       # each pair (auto's fraction, 0.05 below) alone beside its ballast. The device sizes put auto at 0.5-0.55 by
