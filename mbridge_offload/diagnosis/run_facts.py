@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
-from mbridge_offload.facts.environment import expandable_segments
+from mbridge_offload.facts.environment import expandable_in_allocator_line
 
 _SIZE = r"([\d.]+) (GiB|MiB|KiB|B)\b"
 _UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "B": 1 / 1024 ** 3}
@@ -160,9 +160,8 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.gpu_memory_gib = float(match.group(1))
         elif match := re.match(r"host: per node .* ranks? of ([\d.]+) GiB", text):
             facts.host_memory_gib = float(match.group(1))
-        elif text.startswith("GPU memory allocator: "):
-            setting = re.match(r"GPU memory allocator: PYTORCH_CUDA_ALLOC_CONF=(\S*)", text)
-            facts.expandable_segments = expandable_segments(setting.group(1) if setting else None)
+        elif (expandable := expandable_in_allocator_line(text)) is not None:
+            facts.expandable_segments = expandable
         elif match := _ITERATION.search(text):
             if line.rank in (None, 0):
                 iterations.setdefault(int(match.group(1)), float(match.group(2)) / 1000)

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
-from mbridge_offload.facts.environment import ALLOC_CONF_ENV, expandable_segments, run_env
+from mbridge_offload.facts.environment import allocator_conf, expandable_segments
 from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
@@ -264,10 +264,10 @@ def device_total_bytes(allocated: int, outside: int, expandable: bool) -> tuple[
 
 
 def allocator_expandable(cfg, environ=None) -> bool:
-    """Whether the run of ``cfg`` gets expandable segments: the shell's PYTORCH_CUDA_ALLOC_CONF, else the
-    recipe's ``env_vars`` (run_recipe puts it in effect before the first allocation)."""
-    return expandable_segments(run_env(ALLOC_CONF_ENV, getattr(cfg, "env_vars", None),
-                                       os.environ if environ is None else environ))
+    """Whether the run of ``cfg`` gets expandable segments (``allocator_conf``: the shell's setting, else the
+    recipe's ``env_vars``, which run_recipe puts in effect before the first allocation)."""
+    conf = allocator_conf(getattr(cfg, "env_vars", None), os.environ if environ is None else environ)
+    return expandable_segments(conf[1] if conf else None)
 
 
 def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
@@ -276,8 +276,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
          host_memory_gbps: float = H200_HOST_MEMORY_GBPS, host_margin_gib: float = DEFAULT_HOST_MARGIN_GIB,
          host_memory_total_gbps: float = H200_HOST_MEMORY_TOTAL_GBPS,
          host_memory_source: str = HOST_MEMORY_GIVEN, expandable: bool | None = None) -> Plan:
-    """Memory plan of ``cfg`` on ``num_gpus`` GPUs (``fraction`` defaults to the config's; ``expandable``, whether
-    the allocator has expandable segments, to what the run will get: ``allocator_expandable``)."""
+    """Memory plan of ``cfg`` on ``num_gpus`` GPUs. ``fraction`` defaults to the config's; ``expandable`` (whether
+    the allocator has expandable segments) defaults to what the run will get: ``allocator_expandable``."""
     m, opt = cfg.model, cfg.optimizer
     if fraction is None:
         fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0

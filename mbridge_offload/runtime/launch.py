@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
+from mbridge_offload.facts.environment import allocator_conf, allocator_line
 from mbridge_offload.facts.offload_engine import ENGINE_MODES, engine_mode
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
 from mbridge_offload.runtime.run_outcome import FAILURE_FILE, write_failure
@@ -103,7 +104,7 @@ def offload_engine(cfg) -> str:
     return engine_mode(cfg.env_vars, os.environ)
 
 
-def run_header(cfg, settings: LaunchSettings, threads_reason: str, allocator: str | None = None) -> str:
+def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
     import torch
 
     lines = [f"Training {settings.recipe_name} ({settings.topology}), {cfg.train.train_iters} steps, "
@@ -116,8 +117,7 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str, allocator: st
         mode = offload_engine(cfg)
         lines.append(f"  offload engine: {mode}: {ENGINE_MODES[mode]}")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
-    lines.append(f"  GPU memory allocator: PYTORCH_CUDA_ALLOC_CONF={allocator}" if allocator
-                 else "  GPU memory allocator: PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)")
+    lines.append(f"  {allocator_line(allocator_conf(cfg.env_vars, os.environ))}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
     if warning:
@@ -229,7 +229,7 @@ def train(cfg, settings: LaunchSettings) -> int:
     from mbridge_offload.runtime.allocator_settings import AllocatorSettingsError, apply_allocator_settings
 
     try:
-        allocator = apply_allocator_settings(cfg.env_vars, os.environ)  # before the model's first allocation
+        apply_allocator_settings(cfg.env_vars, os.environ)  # before the model's first allocation
     except AllocatorSettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -253,7 +253,7 @@ def train(cfg, settings: LaunchSettings) -> int:
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / FAILURE_FILE).unlink(missing_ok=True)
-        print(run_header(cfg, settings, threads_reason, allocator), flush=True)
+        print(run_header(cfg, settings, threads_reason), flush=True)
 
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain

@@ -47,8 +47,9 @@ def pinned_host_bytes() -> int | None:
 
 def allocator_layout() -> dict[str, Any]:
     """How PyTorch's caching allocator holds the device memory it reserved: whether its segments are expandable
-    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in effect: the setting is read once, when CUDA starts in
-    the process, so a value set later does nothing) and how many segments it holds."""
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in effect: the environment is read once, when CUDA starts,
+    so a recipe's value takes effect only as run_recipe.py applies it, runtime/allocator_settings.py) and how many
+    segments it holds."""
     import torch
 
     segments = torch.cuda.memory_snapshot()

@@ -11,6 +11,9 @@ from mbridge_offload.facts.environment import ALLOC_CONF_ENV, expandable_segment
     ("expandable_segments:True", True),
     ("max_split_size_mb:128,expandable_segments:True", True),
     (" expandable_segments : True ", True),
+    ("expandable_segments:Tr ue", True),  # PyTorch drops whitespace anywhere
+    ("max_split_size_mb:128, expandable_segments:True", True),
+    ("expandable_segments:true", False),  # PyTorch refuses it (the run stops before training)
     ("expandable_segments:False", False),
     ("expandable_segments:True,expandable_segments:False", False),  # the allocator reads the options in order
     ("max_split_size_mb:128", False),

@@ -58,6 +58,32 @@ def test_run_header_says_which_engine_runs_and_what_it_guarantees(recipe, tmp_pa
     assert "bit-identical in deterministic mode" in header
 
 
+def test_diagnose_reads_the_allocator_setting_the_run_header_names(recipe, tmp_path, monkeypatch):
+    from overrides import apply_overrides
+    from mbridge_offload.diagnosis.logs import read_lines
+    from mbridge_offload.diagnosis.run_facts import run_facts
+    from mbridge_offload.runtime.launch import LaunchSettings, run_header
+
+    settings = LaunchSettings(recipe_name="r", num_gpus=1, out_dir=tmp_path, cpu_threads="auto", tuning_lines=(),
+                              run_lines=(), overlap_chunks=8, topology="1 GPU", offload_lines=())
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    cfg = recipe("qwen3_1b_proxy_pretrain_config")  # the recipe's expandable segments
+    off = apply_overrides(cfg, ["++env_vars.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"])
+    unset = apply_overrides(cfg, ["~env_vars.PYTORCH_CUDA_ALLOC_CONF"])
+    for i, (config, shell, expandable) in enumerate([(cfg, {}, True), (off, {}, False), (unset, {}, False),
+                                                     (unset, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, True),
+                                                     (cfg, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+                                                      False)]):
+        for name, value in shell.items():
+            monkeypatch.setenv(name, value)
+        log = tmp_path / f"{i}.log"
+        log.write_text(run_header(config, settings, "test") + "\n")
+        assert run_facts(read_lines(log), None).expandable_segments is expandable, (i, log.read_text())
+        for name in shell:
+            monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize("sizes,numel", [([10, 3, 7], 4), ([5], 5), ([1, 1, 1, 1], 3), ([17, 2, 40, 1, 9], 11),
                                          ([6, 6], 100)])
 def test_stream_layout_cuts_the_tensors_into_chunks_that_cover_every_element_once(sizes, numel):
