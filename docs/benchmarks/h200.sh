@@ -34,6 +34,13 @@ stream_parity() {  # DIR [PYTEST_ARGS...]: the stream mode against no offload, 5
   $py -m mbridge_offload.bench.engine_parity --out "$d" "stream (1) vs no offload=$d/baseline:$d/stream-1" \
     "stream (0.25) vs no offload=$d/baseline:$d/stream-0.25"
 }
+auto_pair() {  # DIR CASE "DEVICE_GIB RECIPE OVERRIDES...": scripts/check_auto.py on one case (micro batch 1 unless given)
+  local dir=$1 case=$2 args=$3 words
+  case $args in *micro_batch_size*) ;; *) args="$args train.micro_batch_size=1 train.global_batch_size=1" ;; esac
+  read -r -a words <<< "$args"
+  $py scripts/check_auto.py --recipe "${words[1]}" --device-gib "${words[0]}" --out "$dir/$case" "${words[@]:2}" 2>&1 \
+    | tee "$dir/$case.log"
+}
 host_json() { if [ -f "$runs/host/host.json" ]; then echo "$runs/host/host.json"; else echo docs/benchmarks/offload-overhead/host.json; fi; }
 save_phase() {  # PHASE: its folders under $RUNS as $OUT/PHASE.tgz (also when the call's time limit interrupts it)
   if [ -n "${OUT:-}" ]; then
@@ -198,10 +205,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
             model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=2" ;;
           *) echo "unknown case $case"; exit 2 ;;
         esac
-        case $args in *micro_batch_size*) ;; *) args="$args train.micro_batch_size=1 train.global_batch_size=1" ;; esac
-        read -r -a words <<< "$args"  # DEVICE_GIB RECIPE OVERRIDES...
-        $py scripts/check_auto.py --recipe "${words[1]}" --device-gib "${words[0]}" --out "$runs/planner-auto-2/$case" \
-          "${words[@]:2}" 2>&1 | tee "$runs/planner-auto-2/$case.log"
+        auto_pair "$runs/planner-auto-2" "$case" "$args"
       done ;;
     engine-parity)
       # Eighth session (issue #16, docs/benchmarks/offload-engine/): 50 deterministic steps of the dense proxy
@@ -393,10 +397,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
             dataset.seq_length=2048 train.micro_batch_size=2 train.global_batch_size=2" ;;
           *) echo "unknown case $case"; exit 2 ;;
         esac
-        case $args in *micro_batch_size*) ;; *) args="$args train.micro_batch_size=1 train.global_batch_size=1" ;; esac
-        read -r -a words <<< "$args"  # DEVICE_GIB RECIPE OVERRIDES...
-        $py scripts/check_auto.py --recipe "${words[1]}" --device-gib "${words[0]}" --out "$runs/planner-auto-3/$case" \
-          "${words[@]:2}" 2>&1 | tee "$runs/planner-auto-3/$case.log"
+        auto_pair "$runs/planner-auto-3" "$case" "$args"
       done ;;
     resume-parity)
       # Fifth session (docs/benchmarks/resume-parity/): ran as `bash docs/benchmarks/resume-parity/run.sh dense`
