@@ -72,14 +72,11 @@ def ran_with_expandable_segments(run_dir: Path) -> bool:
     """Whether the run's allocator had expandable segments, as its metrics recorded at step 1. Runs older than that
     record ran without them, whatever their recipe asked: the recipe's setting took effect only from the twelfth
     session (docs/benchmarks/alloc-conf/)."""
-    metrics = run_dir / "metrics.rank0.jsonl"
-    if not metrics.exists():
-        return False
-    with metrics.open() as lines:
-        for line in lines:
-            if '"allocator_expandable_segments"' in line:
-                return json.loads(line)["allocator_expandable_segments"] is True
-    return False
+    from mbridge_offload.runtime.metrics import read_steps
+
+    steps = read_steps(run_dir).get(0, [])
+    return next((step["allocator_expandable_segments"] is True for step in steps
+                 if "allocator_expandable_segments" in step), False)
 
 
 def compare_run(run_dir: Path) -> dict | None:

@@ -105,4 +105,3 @@ def make_heap_release_callback(rank: int):
             release_free_heap()
 
     return ReleaseFreeHeap()
-

@@ -18,6 +18,7 @@ from mbridge_offload.diagnosis import diagnose
 from mbridge_offload.diagnosis.config_source import load_run_config
 from mbridge_offload.diagnosis.logs import strip_rank
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
+from mbridge_offload.facts.environment import ALLOC_CONF_ENV, allocator_line
 from mbridge_offload.planning import plan
 from mbridge_offload.validation import RULES_BY_ID, rules_markdown
 
@@ -149,8 +150,8 @@ def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
     gpu = next(g for g in (round(failed - i / 10, 2) for i in range(40)) if differ(g))
     message = TORCH_OOM.replace("79.19 GiB", f"{gpu:.2f} GiB").replace("Tried to allocate 3.50 GiB",
                                                                         "Tried to allocate 0.01 GiB")
-    headers = {"  GPU memory allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n": True,
-               "  GPU memory allocator: PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n": False,
+    headers = {f"  {allocator_line((ALLOC_CONF_ENV, 'expandable_segments:True'))}\n": True,
+               f"  {allocator_line(None)}\n": False,
                "": False}
     for i, (header, expandable) in enumerate(headers.items()):
         (tmp_path / str(i)).mkdir()

@@ -81,4 +81,3 @@ def test_the_release_runs_after_setup_and_each_save_and_says_so(built, capsys):
     assert capsys.readouterr().out == ""
     make_heap_release_callback(rank=1).on_train_start(None)
     assert capsys.readouterr().out == ""
-
