@@ -369,6 +369,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
+    alloc-tight)
+      # Fourteenth session (issue #15, docs/benchmarks/alloc-tight/): does a run need the allocator's reserve when the
+      # device is only 0.25 GiB above its peak allocated + memory outside PyTorch? Two alloc-conf/ runs, each alone
+      # beside the ballast (103 s).
+      $py docs/benchmarks/alloc-tight/run.py "$runs" ;;
     planner-heldout-3)
       # NOT RUN YET (issue #15, docs/benchmarks/planner-heldout-3/): five configurations never run, the host's blind
       # check (overlap on and off, Qwen3-8B) and the GPU plan with expandable segments. ~6 min by estimate.
@@ -379,9 +384,12 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # heap in alloc-conf/heldout/ (RSS 62.51 GiB at step 1), again; its log says what was released
       DEST=planner-heldout-3/heap-release RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh moe-proxy-6-sl4096-mb2-overlap ;;
     planner-auto-3)
-      # NOT RUN YET (issue #15): auto with the reserve measured with expandable segments, on configurations never run,
-      # each pair (auto's fraction, 0.05 below) alone beside its ballast. The device sizes put auto at 0.5-0.55 by
-      # the thirteenth session's plan. planner-auto-2's cases ran without expandable segments and are owed again too.
+      # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve
+      # measured with expandable segments, on configurations never run, each pair (auto's fraction, 0.05 below) alone
+      # beside its ballast. Ran as the 5 cases (the third cut by the call's limit), then CASES="0p6b-sl2048-mb4
+      # 1p7b-sl6144-block8 moe-proxy-5-sl2048-mb2" (538 s). 4b-sl2048-mb2 was refused (check_auto then let the run
+      # take the recipe's 2 GPUs; it runs one GPU since): owed, CASES=4b-sl2048-mb2 (auto 0.5 on 81 GiB by the plan).
+      # planner-auto-2's cases ran without expandable segments and are owed again too.
       mkdir -p "$runs/planner-auto-3"
       for case in ${CASES:-4b-sl2048-mb2 moe-proxy-3-fine-grained-sl4096 0p6b-sl2048-mb4 1p7b-sl6144-block8 moe-proxy-5-sl2048-mb2}; do
         case $case in

@@ -111,11 +111,18 @@ def judge(choice: AutoChoice | None, at_auto: RunOutcome | None, below: RunOutco
                    f"{choice.margin_gib:.2f} GiB margin: auto could have chosen it")
 
 
+def launch_arguments(device_gib: float) -> list[str]:
+    """run_recipe.py's options for each run of the check. The ballast shapes one device, so each run is one GPU
+    whatever the recipe's own GPU count: a recipe whose parallel sizes need more is refused by run_recipe.py's
+    validation, which names the sizes to change."""
+    return ["--num-gpus", "1", "--gpu-memory-gib", f"{device_gib:g}"]
+
+
 def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], steps: int,
                timeout_s: float | None) -> dict:
     """The two trainings and their verdict, as one row."""
     common = [*overrides, f"train.train_iters={steps}"]
-    memory = ["--gpu-memory-gib", f"{device_gib:g}"]
+    memory = launch_arguments(device_gib)
     progress = RunProgress(label="[auto check]", total=2)
 
     def train(fraction: float | str, name: str) -> tuple[dict, Ballast, dict[int, float]]:

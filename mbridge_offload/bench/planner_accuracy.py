@@ -19,7 +19,7 @@ from pathlib import Path
 # activation model, which was checked against them
 CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b", "planner-heldout", "planner-auto",
                "alloc-conf/calibration")
-HELDOUT = ("planner-heldout-2", "planner-auto-2", "alloc-conf/heldout", "alloc-conf/shell-env", "alloc-conf/recipe-env")
+HELDOUT = ("planner-heldout-2", "planner-auto-2", "planner-auto-3", "alloc-conf/heldout", "alloc-conf/shell-env", "alloc-conf/recipe-env")
 REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 
@@ -72,11 +72,9 @@ def ran_with_expandable_segments(run_dir: Path) -> bool:
     """Whether the run's allocator had expandable segments, as its metrics recorded at step 1. Runs older than that
     record ran without them, whatever their recipe asked: the recipe's setting took effect only from the twelfth
     session (docs/benchmarks/alloc-conf/)."""
-    from mbridge_offload.runtime.metrics import read_steps
+    from mbridge_offload.facts.run_records import recorded_expandable_segments
 
-    steps = read_steps(run_dir).get(0, [])
-    return next((step["allocator_expandable_segments"] is True for step in steps
-                 if "allocator_expandable_segments" in step), False)
+    return recorded_expandable_segments(run_dir) is True
 
 
 def compare_run(run_dir: Path) -> dict | None:

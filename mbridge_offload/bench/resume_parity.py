@@ -24,7 +24,7 @@ from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import StopSignal, run_one, run_status
 from mbridge_offload.facts.checkpoint_dir import saved_iteration
 from mbridge_offload.facts.determinism import SEED_PARITY
-from mbridge_offload.runtime.metrics import read_steps
+from mbridge_offload.facts.run_records import read_steps
 
 CHECKPOINT_FOLDER = "checkpoint"
 RUN_FOLDERS = ("uninterrupted", "first-part", "resumed")

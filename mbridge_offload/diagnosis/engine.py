@@ -26,7 +26,10 @@ SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
 WARMUP_LIMIT = 3.0  # a first step this many times the steady step is the warm-up the rule describes
 MAX_EVIDENCE = 3
 _NEAR = 40  # lines around a match searched for what tells a signature's causes apart
-_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
+# torch's own out-of-memory message: one signature, the variant told by the run's offload settings
+_TORCH_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
+# the rules whose fix is the planner's OOM fix: torch's, and a device allocation outside PyTorch that failed
+_OOM_FIX_IDS = (*_TORCH_OOM_IDS, "runtime/oom-outside-pytorch")
 _VALIDATOR_LINE = re.compile(r"^\s*(ERROR)\s+\[([\w./-]+)\]")  # a refusal of the validator (its warnings ran)
 _EXCEPTION_LINE = re.compile(r"^\s*(AssertionError|ValueError)\b:?\s*(.*)")
 _RAISED = re.compile(r"\b\w*(Error|Exception)\b|upstream|\bassert\b")
@@ -212,23 +215,26 @@ def _step_findings(run: _Run, baseline_s: float | None) -> list[Finding]:
 def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
     from mbridge_offload.diagnosis import fixes  # the planner: only once a fix is computed
 
-    if finding.rule_id not in (*_OOM_IDS, "runtime/host-memory-killed", "runtime/full-offload-slowdown"):
+    if finding.rule_id not in (*_OOM_FIX_IDS, "runtime/host-memory-killed", "runtime/full-offload-slowdown"):
         return
     config = run.config
     if config is None:
         finding.fix_basis = f"generic: no config of this run was found; {PRECISE_HINT}"
         return
     cfg, gpus = config.cfg, run.num_gpus
-    # The allocator setting the run had, as its header says. A log without that line was not launched by
-    # run_recipe.py, and there a recipe's env_vars reach the allocator too late (docs/benchmarks/alloc-conf/):
-    # fixed segments, unless its shell set them, which the log does not say; their larger reserve is the safe side.
+    # The allocator setting the run had, as its step records or its header say. A run with neither was not
+    # launched by run_recipe.py, and there a recipe's env_vars reach the allocator too late
+    # (docs/benchmarks/alloc-conf/): fixed segments, unless its shell set them, which the log does not say; their
+    # larger reserve is the safe side.
     expandable = bool(run.facts.expandable_segments)
-    allocator = (f"allocator: {'expandable' if expandable else 'fixed'} segments"
-                 + (" (as the log's header says)" if run.facts.expandable_segments is not None else
-                    " (assumed: the log does not name the allocator setting)"))
+    allocator = (f"allocator: {'expandable' if expandable else 'fixed'} segments "
+                 + (f"({run.facts.expandable_segments_from})" if run.facts.expandable_segments is not None else
+                    "(assumed: neither the log nor a step record names the allocator setting)"))
     try:
-        if finding.rule_id in _OOM_IDS:
-            computed = fixes.oom_fix(cfg, gpus, oom, expandable)
+        if finding.rule_id in _OOM_FIX_IDS:
+            # torch's numbers describe only torch's failed allocation
+            computed = fixes.oom_fix(cfg, gpus, oom if finding.rule_id in _TORCH_OOM_IDS else None, expandable,
+                                     planned_gpu_gib=run.facts.gpu_memory_gib)
         elif finding.rule_id == "runtime/host-memory-killed":
             if run.facts.host_memory_gib is None:
                 finding.fix_basis = ("generic: the log does not say the node's memory (run_recipe.py prints it in "
@@ -279,7 +285,7 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     oom = None
     for rule_id, i, upstream_fix in _matches(run):
         line = run.lines[i]
-        if rule_id in _OOM_IDS:
+        if rule_id in _TORCH_OOM_IDS:
             rule_id = _oom_variant(run)
             oom = oom or OutOfMemory.parse(line.text)
         if rule_id not in by_rule:
@@ -299,7 +305,7 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
             finding.evidence.append(line)
     findings = list(by_rule.values()) + _step_findings(run, baseline_s)
     for finding in findings:
-        if finding.rule_id in _OOM_IDS and oom is not None:
+        if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
         _compute_fix(run, finding, oom)
     findings.sort(key=lambda f: (f.severity != "error", min((e.number for e in f.evidence), default=0)))

@@ -29,14 +29,22 @@ def _cheapest(options: list[str]) -> list[str]:
     return sorted(options, key=lambda option: "--num-gpus" in option)
 
 
-def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool) -> tuple[str, str]:
+def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool,
+            planned_gpu_gib: float | None = None) -> tuple[str, str]:
     """The smallest larger fraction that the planner fits on this GPU (with its margin) and that frees at least
     what the failed allocation lacked (the measured part of the need); else the cheapest change that fits.
-    ``expandable``: whether the run's allocator had expandable segments (the reserve the plan counts)."""
+    ``expandable``: whether the run's allocator had expandable segments (the reserve the plan counts).
+    ``planned_gpu_gib``: the GPU size the run's own plan names, used where torch's message does not say it (an
+    allocation outside PyTorch failed). When the plan fits the failed run and nothing measured a shortfall, the
+    GPU had less free than planned: the fix says so instead of claiming that no fraction fits."""
     failed = current_fraction(cfg)
-    gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or DEFAULT_GPU_GIB
+    gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or planned_gpu_gib or DEFAULT_GPU_GIB
     shortfall = (oom.shortfall_gib if oom else None) or 0.0
     at_failure = plan(cfg, num_gpus, fraction=failed, gpu_memory_gib=gpu_gib, expandable=expandable)
+    less_free = (f"the planner fits fraction {failed:g} on {gpu_gib:.2f} GiB ({at_failure.total_bytes_gpu / GIB:.1f} "
+                 f"GiB planned, {at_failure.margin_gib:.2f} GiB margin), so the GPU had less free than that: another "
+                 "process on it (nvidia-smi), or memory outside PyTorch above the plan's"
+                 if at_failure.fits_gpu and not shortfall else "")
     steps = int(round(1 / AUTO_STEP))
     for i in range(1, steps + 1):
         fraction = round(i * AUTO_STEP, 2)
@@ -46,9 +54,13 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool) 
         freed = (at_failure.total_bytes_gpu - candidate.total_bytes_gpu) / GIB
         if candidate.fits_gpu and freed >= shortfall:
             return _switch(fraction), (
-                f"planner, {num_gpus} GPU(s) of {gpu_gib:.2f} GiB: fraction {fraction:g} frees {freed:.1f} GiB "
+                (f"{less_free}; " if less_free else "")
+                + f"planner, {num_gpus} GPU(s) of {gpu_gib:.2f} GiB: fraction {fraction:g} frees {freed:.1f} GiB "
                 f"against fraction {failed:g} (the failed allocation lacked {shortfall:.2f} GiB) and plans "
                 f"{candidate.total_bytes_gpu / GIB:.1f} GiB with {candidate.margin_gib:.2f} GiB margin")
+    if less_free:
+        return ("free the GPU of other processes; if it had none, a smaller train.micro_batch_size or sequence, or activation "
+                "offload (plan_offload.py --gpu-memory-gib <what was free> shows which fits)", less_free)
     options = _cheapest(what_would_fit(cfg, num_gpus, gpu_memory_gib=gpu_gib, expandable=expandable))
     if options:
         return options[0], (f"planner: no optimizer offload fraction fits {gpu_gib:.2f} GiB; the cheapest change "

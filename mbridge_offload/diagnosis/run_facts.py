@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
 from mbridge_offload.facts.environment import expandable_in_allocator_line
+from mbridge_offload.facts.run_records import recorded_expandable_segments, step_records_file
 
 _SIZE = r"([\d.]+) (GiB|MiB|KiB|B)\b"
 _UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "B": 1 / 1024 ** 3}
@@ -117,7 +118,8 @@ class RunFacts:
     summary: dict | None = None
     gpu_memory_gib: float | None = None  # from the memory plan run_recipe.py prints
     host_memory_gib: float | None = None
-    expandable_segments: bool | None = None  # the allocator setting run_recipe.py's header names
+    expandable_segments: bool | None = None  # whether the run's allocator had expandable segments
+    expandable_segments_from: str = ""  # what says so: the run's step records, else the header's line
 
     @property
     def steady_step_s(self) -> float | None:
@@ -161,12 +163,16 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
         elif match := re.match(r"host: per node .* ranks? of ([\d.]+) GiB", text):
             facts.host_memory_gib = float(match.group(1))
         elif (expandable := expandable_in_allocator_line(text)) is not None:
-            facts.expandable_segments = expandable
+            facts.expandable_segments, facts.expandable_segments_from = expandable, "as the log's header says"
         elif match := _ITERATION.search(text):
             if line.rank in (None, 0):
                 iterations.setdefault(int(match.group(1)), float(match.group(2)) / 1000)
     if facts.num_gpus is None and facts.command is not None:
         facts.num_gpus = facts.command.num_gpus
+    # What the process measured outranks what run_recipe.py set out to give it
+    if run_dir is not None and (recorded := recorded_expandable_segments(run_dir)) is not None:
+        facts.expandable_segments = recorded
+        facts.expandable_segments_from = f"as the run's step records say ({step_records_file(run_dir, 0)}, step 1)"
     facts.summary = read_summary(run_dir)
     if facts.summary and facts.summary.get("step_times_s"):
         facts.step_times_s, facts.step_times_from = list(facts.summary["step_times_s"]), f"{run_dir}/{SUMMARY_FILE}"

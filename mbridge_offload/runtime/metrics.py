@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mbridge_offload.facts.proc import proc_kib
+from mbridge_offload.facts.run_records import read_steps, step_records_file
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.runtime.host_memory import rss_high_water_bytes
 from mbridge_offload.runtime.offload_timing import BREAKDOWN_FIELDS
@@ -166,7 +167,7 @@ def make_callback(out_dir: Path, rank: int):
             # from before the model and optimizer are built: their pinning counts towards the node's peak
             self.node_used = NodeUsedPeak().start()
             out_dir.mkdir(parents=True, exist_ok=True)
-            self.path = out_dir / f"metrics.rank{rank}.jsonl"
+            self.path = step_records_file(out_dir, rank)
             self.file = self.path.open("w")
             self.started = 0.0
             self.step = 0
@@ -224,15 +225,6 @@ def make_callback(out_dir: Path, rank: int):
             self.file.close()
 
     return StepMetrics()
-
-
-def read_steps(out_dir: Path) -> dict[int, list[dict]]:
-    """Per-rank step records of a run folder."""
-    runs = {}
-    for path in sorted(Path(out_dir).glob("metrics.rank*.jsonl")):
-        rank = int(path.name.removeprefix("metrics.rank").removesuffix(".jsonl"))
-        runs[rank] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return runs
 
 
 def warmup_steps(n_steps: int) -> int:

@@ -13,6 +13,13 @@ from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
 _OOM = (r"CUDA out of memory\. Tried to allocate", r"torch\.(cuda\.)?OutOfMemoryError")
+# Messages that say a device allocation outside PyTorch failed: NCCL's allocation warnings (also what torch
+# prints under "Last error:" of an "unhandled cuda error"), NCCL's CUDA-call warning with the out-of-memory
+# error, and cuBLAS's / cuDNN's allocation statuses. A bare "unhandled cuda error" has other causes.
+_OOM_OUTSIDE_PYTORCH = (r"Failed to CUDA (calloc|malloc)\b", r"Cuda failure (\d+ )?'out of memory'",
+                        r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED")
+_OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
+            "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
 
 
 def never(ctx: Context) -> bool:
@@ -28,9 +35,7 @@ def _rule(id: str, key: str, text: str, fix: str, signatures: tuple[str, ...], s
 RULES: tuple[Rule, ...] = (
     _rule("runtime/cuda-oom", "optimizer.optimizer_offload_fraction",
           "the GPU ran out of memory: weights, gradients, the GPU share of the optimizer states and the activations "
-          "exceed what PyTorch's allocator could get",
-          "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
-          "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)", _OOM),
+          "exceed what PyTorch's allocator could get", _OOM_FIX, _OOM),
     _rule("runtime/oom-partial-offload", "optimizer.optimizer_offload_fraction",
           "out of GPU memory with part of the optimizer states offloaded: the share left on the GPU plus the "
           "activations still does not fit",
@@ -40,6 +45,11 @@ RULES: tuple[Rule, ...] = (
           "the weights, gradients and optimizer states fill the GPU",
           "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<what fits>  (add optimizer "
           "offload; or more GPUs / TP / PP)", _OOM),
+    _rule("runtime/oom-outside-pytorch", "optimizer.optimizer_offload_fraction",
+          "a CUDA allocation outside PyTorch failed for lack of GPU memory (NCCL's communicator buffers, made at a "
+          "process group's first collective inside the first step; cuBLAS / cuDNN / Transformer Engine workspaces): "
+          "PyTorch's caching allocator held the rest of the GPU, its free cached reserve included, which it does not "
+          "hand to other allocators", _OOM_FIX, _OOM_OUTSIDE_PYTORCH),
     _rule("runtime/host-memory-killed", "optimizer.optimizer_offload_fraction",
           "a rank was killed with SIGKILL (signal 9), the kernel's answer to a node out of host memory: offloaded "
           "optimizer states and pinned buffers live there, and the node's use peaks inside the first optimizer step",
@@ -116,6 +126,11 @@ CONFIRM: dict[str, str] = {
                                    "prints the smallest fraction the GPU fits",
     "runtime/oom-with-activation-offload": "uv run scripts/plan_offload.py ... shows weights + grads + optimizer "
                                            "against activations: activation offload only reduces the latter",
+    "runtime/oom-outside-pytorch": "rerun with NCCL_DEBUG=INFO: NCCL's WARN lines name the allocation that failed; "
+                                   "metrics.rank0.jsonl in the run folder (a failure in step 1 leaves it empty: the "
+                                   "same run on a larger GPU) has device_outside_pytorch_gib, and peak_reserved_gib "
+                                   "against peak_allocated_gib (the allocator's reserve); plan_offload.py's 'GPU: "
+                                   "whole device' line counts both against the GPU",
     "runtime/host-memory-killed": "dmesg | grep -i -E 'killed process|oom' on the node, or Slurm's 'oom-kill event'; "
                                   "summary.json/metrics: peak_node_host_used_gib near the node's memory",
     "runtime/pinned-host-memory": "ulimit -l (memlock) and free -g on the node; the run's pinned_host_gib in "

@@ -91,3 +91,19 @@ def test_without_a_usable_gpu_the_check_refuses_in_one_line(tmp_path, capsys):
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("check_auto.py: error: --device-gib 16: the device ballast did not start"), err
     assert not (tmp_path / "o" / "auto").exists()
+
+
+def test_each_run_of_the_check_is_one_gpu_whatever_the_recipe_says(capsys):
+    """The fourteenth session's Qwen3-4B pair (docs/benchmarks/planner-auto-3/4b-sl2048-mb2): the recipe asks for
+    2 GPUs (TP 2); made TP 1 with micro batch 2 and global batch 2, the check's run took DP 2 and was refused. With
+    the check's own options it is one GPU: valid, and auto is planned for the whole optimizer state on that GPU."""
+    from mbridge_offload.bench.auto_check import launch_arguments
+    from mbridge_offload.cli import run_recipe
+
+    overrides = ["model.tensor_model_parallel_size=1", "model.seq_length=2048", "dataset.seq_length=2048",
+                 "train.micro_batch_size=2", "train.global_batch_size=2", "optimizer.optimizer_offload_fraction=auto"]
+    code = run_recipe.main(["--recipe", "qwen3_4b_pretrain_config", "--dry-run", *launch_arguments(81), *overrides])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Validation for 1 GPU: OK" in out and "TP1 PP1 CP1 DP1" in out
+    assert "optimizer.optimizer_offload_fraction=auto -> 0 " not in out

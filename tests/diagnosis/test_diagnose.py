@@ -19,6 +19,7 @@ from mbridge_offload.diagnosis.config_source import load_run_config
 from mbridge_offload.diagnosis.logs import strip_rank
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
 from mbridge_offload.facts.environment import ALLOC_CONF_ENV, allocator_line
+from mbridge_offload.facts.run_records import step_records_file
 from mbridge_offload.planning import plan
 from mbridge_offload.validation import RULES_BY_ID, rules_markdown
 
@@ -159,8 +160,32 @@ def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
         finding = only(run / "log.txt", "runtime/oom-partial-offload")
         fraction = float(finding.fix.split("optimizer.optimizer_offload_fraction=")[1].split()[0])
         assert fraction == next_fitting(gpu, expandable), header
-        said = "as the log's header says" if header else "assumed: the log does not name the allocator setting"
+        said = ("as the log's header says" if header else
+                "assumed: neither the log nor a step record names the allocator setting")
         assert f"allocator: {'expandable' if expandable else 'fixed'} segments ({said})" in finding.fix_basis
+
+
+def test_the_step_records_allocator_setting_outranks_the_header(tmp_path):
+    """The header says what run_recipe.py set; the step-1 record what the process's allocator held. Where they
+    differ, the fix plans with the record and says where the setting came from."""
+    message = TORCH_OOM.replace("Tried to allocate 3.50 GiB", "Tried to allocate 0.01 GiB")
+    header = f"  {allocator_line((ALLOC_CONF_ENV, 'expandable_segments:True'))}\n"
+    run = _run_with_saved_config(tmp_path, 0.3, f"{header}[rank0]: {message}\n")
+    records = step_records_file(run, 0)
+    records.write_text(json.dumps({"step": 1, "allocator_expandable_segments": False}) + "\n")
+    finding = only(run / "log.txt", "runtime/oom-partial-offload")
+    assert f"allocator: fixed segments (as the run's step records say ({records}, step 1))" in finding.fix_basis
+
+
+def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_path):
+    """NCCL's failed calloc carries no sizes: the fix plans on the GPU size of the run's own plan line (139.801 GiB
+    in the H200 log), where the failed fraction fits, so the GPU had less free than planned (docs/benchmarks/
+    alloc-tight/: a ballast held the rest). It must not claim that no fraction fits."""
+    run = _run_with_saved_config(tmp_path, 1.0, (LOGS / "nccl-calloc-oom.log").read_text())
+    finding = only(run / "log.txt", "runtime/oom-outside-pytorch")
+    assert finding.fix.startswith("free the GPU of other processes")
+    assert "the planner fits fraction 1 on 139.80 GiB" in finding.fix_basis
+    assert "had less free than that" in finding.fix_basis and "no optimizer offload fraction fits" not in finding.fix_basis
 
 
 def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_path):
@@ -183,6 +208,8 @@ def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_
     ("dataset-make.log", "runtime/dataset-helper-makefile", set()),
     ("resume-keyerror.log", "runtime/resume-offload-keyerror", {0}),
     ("pinned-memory.log", "runtime/pinned-host-memory", {2}),
+    # excerpt of the H200 run of docs/benchmarks/alloc-tight/ whose NCCL communicator found the device full
+    ("nccl-calloc-oom.log", "runtime/oom-outside-pytorch", set()),
 ])
 def test_each_failure_maps_to_its_rule_with_its_fix(log, rule_id, ranks):
     finding = only(LOGS / log, rule_id)
@@ -205,6 +232,40 @@ def test_upstream_assertions_map_through_the_upstream_table(tmp_path, message, r
     log.write_text(f"[rank0]:     raise ValueError(\n[rank0]: ValueError: {message}\n")
     assert ids(log) == [rule_id]
     log.write_text(f"the config summary mentions: {message}\n")  # no error raised: no finding
+    assert ids(log) == []
+
+
+def test_torch_oom_is_not_an_allocation_outside_pytorch(tmp_path):
+    """torch's own OOM keeps its rule even where NCCL then fails too: only the NCCL allocation line is the other."""
+    log = tmp_path / "log.txt"
+    log.write_text(f"[rank0]: {TORCH_OOM}\n")
+    assert ids(log) == ["runtime/cuda-oom"]
+    failed_allocation = (LOGS / "nccl-calloc-oom.log").read_text().splitlines()[-1]
+    log.write_text(f"[rank0]: {TORCH_OOM}\n[rank1]: {failed_allocation}\n")
+    assert ids(log) == ["runtime/cuda-oom", "runtime/oom-outside-pytorch"]
+
+
+@pytest.mark.parametrize("line", [
+    "node1:4929:5001 [0] include/alloc.h:195 NCCL WARN Failed to CUDA malloc 6291456 bytes",
+    "node1:4929:5001 [0] misc/cudawrap.cc:189 NCCL WARN Cuda failure 2 'out of memory'",
+    "node1:4929:5001 [0] include/alloc.h:120 NCCL WARN Cuda failure 'out of memory'",
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+])
+def test_library_allocation_failures_are_out_of_memory_outside_pytorch(tmp_path, line):
+    log = tmp_path / "log.txt"
+    log.write_text(f"[rank0]: {line}\n")
+    assert ids(log) == ["runtime/oom-outside-pytorch"]
+
+
+def test_unhandled_cuda_error_alone_is_not_called_out_of_memory(tmp_path):
+    """NCCL's 'unhandled cuda error' has other causes (a kernel fault, a driver error): only the line under it that
+    names a failed allocation makes it the out-of-memory rule."""
+    lines = [line for line in (LOGS / "nccl-calloc-oom.log").read_text().splitlines()
+             if "Failed to CUDA calloc" not in line]
+    assert any("unhandled cuda error" in line for line in lines)
+    log = tmp_path / "log.txt"
+    log.write_text("\n".join(lines) + "\n")
     assert ids(log) == []
 
 

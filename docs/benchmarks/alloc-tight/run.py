@@ -1,0 +1,58 @@
+"""Does a run need the allocator's reserve when the device is tight? (issue #15)
+
+With expandable segments, the caching allocator's reserve (peak reserved - peak allocated) is free memory inside its
+segment. When an allocation does not fit, PyTorch releases its cached free blocks and tries again; with expandable
+segments that unmaps the free pages inside the segment too. If so, a device only a little larger than PyTorch's peak
+allocated + the memory outside PyTorch trains, although the same run on a large device reserved up to 1.17 GiB more.
+Each case reruns an alloc-conf/ run with the largest reserves, beside a ballast that leaves SPARE GiB above that
+run's peak allocated + outside PyTorch (from its committed metrics).
+
+    python3 docs/benchmarks/alloc-tight/run.py RUNS_DIR [CASE ...]
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from mbridge_offload.bench.device_ballast import Ballast
+from mbridge_offload.bench.sweep import run_one
+
+# case: (recipe, overrides, fraction, committed run it repeats, spare GiB above its allocated + outside)
+CASES = {
+    "1b-proxy-fraction-1": ("qwen3_1b_proxy_pretrain_config", ["train.train_iters=4",
+                            "optimizer.overlap_cpu_optimizer_d2h_h2d=True"], 1.0,
+                            "alloc-conf/calibration/1b-proxy-fraction-1", 0.25),
+    "moe-proxy-2-fine-grained-sl8192": ("qwen3_30b_a3b_proxy_fine_grained_offload_config", [
+        "train.train_iters=4", "model.num_layers=2", "model.seq_length=8192", "dataset.seq_length=8192",
+        "train.micro_batch_size=1", "train.global_batch_size=1"], 0.0,
+        "alloc-conf/shell-env/moe-proxy-2-fine-grained-sl8192", 0.25),
+}
+
+
+def needed_gib(committed: str) -> tuple[float, float]:
+    """(peak allocated + outside PyTorch, peak reserved + outside) of the committed run's largest step."""
+    rows = [json.loads(line) for line in Path("docs/benchmarks", committed, "metrics.rank0.jsonl").open()]
+    allocated = max(r["peak_allocated_gib"] + r["device_outside_pytorch_gib"] for r in rows)
+    reserved = max(r["peak_reserved_gib"] + r["device_outside_pytorch_gib"] for r in rows)
+    return allocated, reserved
+
+
+def main() -> None:
+    runs = Path(sys.argv[1]) / "alloc-tight"
+    runs.mkdir(parents=True, exist_ok=True)
+    for name in sys.argv[2:] or list(CASES):
+        recipe, overrides, fraction, committed, spare = CASES[name]
+        allocated, reserved = needed_gib(committed)
+        device = round(allocated + spare, 2)
+        with Ballast(device, runs / f"ballast-{name}.log") as ballast:
+            result = run_one(recipe, fraction, runs / name, overrides, ["--num-gpus", "1"], timeout_s=400)
+        line = {"case": name, "device_gib": device, "committed_allocated_plus_outside_gib": round(allocated, 3),
+                "committed_reserved_plus_outside_gib": round(reserved, 3), "ballast": ballast.state,
+                "returncode": result["returncode"], "reason": result.get("reason"), "wall_s": result["wall_s"]}
+        print(json.dumps(line), flush=True)
+        with (runs / "results.jsonl").open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+if __name__ == "__main__":
+    main()
