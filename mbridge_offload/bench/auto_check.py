@@ -16,11 +16,15 @@ from mbridge_offload.bench.device_ballast import Ballast, BallastError
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import run_one, run_status
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE, AUTO_STEP
+from mbridge_offload.validation.registry import RULES_BY_ID
 
 # run_recipe.py's line for auto (prepare.resolve_auto): the fraction, the planned total, the margin, the device
 AUTO_LINE = re.compile(re.escape(AUTO_OVERRIDE) + r" -> ([0-9.]+) \(.*?: ([0-9.]+) GiB \+ ([0-9.]+) GiB margin of "
                        r"([0-9.]+) GiB\)")
-OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
+# the GPU's out-of-memory failures as the rule table knows them: torch's own, and an allocation outside PyTorch
+# (NCCL's communicator in the first step, docs/benchmarks/alloc-tight/) that found the device full
+OUT_OF_MEMORY = re.compile("|".join(pattern for rule_id in ("runtime/cuda-oom", "runtime/oom-outside-pytorch")
+                                    for pattern in RULES_BY_ID[rule_id].log_signatures))
 # torch's out-of-memory message names every other process on the device and what it holds
 OTHER_PROCESS = re.compile(r"Process (\d+) has ([0-9.]+) (GiB|MiB) memory in use")
 

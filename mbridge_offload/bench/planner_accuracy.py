@@ -19,7 +19,8 @@ from pathlib import Path
 # activation model, which was checked against them
 CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b", "planner-heldout", "planner-auto",
                "alloc-conf/calibration")
-HELDOUT = ("planner-heldout-2", "planner-auto-2", "planner-auto-3", "alloc-conf/heldout", "alloc-conf/shell-env", "alloc-conf/recipe-env")
+HELDOUT = ("planner-heldout-2", "planner-auto-2", "planner-auto-3", "alloc-conf/heldout", "alloc-conf/shell-env",
+           "alloc-conf/recipe-env")
 REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 

@@ -24,7 +24,7 @@ from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import StopSignal, run_one, run_status
 from mbridge_offload.facts.checkpoint_dir import saved_iteration
 from mbridge_offload.facts.determinism import SEED_PARITY
-from mbridge_offload.facts.run_records import read_steps
+from mbridge_offload.facts.run_records import read_steps, step_records_file
 
 CHECKPOINT_FOLDER = "checkpoint"
 RUN_FOLDERS = ("uninterrupted", "first-part", "resumed")
@@ -51,7 +51,7 @@ def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path
 def reached_iteration(run_dir: Path, iteration: int):
     """A condition: rank 0 of the run in ``run_dir`` has finished training iteration ``iteration``."""
     def reached() -> bool:
-        path = run_dir / "metrics.rank0.jsonl"
+        path = step_records_file(run_dir, 0)
         if not path.is_file():
             return False
         for line in path.read_text().splitlines():

@@ -19,7 +19,7 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
-from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM
+from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM, OOM_OUTSIDE_PYTORCH
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
@@ -137,7 +137,18 @@ def _oom_variant(run: _Run) -> str:
 
 
 # Signatures that alone do not tell the cause: what else the log (or the run) must show.
+# NCCL prints its allocation warnings for pinned host memory too ("Failed to CUDA host alloc" after the same
+# "Cuda failure 2 'out of memory'"), and "Failed to CUDA calloc" after any earlier fault left it without memory
+_HOST_ALLOCATION = r"host alloc|[Hh]ostAlloc"
+_EARLIER_FAULT = r"illegal memory access|misaligned address|device-side assert|unspecified launch failure"
+
+
+def _device_allocation_failed(run: _Run, i: int) -> bool:
+    return not _near(run.lines, i, _HOST_ALLOCATION) and not _near(run.lines, i, _EARLIER_FAULT)
+
+
 _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
+    **{("runtime/oom-outside-pytorch", pattern): _device_allocation_failed for pattern in OOM_OUTSIDE_PYTORCH},
     ("runtime/pinned-host-memory", r"CUDA error: out of memory"):
         lambda run, i: _near(run.lines, i, r"pin_memory|pinned|[Hh]ostAlloc|pin_cpu"),
     ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
@@ -232,9 +243,9 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
                     "(assumed: neither the log nor a step record names the allocator setting)"))
     try:
         if finding.rule_id in _OOM_FIX_IDS:
-            # torch's numbers describe only torch's failed allocation
-            computed = fixes.oom_fix(cfg, gpus, oom if finding.rule_id in _TORCH_OOM_IDS else None, expandable,
-                                     planned_gpu_gib=run.facts.gpu_memory_gib)
+            # torch's numbers (from any rank of this run) size the GPU and the shortfall for every OOM finding,
+            # so that a torch OOM and an NCCL allocation failure of one run get one fix
+            computed = fixes.oom_fix(cfg, gpus, oom, expandable, planned_gpu_gib=run.facts.gpu_memory_gib)
         elif finding.rule_id == "runtime/host-memory-killed":
             if run.facts.host_memory_gib is None:
                 finding.fix_basis = ("generic: the log does not say the node's memory (run_recipe.py prints it in "

@@ -29,22 +29,45 @@ def _cheapest(options: list[str]) -> list[str]:
     return sorted(options, key=lambda option: "--num-gpus" in option)
 
 
+def _why_less_free(oom: OutOfMemory | None) -> str:
+    if oom is not None and oom.other_processes_gib:
+        return f"other processes held {oom.other_processes_gib:.2f} GiB of it (torch's message)"
+    if oom is not None and oom.reserved_unallocated_gib and oom.reserved_unallocated_gib >= oom.requested_gib:
+        return (f"PyTorch held {oom.reserved_unallocated_gib:.2f} GiB reserved but unallocated, more than the failed "
+                "request: fragmentation (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy)")
+    return "another process on it (nvidia-smi), or memory outside PyTorch above the plan's"
+
+
+def _free_the_gpu(larger_fraction: bool) -> str:
+    return ("free the GPU of other processes; if it had none, "
+            + ("a larger optimizer.optimizer_offload_fraction, " if larger_fraction else "")
+            + "a smaller train.micro_batch_size or sequence, or activation offload (plan_offload.py --gpu-memory-gib "
+            "<what was free> shows which fits)")
+
+
 def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool,
             planned_gpu_gib: float | None = None) -> tuple[str, str]:
     """The smallest larger fraction that the planner fits on this GPU (with its margin) and that frees at least
     what the failed allocation lacked (the measured part of the need); else the cheapest change that fits.
     ``expandable``: whether the run's allocator had expandable segments (the reserve the plan counts).
     ``planned_gpu_gib``: the GPU size the run's own plan names, used where torch's message does not say it (an
-    allocation outside PyTorch failed). When the plan fits the failed run and nothing measured a shortfall, the
-    GPU had less free than planned: the fix says so instead of claiming that no fraction fits."""
+    allocation outside PyTorch failed). When the plan fits the failed run, the GPU had less free than planned:
+    the fix says why where the message tells, and with no measured shortfall it asks to free the GPU rather than
+    pick a fraction that no number supports."""
     failed = current_fraction(cfg)
     gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or planned_gpu_gib or DEFAULT_GPU_GIB
-    shortfall = (oom.shortfall_gib if oom else None) or 0.0
+    shortfall = oom.shortfall_gib if oom else None
     at_failure = plan(cfg, num_gpus, fraction=failed, gpu_memory_gib=gpu_gib, expandable=expandable)
-    less_free = (f"the planner fits fraction {failed:g} on {gpu_gib:.2f} GiB ({at_failure.total_bytes_gpu / GIB:.1f} "
-                 f"GiB planned, {at_failure.margin_gib:.2f} GiB margin), so the GPU had less free than that: another "
-                 "process on it (nvidia-smi), or memory outside PyTorch above the plan's"
-                 if at_failure.fits_gpu and not shortfall else "")
+    less_free = ""
+    if at_failure.fits_gpu:
+        planned = at_failure.total_bytes_gpu / GIB
+        less_free = (f"the planner fits fraction {failed:g} on {gpu_gib:.2f} GiB ({planned:.1f} "
+                     f"GiB planned, {at_failure.margin_gib:.2f} GiB margin), so the GPU had less free than planned: "
+                     + _why_less_free(oom))
+        if shortfall is None:
+            return _free_the_gpu(larger_fraction=failed < 1.0), less_free
+    lacked = (f"the failed allocation lacked {shortfall:.2f} GiB" if shortfall is not None
+              else "how much the failed allocation lacked is not in the log")
     steps = int(round(1 / AUTO_STEP))
     for i in range(1, steps + 1):
         fraction = round(i * AUTO_STEP, 2)
@@ -52,15 +75,14 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool,
             continue
         candidate = plan(cfg, num_gpus, fraction=fraction, gpu_memory_gib=gpu_gib, expandable=expandable)
         freed = (at_failure.total_bytes_gpu - candidate.total_bytes_gpu) / GIB
-        if candidate.fits_gpu and freed >= shortfall:
+        if candidate.fits_gpu and freed >= (shortfall or 0.0):
             return _switch(fraction), (
                 (f"{less_free}; " if less_free else "")
                 + f"planner, {num_gpus} GPU(s) of {gpu_gib:.2f} GiB: fraction {fraction:g} frees {freed:.1f} GiB "
-                f"against fraction {failed:g} (the failed allocation lacked {shortfall:.2f} GiB) and plans "
-                f"{candidate.total_bytes_gpu / GIB:.1f} GiB with {candidate.margin_gib:.2f} GiB margin")
+                f"against fraction {failed:g} ({lacked}) and plans {candidate.total_bytes_gpu / GIB:.1f} GiB with "
+                f"{candidate.margin_gib:.2f} GiB margin")
     if less_free:
-        return ("free the GPU of other processes; if it had none, a smaller train.micro_batch_size or sequence, or activation "
-                "offload (plan_offload.py --gpu-memory-gib <what was free> shows which fits)", less_free)
+        return _free_the_gpu(larger_fraction=False), less_free
     options = _cheapest(what_would_fit(cfg, num_gpus, gpu_memory_gib=gpu_gib, expandable=expandable))
     if options:
         return options[0], (f"planner: no optimizer offload fraction fits {gpu_gib:.2f} GiB; the cheapest change "

@@ -34,6 +34,7 @@ class OutOfMemory:
     free_gib: float | None = None
     allocated_gib: float | None = None  # by PyTorch
     reserved_unallocated_gib: float | None = None
+    other_processes_gib: float | None = None  # what the other processes on the GPU held ("Process N has ...")
 
     @classmethod
     def parse(cls, text: str) -> "OutOfMemory | None":
@@ -43,11 +44,13 @@ class OutOfMemory:
         capacity = re.search(r"total capacity of " + _SIZE + r" of which " + _SIZE + " is free", text)
         allocated = re.search(r"Of the allocated memory " + _SIZE + " is allocated by PyTorch", text)
         reserved = re.search(_SIZE + " is reserved by PyTorch but unallocated", text)
+        others = [_gib(*m) for m in re.findall(r"Process \d+ has " + _SIZE + " memory in use", text)]
         return cls(requested_gib=_gib(*requested.groups()),
                    capacity_gib=_gib(*capacity.groups()[:2]) if capacity else None,
                    free_gib=_gib(*capacity.groups()[2:]) if capacity else None,
                    allocated_gib=_gib(*allocated.groups()) if allocated else None,
-                   reserved_unallocated_gib=_gib(*reserved.groups()) if reserved else None)
+                   reserved_unallocated_gib=_gib(*reserved.groups()) if reserved else None,
+                   other_processes_gib=sum(others) if others else None)
 
     @property
     def shortfall_gib(self) -> float | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
 from mbridge_offload.facts.offload_engine import ENGINE_MODES, engine_mode
+from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
 from mbridge_offload.runtime.run_outcome import FAILURE_FILE, write_failure
 
@@ -122,7 +123,7 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
                                  len(available_cores()))
     if warning:
         lines.append(f"  WARNING: {warning}")
-    lines.append(f"  metrics: {settings.out_dir}/metrics.rank*.jsonl, summary: {settings.out_dir}/summary.json")
+    lines.append(f"  metrics: {settings.out_dir}/{STEP_RECORDS_GLOB}, summary: {settings.out_dir}/summary.json")
     return "\n".join(lines)
 
 
@@ -143,7 +144,7 @@ def _wait_for_ranks(out_dir: Path, world: int, timeout_s: float = 60.0) -> None:
     """Rank 0 summarises once every rank's metrics file has the same number of steps."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        files = list(out_dir.glob("metrics.rank*.jsonl"))
+        files = list(out_dir.glob(STEP_RECORDS_GLOB))
         counts = {len(f.read_text().splitlines()) for f in files}
         if len(files) >= world and len(counts) == 1:
             return

@@ -15,9 +15,10 @@ from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 _OOM = (r"CUDA out of memory\. Tried to allocate", r"torch\.(cuda\.)?OutOfMemoryError")
 # Messages that say a device allocation outside PyTorch failed: NCCL's allocation warnings (also what torch
 # prints under "Last error:" of an "unhandled cuda error"), NCCL's CUDA-call warning with the out-of-memory
-# error, and cuBLAS's / cuDNN's allocation statuses. A bare "unhandled cuda error" has other causes.
-_OOM_OUTSIDE_PYTORCH = (r"Failed to CUDA (calloc|malloc)\b", r"Cuda failure (\d+ )?'out of memory'",
-                        r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED")
+# error, and cuBLAS's / cuDNN's allocation statuses. A bare "unhandled cuda error" has other causes; NCCL's
+# pinned host allocations and the errors that follow an earlier fault are told apart in diagnosis/engine.py.
+OOM_OUTSIDE_PYTORCH = (r"Failed to CUDA (calloc|malloc)\b", r"Cuda failure (\d+ )?'out of memory'",
+                       r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED")
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
 
@@ -46,10 +47,10 @@ RULES: tuple[Rule, ...] = (
           "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<what fits>  (add optimizer "
           "offload; or more GPUs / TP / PP)", _OOM),
     _rule("runtime/oom-outside-pytorch", "optimizer.optimizer_offload_fraction",
-          "a CUDA allocation outside PyTorch failed for lack of GPU memory (NCCL's communicator buffers, made at a "
-          "process group's first collective inside the first step; cuBLAS / cuDNN / Transformer Engine workspaces): "
-          "PyTorch's caching allocator held the rest of the GPU, its free cached reserve included, which it does not "
-          "hand to other allocators", _OOM_FIX, _OOM_OUTSIDE_PYTORCH),
+          "a CUDA allocation outside PyTorch found the GPU full: NCCL's communicator buffers (made at a process "
+          "group's first collective, often inside the first step) or a cuBLAS / cuDNN workspace. PyTorch's caching "
+          "allocator held the rest, the free memory it caches included (it does not hand that to other "
+          "allocators), or another process did", _OOM_FIX, OOM_OUTSIDE_PYTORCH),
     _rule("runtime/host-memory-killed", "optimizer.optimizer_offload_fraction",
           "a rank was killed with SIGKILL (signal 9), the kernel's answer to a node out of host memory: offloaded "
           "optimizer states and pinned buffers live there, and the node's use peaks inside the first optimizer step",
@@ -64,7 +65,7 @@ RULES: tuple[Rule, ...] = (
           "a smaller optimizer.optimizer_offload_fraction, or optimizer.pin_cpu_grads=False "
           "optimizer.pin_cpu_params=False (slower copies); in a container raise memlock (--ulimit memlock=-1)",
           (r"cudaHostAlloc", r"CachingHostAllocator.*(fail|error|out of memory)",
-           r"pin_memory.*(fail|error|out of memory)", r"CUDA error: out of memory")),
+           r"pin_memory.*(fail|error|out of memory)", r"CUDA error: out of memory", r"Failed to CUDA host alloc")),
     _rule("runtime/nccl-timeout", "dist.distributed_timeout_minutes",
           "a collective waited past the NCCL timeout: another rank had stopped (killed, out of memory, an exception) "
           "or was far slower (a long CPU optimizer step)",
@@ -126,11 +127,11 @@ CONFIRM: dict[str, str] = {
                                    "prints the smallest fraction the GPU fits",
     "runtime/oom-with-activation-offload": "uv run scripts/plan_offload.py ... shows weights + grads + optimizer "
                                            "against activations: activation offload only reduces the latter",
-    "runtime/oom-outside-pytorch": "rerun with NCCL_DEBUG=INFO: NCCL's WARN lines name the allocation that failed; "
-                                   "metrics.rank0.jsonl in the run folder (a failure in step 1 leaves it empty: the "
-                                   "same run on a larger GPU) has device_outside_pytorch_gib, and peak_reserved_gib "
-                                   "against peak_allocated_gib (the allocator's reserve); plan_offload.py's 'GPU: "
-                                   "whole device' line counts both against the GPU",
+    "runtime/oom-outside-pytorch": "nvidia-smi for other processes on the GPU; rerun with NCCL_DEBUG=INFO: NCCL's "
+                                   "WARN lines name the allocation that failed. A run that got past step 1 records "
+                                   "device_outside_pytorch_gib and peak_reserved_gib - peak_allocated_gib (the "
+                                   "allocator's reserve) in metrics.rank0.jsonl; plan_offload.py's 'GPU: whole "
+                                   "device' line counts both against the GPU",
     "runtime/host-memory-killed": "dmesg | grep -i -E 'killed process|oom' on the node, or Slurm's 'oom-kill event'; "
                                   "summary.json/metrics: peak_node_host_used_gib near the node's memory",
     "runtime/pinned-host-memory": "ulimit -l (memlock) and free -g on the node; the run's pinned_host_gib in "

@@ -106,4 +106,14 @@ def test_each_run_of_the_check_is_one_gpu_whatever_the_recipe_says(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "Validation for 1 GPU: OK" in out and "TP1 PP1 CP1 DP1" in out
-    assert "optimizer.optimizer_offload_fraction=auto -> 0 " not in out
+    assert "optimizer.optimizer_offload_fraction=auto -> 0.5 (" in out
+
+
+def test_an_nccl_allocation_that_found_the_gpu_full_is_out_of_memory():
+    """The H200 run of docs/benchmarks/alloc-tight/ whose NCCL communicator found the device full in step 1: its
+    log says "unhandled cuda error ... Failed to CUDA calloc", not "out of memory"; the check counts it as OOM."""
+    run_dir = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "alloc-tight" / "1b-proxy-fraction-1"
+    reason = json.loads((run_dir / "failure.json").read_text())["reason"]
+    outcome = outcome_of({"fraction": 1.0, "dir": str(run_dir), "reason": reason}, 21.44, 118.36, ballast_pid=1059,
+                         strangers_after={})
+    assert outcome.outcome == "out of memory"

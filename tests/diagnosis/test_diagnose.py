@@ -185,7 +185,28 @@ def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_p
     finding = only(run / "log.txt", "runtime/oom-outside-pytorch")
     assert finding.fix.startswith("free the GPU of other processes")
     assert "the planner fits fraction 1 on 139.80 GiB" in finding.fix_basis
-    assert "had less free than that" in finding.fix_basis and "no optimizer offload fraction fits" not in finding.fix_basis
+    assert "had less free than planned" in finding.fix_basis
+    assert "no optimizer offload fraction fits" not in finding.fix_basis
+
+
+def test_below_fraction_1_an_allocation_outside_pytorch_gets_no_made_up_fraction(tmp_path):
+    """NCCL's message measures nothing: where the plan fits the failed fraction, the fix asks to free the GPU and
+    names no fraction step that no number supports."""
+    run = _run_with_saved_config(tmp_path, 0.3, (LOGS / "nccl-calloc-oom.log").read_text())
+    finding = only(run / "log.txt", "runtime/oom-outside-pytorch")
+    assert finding.fix.startswith("free the GPU of other processes")
+    assert "optimizer_offload_fraction=" not in finding.fix and "lacked 0.00" not in finding.fix_basis
+    assert "the planner fits fraction 0.3 on 139.80 GiB" in finding.fix_basis
+
+
+def test_a_torch_oom_on_a_shared_gpu_names_the_other_processes(tmp_path):
+    """torch's message lists the other processes: where the plan fits the failed fraction, the fix says they held
+    the memory the plan counted on."""
+    message = (TORCH_OOM.replace("79.19 GiB", "139.80 GiB")
+               + " Process 1234 has 118.00 GiB memory in use.")
+    run = _run_with_saved_config(tmp_path, 0.3, f"[rank0]: {message}\n")
+    finding = only(run / "log.txt", "runtime/oom-partial-offload")
+    assert "other processes held 118.00 GiB of it (torch's message)" in finding.fix_basis
 
 
 def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_path):
@@ -256,6 +277,18 @@ def test_library_allocation_failures_are_out_of_memory_outside_pytorch(tmp_path,
     log = tmp_path / "log.txt"
     log.write_text(f"[rank0]: {line}\n")
     assert ids(log) == ["runtime/oom-outside-pytorch"]
+
+
+def test_nccls_pinned_host_allocation_is_host_memory_and_a_calloc_after_a_fault_is_not_called_oom(tmp_path):
+    """NCCL warns "Cuda failure 2 'out of memory'" for its pinned host buffers too (then "Failed to CUDA host
+    alloc"): more offload would make that worse. And its calloc fails after any earlier fault."""
+    log = tmp_path / "log.txt"
+    log.write_text("[rank0]: node1:4929:5001 [0] misc/cudawrap.cc:189 NCCL WARN Cuda failure 2 'out of memory'\n"
+                   "[rank0]: node1:4929:5001 [0] include/alloc.h:48 NCCL WARN Failed to CUDA host alloc 4194304 bytes\n")
+    assert ids(log) == ["runtime/pinned-host-memory"]
+    log.write_text("[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                   "[rank0]: Failed to CUDA calloc async 4 bytes\n")
+    assert "runtime/oom-outside-pytorch" not in ids(log)
 
 
 def test_unhandled_cuda_error_alone_is_not_called_out_of_memory(tmp_path):

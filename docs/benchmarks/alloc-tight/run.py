@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mbridge_offload.bench.device_ballast import Ballast
 from mbridge_offload.bench.sweep import run_one
+from mbridge_offload.facts.run_records import read_steps
 
 # case: (recipe, overrides, fraction, committed run it repeats, spare GiB above its allocated + outside)
 CASES = {
@@ -31,7 +32,7 @@ CASES = {
 
 def needed_gib(committed: str) -> tuple[float, float]:
     """(peak allocated + outside PyTorch, peak reserved + outside) of the committed run's largest step."""
-    rows = [json.loads(line) for line in Path("docs/benchmarks", committed, "metrics.rank0.jsonl").open()]
+    rows = read_steps(Path("docs/benchmarks", committed))[0]
     allocated = max(r["peak_allocated_gib"] + r["device_outside_pytorch_gib"] for r in rows)
     reserved = max(r["peak_reserved_gib"] + r["device_outside_pytorch_gib"] for r in rows)
     return allocated, reserved
