@@ -4,29 +4,47 @@ With expandable segments, the caching allocator's reserve (peak reserved - peak 
 segment. When an allocation does not fit, PyTorch releases its cached free blocks and tries again; with expandable
 segments that unmaps the free pages inside the segment too. If so, a device only a little larger than PyTorch's peak
 allocated + the memory outside PyTorch trains, although the same run on a large device reserved up to 1.17 GiB more.
-Each case reruns an alloc-conf/ run with the largest reserves, beside a ballast that leaves SPARE GiB above that
+Each case reruns an alloc-conf/ run with the largest reserves, beside a ballast that leaves spare_gib above that
 run's peak allocated + outside PyTorch (from its committed metrics).
 
-    python3 docs/benchmarks/alloc-tight/run.py RUNS_DIR [CASE ...]
+    python3 docs/benchmarks/alloc-tight/run.py RUNS_DIR [CASE ...]     (no CASE: the two that ran)
 """
 
+import contextlib
 import json
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mbridge_offload.bench.device_ballast import Ballast
 from mbridge_offload.bench.sweep import run_one
 from mbridge_offload.facts.run_records import read_steps
 
-# case: (recipe, overrides, fraction, committed run it repeats, spare GiB above its allocated + outside)
+@dataclass(frozen=True, kw_only=True)
+class TightCase:
+    recipe: str
+    overrides: tuple[str, ...]
+    fraction: float
+    repeats: str  # the committed run (under docs/benchmarks/) whose peak sets the device size
+    spare_gib: float = 0.25  # the device: that run's peak allocated + memory outside PyTorch + this
+    env: tuple[tuple[str, str], ...] = ()  # set for this run only
+
+
+DENSE_FRACTION_1 = dict(recipe="qwen3_1b_proxy_pretrain_config", fraction=1.0,
+                        overrides=("train.train_iters=4", "optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
+                        repeats="alloc-conf/calibration/1b-proxy-fraction-1")
 CASES = {
-    "1b-proxy-fraction-1": ("qwen3_1b_proxy_pretrain_config", ["train.train_iters=4",
-                            "optimizer.overlap_cpu_optimizer_d2h_h2d=True"], 1.0,
-                            "alloc-conf/calibration/1b-proxy-fraction-1", 0.25),
-    "moe-proxy-2-fine-grained-sl8192": ("qwen3_30b_a3b_proxy_fine_grained_offload_config", [
-        "train.train_iters=4", "model.num_layers=2", "model.seq_length=8192", "dataset.seq_length=8192",
-        "train.micro_batch_size=1", "train.global_batch_size=1"], 0.0,
-        "alloc-conf/shell-env/moe-proxy-2-fine-grained-sl8192", 0.25),
+    "1b-proxy-fraction-1": TightCase(**DENSE_FRACTION_1),
+    "moe-proxy-2-fine-grained-sl8192": TightCase(
+        recipe="qwen3_30b_a3b_proxy_fine_grained_offload_config", fraction=0.0,
+        overrides=("train.train_iters=4", "model.num_layers=2", "model.seq_length=8192", "dataset.seq_length=8192",
+                   "train.micro_batch_size=1", "train.global_batch_size=1"),
+        repeats="alloc-conf/shell-env/moe-proxy-2-fine-grained-sl8192"),
+    # not run yet: the dense failure again with NCCL's own account of its initialisation and allocations, to
+    # confirm (or not) that the communicator's allocation is the one that found the device full
+    "1b-proxy-fraction-1-nccl-debug": TightCase(**DENSE_FRACTION_1,
+                                                env=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,ALLOC"))),
 }
 
 
@@ -38,15 +56,31 @@ def needed_gib(committed: str) -> tuple[float, float]:
     return allocated, reserved
 
 
+@contextlib.contextmanager
+def environment(variables: dict[str, str]):
+    """The run's process inherits these; the next case does not."""
+    before = {key: os.environ.get(key) for key in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def main() -> None:
     runs = Path(sys.argv[1]) / "alloc-tight"
     runs.mkdir(parents=True, exist_ok=True)
-    for name in sys.argv[2:] or list(CASES):
-        recipe, overrides, fraction, committed, spare = CASES[name]
-        allocated, reserved = needed_gib(committed)
-        device = round(allocated + spare, 2)
-        with Ballast(device, runs / f"ballast-{name}.log") as ballast:
-            result = run_one(recipe, fraction, runs / name, overrides, ["--num-gpus", "1"], timeout_s=400)
+    for name in sys.argv[2:] or ["1b-proxy-fraction-1", "moe-proxy-2-fine-grained-sl8192"]:
+        case = CASES[name]
+        allocated, reserved = needed_gib(case.repeats)
+        device = round(allocated + case.spare_gib, 2)
+        with Ballast(device, runs / f"ballast-{name}.log") as ballast, environment(dict(case.env)):
+            result = run_one(case.recipe, case.fraction, runs / name, list(case.overrides), ["--num-gpus", "1"],
+                             timeout_s=400)
         line = {"case": name, "device_gib": device, "committed_allocated_plus_outside_gib": round(allocated, 3),
                 "committed_reserved_plus_outside_gib": round(reserved, 3), "ballast": ballast.state,
                 "returncode": result["returncode"], "reason": result.get("reason"), "wall_s": result["wall_s"]}
