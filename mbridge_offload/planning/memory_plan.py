@@ -71,9 +71,10 @@ ALLOCATOR_RESERVE_SHARE = 0.0095
 # The same reserve with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which every recipe
 # sets and run_recipe puts in effect): the largest of the calibration runs of
 # docs/benchmarks/alloc-conf/calibration/ (the dense 1.1B proxy at fractions 0 and 1, the 4-layer MoE proxy at
-# 0.5: 0.04, 1.17 and 0.21 GiB from 18.8 to 45.5 GiB allocated, not ordered by it). By PyTorch's allocator source,
-# a failed allocation first unmaps the free pages of expandable segments and retries, so much of this is cache a
-# run could do without (not measured here); the plan counts it all, as NVML shows it as used.
+# 0.5: 0.04, 1.17 and 0.21 GiB from 18.8 to 45.5 GiB allocated, not ordered by it). PyTorch takes this cache back
+# for its own allocations when the device is full, but not for an allocation outside PyTorch made while it holds
+# it: on a device 0.25 GiB above peak allocated + memory outside PyTorch, the MoE proxy trained and the dense proxy
+# at fraction 1 died at NCCL's allocation in step 1 (docs/benchmarks/alloc-tight/). So the plan counts it all.
 EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # Device memory outside PyTorch's allocator: CUDA context, library handles and workspaces, NCCL communicators.
 # Measured per process with NVML on the H200 (torch 2.11, CUDA 13, TE 2.20, one rank): 2.43 GiB on every

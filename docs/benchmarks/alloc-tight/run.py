@@ -21,6 +21,7 @@ from mbridge_offload.bench.device_ballast import Ballast
 from mbridge_offload.bench.sweep import run_one
 from mbridge_offload.facts.run_records import read_steps
 
+
 @dataclass(frozen=True, kw_only=True)
 class TightCase:
     recipe: str
