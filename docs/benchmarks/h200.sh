@@ -372,8 +372,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     alloc-tight)
       # Fourteenth session (issue #15, docs/benchmarks/alloc-tight/): does a run need the allocator's reserve when the
       # device is only 0.25 GiB above its peak allocated + memory outside PyTorch? Two alloc-conf/ runs, each alone
-      # beside the ballast (103 s). Not run yet: CASES=1b-proxy-fraction-1-nccl-debug (~50 s), NCCL's account of the
-      # dense case's failed allocation.
+      # beside the ballast (103 s). Not run yet: CASES="1b-proxy-fraction-1-nccl-debug
+      # 1b-proxy-fraction-1-warm-communicators" (~2 min): NCCL's account of the dense case's failed allocation, and
+      # the same case with the communicators created before step 1 (run_recipe --warm-communicators).
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     planner-heldout-3)
       # NOT RUN YET (issue #15, docs/benchmarks/planner-heldout-3/): five configurations never run, the host's blind

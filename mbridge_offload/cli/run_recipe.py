@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "on the GPU with the moments streamed from the host, the update without offload), delayed "
                              "(one-step delayed update, not the same training). Default: the recipe's "
                              f"env_vars.{ENGINE_ENV}, else library (mbridge_offload/runtime/streaming_engine.py)")
+    parser.add_argument("--warm-communicators", action="store_true",
+                        help="create every NCCL communicator before step 1 (one small collective per group), so "
+                             "that NCCL allocates before PyTorch's cache has grown; otherwise PyTorch creates them "
+                             "at their first use inside step 1 (mbridge_offload/runtime/communicators.py)")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -230,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     return launch(prepared.cfg, LaunchSettings(
         recipe_name=recipe.name, num_gpus=num_gpus, out_dir=out_dir, cpu_threads=prepared.cpu_threads,
         tuning_lines=prepared.tuning_lines, run_lines=prepared.run_lines, overlap_chunks=prepared.overlap_chunks,
-        topology=topology(prepared.cfg, num_gpus), offload_lines=tuple(offload_summary(prepared.cfg))))
+        topology=topology(prepared.cfg, num_gpus), offload_lines=tuple(offload_summary(prepared.cfg)),
+        warm_communicators=args.warm_communicators))
 
 
 if __name__ == "__main__":

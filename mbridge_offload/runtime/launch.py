@@ -49,6 +49,7 @@ class LaunchSettings:
     overlap_chunks: int | None  # the D2H/H2D overlap in this many chunks (None: the library's per tensor)
     topology: str  # the parallel layout in words, for the run's header
     offload_lines: tuple[str, ...]  # the offload settings in words, one line per mechanism
+    warm_communicators: bool = False  # create the NCCL communicators before step 1 (runtime/communicators.py)
 
 
 def use_prebuilt_dataset_helper() -> bool:
@@ -119,6 +120,8 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
         lines.append(f"  offload engine: {mode}: {ENGINE_MODES[mode]}")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     lines.append(f"  {allocator_line(allocator_conf(cfg.env_vars, os.environ))}")
+    if settings.warm_communicators:
+        lines.append("  NCCL communicators: created before step 1, while the device is free (--warm-communicators)")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
     if warning:
@@ -262,11 +265,16 @@ def train(cfg, settings: LaunchSettings) -> int:
     from mbridge_offload.runtime.host_memory import make_heap_release_callback
 
     metrics = make_callback(out_dir, rank)
+    callbacks = [make_heap_release_callback(rank), metrics]
+    if settings.warm_communicators:
+        from mbridge_offload.runtime.communicators import make_warm_up_callback
+
+        callbacks.insert(0, make_warm_up_callback(rank))
     from mbridge_offload.runtime.streaming_engine import drain_all
 
     try:
         try:
-            pretrain(cfg, forward_step, callbacks=[make_heap_release_callback(rank), metrics])
+            pretrain(cfg, forward_step, callbacks=callbacks)
         except SystemExit as stop:
             if stop.code in (0, None):
                 drain_all(apply_delayed=False)  # the last update: its errors surface, no thread dies mid-step

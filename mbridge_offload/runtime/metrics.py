@@ -153,6 +153,15 @@ def _heap_record() -> dict[str, float]:
     return {"host_heap_in_use_gib": heap["in_use"] / GIB, "host_heap_free_kept_gib": heap["free_kept"] / GIB}
 
 
+def _warm_up_record() -> dict[str, Any]:
+    from mbridge_offload.runtime.communicators import last_warm_up
+
+    warmed = last_warm_up()
+    if warmed is None:
+        return {}
+    return {"communicators_warmed": len(warmed.groups), "communicator_warm_up_device_gib": warmed.device_bytes / GIB}
+
+
 def make_callback(out_dir: Path, rank: int):
     """A Megatron Bridge training callback that writes this rank's per-step metrics."""
     import torch
@@ -211,6 +220,7 @@ def make_callback(out_dir: Path, rank: int):
                 record["engine_step_s"] = take_engine_step_s()  # and enqueued its work instead of the forward
             if self.step == 1:
                 record.update(allocator_layout())
+                record.update(_warm_up_record())
             if self.step <= 2:  # glibc walks its free lists for this: 0.16 s with 150k free blocks
                 record.update(_heap_record())
             if self.offload_timer is not None:

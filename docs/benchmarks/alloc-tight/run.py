@@ -30,11 +30,13 @@ class TightCase:
     repeats: str  # the committed run (under docs/benchmarks/) whose peak sets the device size
     spare_gib: float = 0.25  # the device: that run's peak allocated + memory outside PyTorch + this
     env: tuple[tuple[str, str], ...] = ()  # set for this run only
+    launch_args: tuple[str, ...] = ()  # run_recipe options besides --num-gpus 1
 
 
 DENSE_FRACTION_1 = dict(recipe="qwen3_1b_proxy_pretrain_config", fraction=1.0,
                         overrides=("train.train_iters=4", "optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
                         repeats="alloc-conf/calibration/1b-proxy-fraction-1")
+NCCL_ALLOCATIONS_LOGGED = (("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,ALLOC"))
 CASES = {
     "1b-proxy-fraction-1": TightCase(**DENSE_FRACTION_1),
     "moe-proxy-2-fine-grained-sl8192": TightCase(
@@ -45,7 +47,10 @@ CASES = {
     # not run yet: the dense failure again with NCCL's own account of its initialisation and allocations, to
     # confirm (or not) that the communicator's allocation is the one that found the device full
     "1b-proxy-fraction-1-nccl-debug": TightCase(**DENSE_FRACTION_1,
-                                                env=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,ALLOC"))),
+                                                env=NCCL_ALLOCATIONS_LOGGED),
+    # not run yet: the remedy, the same case with every communicator created before step 1
+    "1b-proxy-fraction-1-warm-communicators": TightCase(**DENSE_FRACTION_1, env=NCCL_ALLOCATIONS_LOGGED,
+                                                        launch_args=("--warm-communicators",)),
 }
 
 
@@ -80,7 +85,8 @@ def main() -> None:
         allocated, reserved = needed_gib(case.repeats)
         device = round(allocated + case.spare_gib, 2)
         with Ballast(device, runs / f"ballast-{name}.log") as ballast, environment(dict(case.env)):
-            result = run_one(case.recipe, case.fraction, runs / name, list(case.overrides), ["--num-gpus", "1"],
+            result = run_one(case.recipe, case.fraction, runs / name, list(case.overrides),
+                             ["--num-gpus", "1", *case.launch_args],
                              timeout_s=400)
         line = {"case": name, "device_gib": device, "committed_allocated_plus_outside_gib": round(allocated, 3),
                 "committed_reserved_plus_outside_gib": round(reserved, 3), "ballast": ballast.state,
