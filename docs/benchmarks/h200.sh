@@ -372,10 +372,23 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     alloc-tight)
       # Fourteenth session (issue #15, docs/benchmarks/alloc-tight/): does a run need the allocator's reserve when the
       # device is only 0.25 GiB above its peak allocated + memory outside PyTorch? Two alloc-conf/ runs, each alone
-      # beside the ballast (103 s). Not run yet: CASES="1b-proxy-fraction-1-nccl-debug
-      # 1b-proxy-fraction-1-warm-communicators" (~2 min): NCCL's account of the dense case's failed allocation, and
-      # the same case with the communicators created before step 1 (run_recipe --warm-communicators).
+      # beside the ballast (103 s). Fifteenth session, at commit 181f30e (117 s): CASES="1b-proxy-fraction-1-nccl-debug
+      # 1b-proxy-fraction-1-warm-communicators", NCCL's account of the dense case's failed allocation, and the same
+      # case with every communicator created before step 1 (run_recipe --warm-communicators).
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
+    nccl-communicators)
+      # Fifteenth session (issue #15, committed as docs/benchmarks/alloc-tight/large-device/, at commit 181f30e, 108 s;
+      # ran as this loop typed into the device call, writing to $runs/alloc-tight-large): the dense proxy at fraction 1
+      # on the whole device, with and without --warm-communicators, NCCL's allocations logged. What one communicator
+      # costs on the device, and how many a run makes and when.
+      d=$runs/nccl-communicators; mkdir -p "$d"
+      for w in warm cold; do
+        flag=; [ $w = warm ] && flag=--warm-communicators
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ALLOC $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config \
+          --num-gpus 1 $flag --out "$d/$w" optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
+          optimizer.overlap_cpu_optimizer_d2h_h2d=True train.train_iters=4 > "$d/$w.log" 2>&1
+        echo "$w exit $?"; grep -h "^communicators:" "$d/$w.log"
+      done ;;
     planner-heldout-3)
       # NOT RUN YET (issue #15, docs/benchmarks/planner-heldout-3/): five configurations never run, the host's blind
       # check (overlap on and off, Qwen3-8B) and the GPU plan with expandable segments. ~6 min by estimate.

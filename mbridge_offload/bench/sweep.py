@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import signal
@@ -166,11 +167,14 @@ def max_abs_delta(a: list, b: list) -> float | None:
 def baseline_parity(baselines: list[dict], deterministic: bool = False) -> dict:
     """The loss-parity tolerance from the baseline runs: the noise floor between identical runs (when two
     or more succeeded) or the seed's criterion, whichever is larger; with deterministic runs (where identical
-    runs do not differ) the seed's criterion exactly."""
-    base = baselines[0].get("summary") if baselines else None
+    runs do not differ) the seed's criterion exactly.
+
+    The noise floor is the largest difference between any two of them, not only from the first: an offloaded run
+    is compared with the first, and it may lie as far from it as two baselines lie from each other."""
     noise = None
     if len(baselines) > 1 and all("summary" in b for b in baselines):
-        noise = max(max_abs_delta(base["losses"], b["summary"]["losses"]) or 0.0 for b in baselines[1:])
+        noise = max(max_abs_delta(a["summary"]["losses"], b["summary"]["losses"]) or 0.0
+                    for a, b in itertools.combinations(baselines, 2))
     if deterministic:
         return {"seed_criterion_max_abs_delta": SEED_PARITY, "noise_floor_max_abs_delta": noise,
                 "tolerance_used": SEED_PARITY, "baseline_runs": len(baselines), "deterministic": True}

@@ -69,9 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "(one-step delayed update, not the same training). Default: the recipe's "
                              f"env_vars.{ENGINE_ENV}, else library (mbridge_offload/runtime/streaming_engine.py)")
     parser.add_argument("--warm-communicators", action="store_true",
-                        help="create every NCCL communicator before step 1 (one small collective per group), so "
-                             "that NCCL allocates before PyTorch's cache has grown; otherwise PyTorch creates them "
-                             "at their first use inside step 1 (mbridge_offload/runtime/communicators.py)")
+                        help="experimental: create every NCCL group's communicator before step 1 (one small "
+                             "collective per group), so that NCCL allocates before PyTorch's cache has grown. It "
+                             "costs device memory: each communicator took 0.38 GiB on the H200, and one GPU has 21 "
+                             "groups, of which a run uses 4 (+6.5 GiB measured; docs/benchmarks/alloc-tight/). "
+                             "Without it PyTorch creates the communicators a run uses at their first collective")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)

@@ -74,12 +74,17 @@ ALLOCATOR_RESERVE_SHARE = 0.0095
 # 0.5: 0.04, 1.17 and 0.21 GiB from 18.8 to 45.5 GiB allocated, not ordered by it). PyTorch takes this cache back
 # for its own allocations when the device is full, but not for an allocation outside PyTorch made while it holds
 # it: on a device 0.25 GiB above peak allocated + memory outside PyTorch, the MoE proxy trained and the dense proxy
-# at fraction 1 died at NCCL's allocation in step 1 (docs/benchmarks/alloc-tight/). So the plan counts it all.
+# at fraction 1 died at NCCL's allocation in step 1, where PyTorch creates three communicators after its cache has
+# grown (docs/benchmarks/alloc-tight/, NCCL's log). So the plan counts it all.
 EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # Device memory outside PyTorch's allocator: CUDA context, library handles and workspaces, NCCL communicators.
-# Measured per process with NVML on the H200 (torch 2.11, CUDA 13, TE 2.20, one rank): 2.43 GiB on every
-# dense run and 3.20 GiB on every MoE run of the seventh session's planner-heldout/ (the MoE layers load more
-# kernels: TE's Triton permutation, grouped GEMMs; not broken down further).
+# Measured per process with NVML on the H200 (torch 2.11, CUDA 13, TE 2.20, NCCL 2.28, one rank): 2.43 GiB on
+# every dense run and 3.20 GiB on every MoE run of the seventh session's planner-heldout/. NCCL's log breaks the
+# dense figure down (docs/benchmarks/alloc-tight/): each communicator takes 194 pages of 2 MiB (64 channels of 3
+# small allocations, each in a page of its own), 0.379 GiB, and a dense run makes 4, so 1.52 GiB; the CUDA context
+# and libraries take the other 0.91 GiB. The MoE runs' 0.77 GiB more appears in step 2 and matches two more
+# communicators (an inference: no MoE run logged NCCL's allocations). With several ranks a communicator also holds
+# buffers for its peers: these figures are for one GPU.
 OUTSIDE_PYTORCH_BYTES = int(2.43 * GIB)
 MOE_EXTRA_OUTSIDE_PYTORCH_BYTES = int(0.77 * GIB)
 # auto's margin, as a share of the planned total: the largest under-prediction of the device total measured on

@@ -56,6 +56,16 @@ def test_rows_parity_and_failed_runs():
     assert "no: CUDA out of memory" in table and "| 0.5 | 1.000 | 2.00x |" in table
 
 
+def test_the_noise_floor_is_the_widest_pair_of_baselines_not_only_the_distance_from_the_first():
+    first = _result(0.0, 0.5, 40.0, [10.0, 9.0, 8.0])
+    above = _result(0.0, 0.5, 40.0, [10.0, 9.03, 8.0])
+    below = _result(0.0, 0.5, 40.0, [10.0, 8.97, 8.0])  # 0.03 from the first, 0.06 from the other
+    offloaded = _result(1.0, 1.0, 30.0, [10.0, 9.05, 8.0])
+    rows, parity = sweep.build_rows([offloaded], [first, above, below])
+    assert parity["noise_floor_max_abs_delta"] == pytest.approx(0.06)
+    assert rows[0]["loss_parity_noise_floor"]  # 0.05 from the first: within what identical runs showed
+
+
 def test_plot_is_written(tmp_path):
     rows, _ = sweep.build_rows([_result(0.0, 0.5, 40.0, [1.0]), _result(1.0, 1.0, 30.0, [1.0])],
                                        [_result(0.0, 0.5, 40.0, [1.0])])

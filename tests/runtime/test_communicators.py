@@ -51,7 +51,7 @@ def test_the_flag_reaches_the_launch_and_the_run_header(tmp_path):
             tuning_lines=(), run_lines=(), overlap_chunks=None, topology=topology(cfg, 1),
             offload_lines=tuple(offload_summary(cfg)), warm_communicators=warm), "auto")
 
-    assert "NCCL communicators: created before step 1" in header(True)
+    assert "NCCL communicators: all groups' created before step 1" in header(True)
     assert "NCCL communicators" not in header(False)
 
 
