@@ -44,13 +44,24 @@ CASES = {
         overrides=("train.train_iters=4", "model.num_layers=2", "model.seq_length=8192", "dataset.seq_length=8192",
                    "train.micro_batch_size=1", "train.global_batch_size=1"),
         repeats="alloc-conf/shell-env/moe-proxy-2-fine-grained-sl8192"),
-    # not run yet: the dense failure again with NCCL's own account of its initialisation and allocations, to
-    # confirm (or not) that the communicator's allocation is the one that found the device full
+    # ran in the fifteenth session: the dense failure again with NCCL's own account of its initialisation and
+    # allocations (a communicator made in step 1 found the device full)
     "1b-proxy-fraction-1-nccl-debug": TightCase(**DENSE_FRACTION_1,
                                                 env=NCCL_ALLOCATIONS_LOGGED),
-    # not run yet: the remedy, the same case with every communicator created before step 1
+    # ran in the fifteenth session: every communicator created before step 1 (21 of 0.379 GiB: PyTorch ran out)
     "1b-proxy-fraction-1-warm-communicators": TightCase(**DENSE_FRACTION_1, env=NCCL_ALLOCATIONS_LOGGED,
                                                         launch_args=("--warm-communicators",)),
+    # not run yet: can a communicator be made cheap? NCCL through cudaMalloc instead of cuMem (which puts each
+    # channel's 608, 24 and 4 bytes in 2 MiB pages of their own), and fewer channels; first on a device 20 GiB
+    # larger than needed (what each takes outside PyTorch), then on the tight device, with and without the warm-up
+    "1b-proxy-fraction-1-cumem-off-roomy": TightCase(**DENSE_FRACTION_1, spare_gib=20.0,
+                                                     env=(*NCCL_ALLOCATIONS_LOGGED, ("NCCL_CUMEM_ENABLE", "0"))),
+    "1b-proxy-fraction-1-max-channels-4-roomy": TightCase(**DENSE_FRACTION_1, spare_gib=20.0,
+                                                          env=(*NCCL_ALLOCATIONS_LOGGED, ("NCCL_MAX_NCHANNELS", "4"))),
+    "1b-proxy-fraction-1-cumem-off": TightCase(**DENSE_FRACTION_1, env=(("NCCL_CUMEM_ENABLE", "0"),)),
+    "1b-proxy-fraction-1-cumem-off-warm-communicators": TightCase(**DENSE_FRACTION_1,
+                                                                  env=(("NCCL_CUMEM_ENABLE", "0"),),
+                                                                  launch_args=("--warm-communicators",)),
 }
 
 
