@@ -365,7 +365,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # Twelfth session (issue #16, docs/benchmarks/offload-engine/bench-stream-lazy/): the 25% speed after that
       # change, 3 rounds interleaved with their baselines, 33 steps each (engine_step_s: the training thread's
       # time in the engine, the enqueueing in the forward's hooks included). Ran 5 of its 6 runs (~65 s each, not
-      # the ~35 s planned); the call's limit cut the sixth and the runs were lost with the machine: NOT MEASURED.
+      # the ~35 s planned); the call's limit cut the sixth and the runs were lost with the machine. Fifteenth session, at
+      # commit 181f30e: FRACTIONS=0.25,1 (526 s), committed as offload-engine/bench-stream-lazy/.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
