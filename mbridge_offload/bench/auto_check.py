@@ -17,14 +17,14 @@ from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import run_one, run_status
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE, AUTO_STEP
 from mbridge_offload.validation.registry import RULES_BY_ID
+from mbridge_offload.validation.runtime_failures import log_shows
 
 # run_recipe.py's line for auto (prepare.resolve_auto): the fraction, the planned total, the margin, the device
 AUTO_LINE = re.compile(re.escape(AUTO_OVERRIDE) + r" -> ([0-9.]+) \(.*?: ([0-9.]+) GiB \+ ([0-9.]+) GiB margin of "
                        r"([0-9.]+) GiB\)")
 # the GPU's out-of-memory failures as the rule table knows them: torch's own, and an allocation outside PyTorch
 # (NCCL's communicator in the first step, docs/benchmarks/alloc-tight/) that found the device full
-OUT_OF_MEMORY = re.compile("|".join(pattern for rule_id in ("runtime/cuda-oom", "runtime/oom-outside-pytorch")
-                                    for pattern in RULES_BY_ID[rule_id].log_signatures))
+OUT_OF_MEMORY_RULES = (RULES_BY_ID["runtime/cuda-oom"], RULES_BY_ID["runtime/oom-outside-pytorch"])
 # torch's out-of-memory message names every other process on the device and what it holds
 OTHER_PROCESS = re.compile(r"Process (\d+) has ([0-9.]+) (GiB|MiB) memory in use")
 
@@ -86,7 +86,8 @@ def outcome_of(result: dict, device_gib: float, ballast_held_gib: float, ballast
         return RunOutcome(fraction=result["fraction"], outcome="trained", device_used_gib=own,
                           headroom_gib=None if own is None else device_gib - own, run_dir=result["dir"])
     reason = result.get("reason", "no summary and no failure recorded")
-    outcome = "out of memory" if OUT_OF_MEMORY.search(reason) or OUT_OF_MEMORY.search(text) else f"failed: {reason}"
+    lines = [reason, *text.splitlines()]
+    outcome = "out of memory" if any(log_shows(rule, lines) for rule in OUT_OF_MEMORY_RULES) else f"failed: {reason}"
     return RunOutcome(fraction=result["fraction"], outcome=outcome, device_used_gib=None, headroom_gib=None,
                       run_dir=result["dir"])
 

@@ -19,13 +19,13 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
-from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM, OOM_OUTSIDE_PYTORCH
+from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, LOG_NEAR_LINES,
+                                                          is_this_cause)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
 WARMUP_LIMIT = 3.0  # a first step this many times the steady step is the warm-up the rule describes
 MAX_EVIDENCE = 3
-_NEAR = 40  # lines around a match searched for what tells a signature's causes apart
 # torch's own out-of-memory message: one signature, the variant told by the run's offload settings
 _TORCH_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
 # the rules whose fix is the planner's OOM fix: torch's, and a device allocation outside PyTorch that failed
@@ -77,7 +77,7 @@ def _raised(lines: list[Line], index: int) -> bool:
 
 
 def _near(lines: list[Line], index: int, pattern: str) -> bool:
-    window = lines[max(0, index - _NEAR): index + _NEAR]
+    window = lines[max(0, index - LOG_NEAR_LINES): index + LOG_NEAR_LINES]
     return any(re.search(pattern, line.text) for line in window)
 
 
@@ -87,6 +87,7 @@ class _Run:
     def __init__(self, path: Path, build_config: bool):
         self.path = path
         self.lines = read_lines(path)
+        self.texts = [line.text for line in self.lines]
         self.facts: RunFacts = run_facts(self.lines, run_folder(path))
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
@@ -136,19 +137,9 @@ def _oom_variant(run: _Run) -> str:
     return "runtime/cuda-oom"
 
 
-# Signatures that alone do not tell the cause: what else the log (or the run) must show.
-# NCCL prints its allocation warnings for pinned host memory too ("Failed to CUDA host alloc" after the same
-# "Cuda failure 2 'out of memory'"), and "Failed to CUDA calloc" after any earlier fault left it without memory
-_HOST_ALLOCATION = r"host alloc|[Hh]ostAlloc"
-_EARLIER_FAULT = r"illegal memory access|misaligned address|device-side assert|unspecified launch failure"
-
-
-def _device_allocation_failed(run: _Run, i: int) -> bool:
-    return not _near(run.lines, i, _HOST_ALLOCATION) and not _near(run.lines, i, _EARLIER_FAULT)
-
-
+# Signatures that alone do not tell the cause: what else the log (or the run) must show, besides what the rule's
+# own log_not_near rules out
 _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
-    **{("runtime/oom-outside-pytorch", pattern): _device_allocation_failed for pattern in OOM_OUTSIDE_PYTORCH},
     ("runtime/pinned-host-memory", r"CUDA error: out of memory"):
         lambda run, i: _near(run.lines, i, r"pin_memory|pinned|[Hh]ostAlloc|pin_cpu"),
     ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
@@ -170,7 +161,7 @@ def _matches(run: _Run) -> list[tuple[str, int, str]]:
         for rule_id, pattern, regex in _SIGNATURES:
             if regex.search(text):
                 condition = _CONDITIONS.get((rule_id, pattern))
-                if condition is None or condition(run, i):
+                if (condition is None or condition(run, i)) and is_this_cause(RULES_BY_ID[rule_id], run.texts, i):
                     found.append((rule_id, i, ""))
         validator = _VALIDATOR_LINE.match(text)
         if validator and validator.group(2) in RULES_BY_ID:

@@ -98,6 +98,8 @@ class Rule:
     observed: Callable[[Context], str] | None = None  # the value to show, when not the key's own
     fix_text: str = ""  # the fix in the docs table, where ``fix`` depends on the config
     log_signatures: tuple[str, ...] = ()  # regexes of log lines that show this rule broken (diagnose.py)
+    # regexes that, on a line near a signature's match, say the line shows another cause (runtime_failures.py)
+    log_not_near: tuple[str, ...] = ()
 
     @classmethod
     def of_range(cls, mechanism: str, key_range: KeyRange) -> "Rule":

@@ -9,16 +9,23 @@ through ``CONFIG_RULE_LOG_SIGNATURES`` here.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
 _OOM = (r"CUDA out of memory\. Tried to allocate", r"torch\.(cuda\.)?OutOfMemoryError")
 # Messages that say a device allocation outside PyTorch failed: NCCL's allocation warnings (also what torch
 # prints under "Last error:" of an "unhandled cuda error"), NCCL's CUDA-call warning with the out-of-memory
-# error, and cuBLAS's / cuDNN's allocation statuses. A bare "unhandled cuda error" has other causes; NCCL's
-# pinned host allocations and the errors that follow an earlier fault are told apart in diagnosis/engine.py.
+# error, and cuBLAS's / cuDNN's allocation statuses. A bare "unhandled cuda error" has other causes.
 OOM_OUTSIDE_PYTORCH = (r"Failed to CUDA (calloc|malloc)\b", r"Cuda failure (\d+ )?'out of memory'",
                        r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED")
+# ... and what near them says otherwise: NCCL prints the same "Cuda failure 2 'out of memory'" before "Failed to
+# CUDA host alloc" (pinned host memory), and "Failed to CUDA calloc" after any earlier fault left it without memory
+OOM_OUTSIDE_PYTORCH_NOT_NEAR = (r"host alloc|[Hh]ostAlloc",
+                                r"illegal memory access|misaligned address|device-side assert|unspecified launch failure")
+LOG_NEAR_LINES = 40  # lines either side of a signature's match searched for what tells its causes apart
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
 
@@ -28,9 +35,23 @@ def never(ctx: Context) -> bool:
     return False
 
 
-def _rule(id: str, key: str, text: str, fix: str, signatures: tuple[str, ...], severity: str = "error") -> Rule:
+def _rule(id: str, key: str, text: str, fix: str, signatures: tuple[str, ...], severity: str = "error",
+          not_near: tuple[str, ...] = ()) -> Rule:
     return Rule(id=id, mechanism=RUNTIME, key=key, text=text, applies=never, holds=lambda ctx: True, fix=fixed(fix),
-                severity=severity, log_signatures=signatures)
+                severity=severity, log_signatures=signatures, log_not_near=not_near)
+
+
+def is_this_cause(rule: Rule, lines: Sequence[str], index: int) -> bool:
+    """Whether the signature matched at ``lines[index]`` shows ``rule``: no line near it names another cause."""
+    window = lines[max(0, index - LOG_NEAR_LINES): index + LOG_NEAR_LINES]
+    return not any(re.search(pattern, line) for pattern in rule.log_not_near for line in window)
+
+
+def log_shows(rule: Rule, lines: Sequence[str]) -> bool:
+    """Whether a log's lines show ``rule`` broken, by its signatures and what is near them (diagnose.py reads the
+    run's facts too; this is the log alone, for a tool that only needs to know what failed)."""
+    return any(re.search(signature, line) and is_this_cause(rule, lines, i)
+               for i, line in enumerate(lines) for signature in rule.log_signatures)
 
 
 RULES: tuple[Rule, ...] = (
@@ -50,7 +71,7 @@ RULES: tuple[Rule, ...] = (
           "a CUDA allocation outside PyTorch found the GPU full: NCCL's communicator buffers (made at a process "
           "group's first collective, often inside the first step) or a cuBLAS / cuDNN workspace. PyTorch's caching "
           "allocator held the rest, the free memory it caches included (it does not hand that to other "
-          "allocators), or another process did", _OOM_FIX, OOM_OUTSIDE_PYTORCH),
+          "allocators), or another process did", _OOM_FIX, OOM_OUTSIDE_PYTORCH, not_near=OOM_OUTSIDE_PYTORCH_NOT_NEAR),
     _rule("runtime/host-memory-killed", "optimizer.optimizer_offload_fraction",
           "a rank was killed with SIGKILL (signal 9), the kernel's answer to a node out of host memory: offloaded "
           "optimizer states and pinned buffers live there, and the node's use peaks inside the first optimizer step",

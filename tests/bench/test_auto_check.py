@@ -117,3 +117,28 @@ def test_an_nccl_allocation_that_found_the_gpu_full_is_out_of_memory():
     outcome = outcome_of({"fraction": 1.0, "dir": str(run_dir), "reason": reason}, 21.44, 118.36, ballast_pid=1059,
                          strangers_after={})
     assert outcome.outcome == "out of memory"
+
+
+def test_nccls_own_account_of_the_failed_allocation_is_out_of_memory_too():
+    """The same H200 case with NCCL_DEBUG=INFO (fifteenth session): NCCL's warning 'Cuda failure 2 'out of memory''
+    in a communicator's channel setup, hundreds of lines of NCCL's allocations around it."""
+    run_dir = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "alloc-tight" / "1b-proxy-fraction-1-nccl-debug"
+    reason = json.loads((run_dir / "failure.json").read_text())["reason"]
+    outcome = outcome_of({"fraction": 1.0, "dir": str(run_dir), "reason": reason}, 21.44, 118.36, ballast_pid=1114,
+                         strangers_after={})
+    assert outcome.outcome == "out of memory"
+
+
+@pytest.mark.parametrize("log", [
+    # NCCL's pinned host buffer: the same CUDA warning, then a host allocation (more offload makes it worse)
+    "node1:4929:5001 [0] misc/cudawrap.cc:189 NCCL WARN Cuda failure 2 'out of memory'\n"
+    "node1:4929:5001 [0] include/alloc.h:48 NCCL WARN Failed to CUDA host alloc 4194304 bytes\n",
+    # a calloc that failed because an earlier fault left the device unusable
+    "RuntimeError: CUDA error: an illegal memory access was encountered\nFailed to CUDA calloc async 4 bytes\n",
+], ids=["pinned-host", "after-a-fault"])
+def test_what_diagnose_tells_apart_from_the_device_out_of_memory_check_auto_does_too(tmp_path, log):
+    (tmp_path / "log.txt").write_text(log)
+    reason = "DistBackendError: NCCL error: unhandled cuda error"
+    outcome = outcome_of({"fraction": 0.5, "dir": str(tmp_path), "reason": reason}, 40.0, 99.0, ballast_pid=1,
+                         strangers_after={})
+    assert outcome.outcome == f"failed: {reason}"
