@@ -393,8 +393,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         echo "$w exit $?"; grep -h "^communicators:" "$d/$w.log"
       done ;;
     planner-heldout-3)
-      # NOT RUN YET (issue #15, docs/benchmarks/planner-heldout-3/): five configurations never run, the host's blind
-      # check (overlap on and off, Qwen3-8B) and the GPU plan with expandable segments. ~6 min by estimate.
+      # Fifteenth session (issue #15, docs/benchmarks/planner-heldout-3/, at commit 181f30e, 368 s): five configurations
+      # never run, the host's blind check (overlap on and off, Qwen3-8B) and the GPU plan with expandable segments.
       RUNS=$runs bash docs/benchmarks/planner-heldout-3/run.sh ${WAVES:-8b-sl2048-overlap-off \
         moe-proxy-7-sl2048-overlap-off+1p7b-activation-offload-sl4096-mb2-overlap-on \
         4b-sl4096-mlp-overlap-on+0p6b-sl8192-fraction-1-overlap-on}
@@ -406,7 +406,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # measured with expandable segments, on configurations never run, each pair (auto's fraction, 0.05 below) alone
       # beside its ballast. Ran as the 5 cases (the third cut by the call's limit), then CASES="0p6b-sl2048-mb4
       # 1p7b-sl6144-block8 moe-proxy-5-sl2048-mb2" (538 s). 4b-sl2048-mb2 was refused (check_auto then let the run
-      # take the recipe's 2 GPUs; it runs one GPU since): owed, CASES=4b-sl2048-mb2 (auto 0.5 on 81 GiB by the plan).
+      # take the recipe's 2 GPUs; it runs one GPU since): ran in the fifteenth session, at commit 181f30e (179 s),
+      # as CASES=4b-sl2048-mb2.
       # planner-auto-2's cases ran without expandable segments and are owed again too.
       mkdir -p "$runs/planner-auto-3"
       for case in ${CASES:-4b-sl2048-mb2 moe-proxy-3-fine-grained-sl4096 0p6b-sl2048-mb4 1p7b-sl6144-block8 moe-proxy-5-sl2048-mb2}; do
