@@ -375,8 +375,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # device is only 0.25 GiB above its peak allocated + memory outside PyTorch? Two alloc-conf/ runs, each alone
       # beside the ballast (103 s). Fifteenth session, at commit 181f30e (117 s): CASES="1b-proxy-fraction-1-nccl-debug
       # 1b-proxy-fraction-1-warm-communicators", NCCL's account of the dense case's failed allocation, and the same
-      # case with every communicator created before step 1 (run_recipe --warm-communicators). Not run yet (~4 min):
-      # CASES="1b-proxy-fraction-1-cumem-off-roomy 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off
+      # case with every communicator created before step 1 (run_recipe --warm-communicators). Not run yet (~5 min):
+      # CASES="0p6b-sl8192-fraction-1 1b-proxy-fraction-1-cumem-off-roomy 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off
       # 1b-proxy-fraction-1-cumem-off-warm-communicators": can a communicator be made cheap (alloc-tight/README.md).
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     nccl-communicators)
