@@ -19,8 +19,7 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
-from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, LOG_NEAR_LINES,
-                                                          is_this_cause)
+from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM, is_this_cause, near
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
@@ -74,11 +73,6 @@ class Diagnosis:
 def _raised(lines: list[Line], index: int) -> bool:
     """An error is raised (or the validator reports one) at this line or the three before it."""
     return any(_RAISED.search(line.text) for line in lines[max(0, index - 3): index + 1])
-
-
-def _near(lines: list[Line], index: int, pattern: str) -> bool:
-    window = lines[max(0, index - LOG_NEAR_LINES): index + LOG_NEAR_LINES]
-    return any(re.search(pattern, line.text) for line in window)
 
 
 class _Run:
@@ -141,9 +135,9 @@ def _oom_variant(run: _Run) -> str:
 # own log_not_near rules out
 _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
     ("runtime/pinned-host-memory", r"CUDA error: out of memory"):
-        lambda run, i: _near(run.lines, i, r"pin_memory|pinned|[Hh]ostAlloc|pin_cpu"),
+        lambda run, i: near(run.texts, i, r"pin_memory|pinned|[Hh]ostAlloc|pin_cpu"),
     ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
-        lambda run, i: _near(run.lines, i, r"_update_fp32_params_by_new_state|hybrid_optimizer"),
+        lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer"),
     ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
     ("runtime/cpu-threads", r"Setting OMP_NUM_THREADS environment variable for each process to be 1"):
         lambda run, i: bool(run.knows("optimizer_offload")),

@@ -41,10 +41,14 @@ def _rule(id: str, key: str, text: str, fix: str, signatures: tuple[str, ...], s
                 severity=severity, log_signatures=signatures, log_not_near=not_near)
 
 
+def near(lines: Sequence[str], index: int, pattern: str) -> bool:
+    """Whether a line within LOG_NEAR_LINES of ``lines[index]`` matches ``pattern``."""
+    return any(re.search(pattern, line) for line in lines[max(0, index - LOG_NEAR_LINES): index + LOG_NEAR_LINES])
+
+
 def is_this_cause(rule: Rule, lines: Sequence[str], index: int) -> bool:
     """Whether the signature matched at ``lines[index]`` shows ``rule``: no line near it names another cause."""
-    window = lines[max(0, index - LOG_NEAR_LINES): index + LOG_NEAR_LINES]
-    return not any(re.search(pattern, line) for pattern in rule.log_not_near for line in window)
+    return not any(near(lines, index, pattern) for pattern in rule.log_not_near)
 
 
 def log_shows(rule: Rule, lines: Sequence[str]) -> bool:
