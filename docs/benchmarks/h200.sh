@@ -401,6 +401,12 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # and the heap release (malloc_trim after setup, thirteenth session): the case that left 1.02 GiB of freed
       # heap in alloc-conf/heldout/ (RSS 62.51 GiB at step 1), again; its log says what was released
       DEST=planner-heldout-3/heap-release RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh moe-proxy-6-sl4096-mb2-overlap ;;
+    planner-heldout-4)
+      # Sixteenth session (issue #15, docs/benchmarks/planner-heldout-4/): the reserve as the loss's largest tensor,
+      # on seven configurations where that term decides, none run before.
+      RUNS=$runs bash docs/benchmarks/planner-heldout-4/run.sh ${WAVES:-4b-sl4096-mb2-fraction-1+0p6b-sl4096-unfused-loss-fraction-1 \
+        1p7b-sl8192-fraction-1+1b-proxy-sl4096-mb3-fraction-1 \
+        moe-proxy-2-sl8192-fraction-1+0p6b-sl16384-fraction-1+0p6b-sl8192-fraction-0.9} ;;
     planner-auto-3)
       # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve
       # measured with expandable segments, on configurations never run, each pair (auto's fraction, 0.05 below) alone

@@ -100,6 +100,7 @@ def compare_run(run_dir: Path) -> dict | None:
             "measured_device_gib": device, "planned_device_gib": planned.total_bytes_gpu / GIB,
             "device_error": _ratio(planned.total_bytes_gpu / GIB, device),
             "measured_outside_pytorch_gib": s.get("device_outside_pytorch_gib") if device is not None else None,
+            "planned_reserve_gib": planned.allocator_reserve_bytes_gpu / GIB,
             "planned_state_gib": planned.state_bytes_gpu / GIB,
             "measured_host_rss_gib": host, "planned_host_gib": planned.host_bytes_per_node / GIB,
             "host_error": _ratio(planned.host_bytes_per_node / GIB, host),

@@ -212,6 +212,14 @@ def loss_peak_bytes(cfg, tokens: int) -> int:
     return int(2 * 2 * h * tokens + max(forward, backward))
 
 
+def largest_loss_tensor_bytes(cfg) -> int:
+    """The largest single tensor of the loss of one micro batch on the last stage: the logits in bf16 (2 B per token
+    and vocabulary entry), or, with the unfused cross entropy, its fp32 copy of them (4 B)."""
+    m = cfg.model
+    fused_te = m.cross_entropy_loss_fusion and getattr(m, "cross_entropy_fusion_impl", "native") == "te"
+    return int((2 if fused_te else 4) * _widths(cfg).tokens * m.vocab_size / m.tensor_model_parallel_size)
+
+
 def activation_bytes(cfg, stage: int | None = None) -> int:
     """Peak activation bytes of one rank of pipeline stage ``stage`` (None: the worst stage)."""
     m = cfg.model

@@ -100,7 +100,9 @@ def test_the_allocators_reserve_follows_the_setting_the_run_will_get(built, monk
     """The recipes ask for expandable segments and run_recipe puts them in effect: the plan counts the reserve
     measured with them; a recipe or a shell that turns them off gets the reserve measured without (larger)."""
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    cfg = built("qwen3_1b_proxy_pretrain_config")
+    # 1024 tokens a micro batch: a loss tensor smaller than either envelope, which then decides
+    cfg = apply_overrides(built("qwen3_1b_proxy_pretrain_config"), ["model.seq_length=1024", "dataset.seq_length=1024",
+                                                                      "train.micro_batch_size=1", "train.global_batch_size=1"])
     expandable = plan(cfg, 1, fraction=0.5)
     assert expandable.allocator_expandable_segments
     assert expandable.allocator_reserve_bytes_gpu == memory_plan.EXPANDABLE_ALLOCATOR_RESERVE_BYTES
@@ -114,6 +116,26 @@ def test_the_allocators_reserve_follows_the_setting_the_run_will_get(built, monk
         assert fixed.allocator_reserve_bytes_gpu > expandable.allocator_reserve_bytes_gpu
     assert "reserve (expandable segments)" in format_plan(expandable)
     assert "reserve (fixed segments)" in format_plan(fixed_by_shell)
+
+
+def test_the_reserve_is_at_least_the_losss_largest_tensor(built, monkeypatch):
+    """Long micro batches: the block the loss's largest tensor freed can stay beyond the peak, so the reserve grows
+    with the tokens of a micro batch and the vocabulary, and doubles with the unfused cross entropy's fp32 copy; the
+    envelope of the setting stays the least."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    base = built("qwen3_0p6b_pretrain_config")
+    vocab = base.model.vocab_size
+
+    def reserve(*overrides: str) -> int:
+        cfg = apply_overrides(base, ["train.micro_batch_size=1", "train.global_batch_size=1", *overrides])
+        return plan(cfg, 1, fraction=1.0).allocator_reserve_bytes_gpu
+
+    slack = memory_plan.LOSS_TENSOR_RESERVE_SLACK_BYTES
+    assert reserve("model.seq_length=8192", "dataset.seq_length=8192") == 2 * 8192 * vocab + slack
+    assert reserve("model.seq_length=16384", "dataset.seq_length=16384") == 2 * 16384 * vocab + slack
+    unfused = reserve("model.seq_length=8192", "dataset.seq_length=8192", "model.cross_entropy_loss_fusion=False")
+    assert unfused == 4 * 8192 * vocab + slack
+    assert reserve("model.seq_length=1024", "dataset.seq_length=1024") == memory_plan.EXPANDABLE_ALLOCATOR_RESERVE_BYTES
 
 
 def test_the_plan_adds_up_and_is_frozen(built):

@@ -7,6 +7,7 @@ import pytest
 from overrides import apply_overrides
 from mbridge_offload.planning import plan
 from mbridge_offload.validation import validate
+from mbridge_offload.planning.activations import largest_loss_tensor_bytes
 from mbridge_offload.planning.memory_plan import base_gpu_bytes, device_total_bytes, outside_pytorch_bytes
 
 MOE = "qwen3_30b_a3b_proxy_pretrain_config"
@@ -40,8 +41,9 @@ def test_plan_per_stage(built):
     assert p.stages[1].activation_bytes_gpu > p.stages[0].activation_bytes_gpu  # logits on the last stage
     allocated = [s.state_bytes_gpu + s.activation_bytes_gpu + base_gpu_bytes(cfg) for s in p.stages]
     expandable = p.allocator_expandable_segments
-    assert [s.total_bytes_gpu for s in p.stages] == [device_total_bytes(a, outside_pytorch_bytes(cfg), expandable)[1]
-                                                     for a in allocated]
+    loss_tensors = [0, largest_loss_tensor_bytes(cfg)]  # the loss is on the last stage only
+    assert [s.total_bytes_gpu for s in p.stages] == [
+        device_total_bytes(a, outside_pytorch_bytes(cfg), expandable, loss)[1] for a, loss in zip(allocated, loss_tensors)]
     # More offload, less GPU memory on every stage.
     q = plan(cfg, 4, fraction=1.0)
     assert all(b.total_bytes_gpu < a.total_bytes_gpu for a, b in zip(p.stages, q.stages))
