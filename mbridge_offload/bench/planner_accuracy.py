@@ -20,7 +20,7 @@ from pathlib import Path
 CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom-8b", "planner-heldout", "planner-auto",
                "alloc-conf/calibration")
 HELDOUT = ("planner-heldout-2", "planner-auto-2", "planner-auto-3", "alloc-conf/heldout", "alloc-conf/shell-env",
-           "alloc-conf/recipe-env", "planner-heldout-3")
+           "alloc-conf/recipe-env", "planner-heldout-3", "planner-heldout-4")
 REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 
@@ -101,6 +101,7 @@ def compare_run(run_dir: Path) -> dict | None:
             "device_error": _ratio(planned.total_bytes_gpu / GIB, device),
             "measured_outside_pytorch_gib": s.get("device_outside_pytorch_gib") if device is not None else None,
             "planned_reserve_gib": planned.allocator_reserve_bytes_gpu / GIB,
+            "planned_outside_pytorch_gib": planned.outside_pytorch_bytes_gpu / GIB,
             "planned_state_gib": planned.state_bytes_gpu / GIB,
             "measured_host_rss_gib": host, "planned_host_gib": planned.host_bytes_per_node / GIB,
             "host_error": _ratio(planned.host_bytes_per_node / GIB, host),

@@ -231,6 +231,9 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
             # torch's numbers (from any rank of this run) size the GPU and the shortfall for every OOM finding,
             # so that a torch OOM and an NCCL allocation failure of one run get one fix
             computed = fixes.oom_fix(cfg, gpus, oom, expandable, planned_gpu_gib=run.facts.gpu_memory_gib)
+            channels = fixes.fewer_nccl_channels(cfg) if finding.rule_id == "runtime/oom-outside-pytorch" else None
+            if channels is not None:
+                computed = (f"{computed[0]}; or {channels[0]}", f"{computed[1]}; {channels[1]}")
         elif finding.rule_id == "runtime/host-memory-killed":
             if run.facts.host_memory_gib is None:
                 finding.fix_basis = ("generic: the log does not say the node's memory (run_recipe.py prints it in "

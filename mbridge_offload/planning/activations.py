@@ -198,6 +198,12 @@ def _full_recompute_bytes(m, layer: LayerActivations, layers: int) -> tuple[int,
     return chunks * layer.input_bytes, min(n, layers) * layer.bytes_kept
 
 
+def te_fused_cross_entropy(m) -> bool:
+    """Whether the loss is Transformer Engine's fused cross entropy (the recipes' choice); else Megatron's own, fused
+    or not, which keeps an fp32 copy of the logits and all-reduces over the tensor-parallel group."""
+    return bool(m.cross_entropy_loss_fusion) and getattr(m, "cross_entropy_fusion_impl", "native") == "te"
+
+
 def loss_peak_bytes(cfg, tokens: int) -> int:
     """The last stage's peak beyond the layers: the final norm's input and output, and the larger of the loss's
     forward (logits and the cross entropy's copy) and the output layer's backward (the logits' gradient, a bf16
@@ -205,7 +211,7 @@ def loss_peak_bytes(cfg, tokens: int) -> int:
     m = cfg.model
     tp = m.tensor_model_parallel_size
     vocab, h = m.vocab_size / tp, m.hidden_size
-    fused_te = m.cross_entropy_loss_fusion and getattr(m, "cross_entropy_fusion_impl", "native") == "te"
+    fused_te = te_fused_cross_entropy(m)
     forward = (4 if fused_te else 6) * tokens * vocab + 12 * tokens  # + the loss and its fp32 statistics
     weight_grad = 0 if m.gradient_accumulation_fusion else 2 * vocab * h
     backward = 2 * tokens * vocab + weight_grad + 2 * tokens * h
@@ -216,7 +222,7 @@ def largest_loss_tensor_bytes(cfg) -> int:
     """The largest single tensor of the loss of one micro batch on the last stage: the logits in bf16 (2 B per token
     and vocabulary entry), or, with the unfused cross entropy, its fp32 copy of them (4 B)."""
     m = cfg.model
-    fused_te = m.cross_entropy_loss_fusion and getattr(m, "cross_entropy_fusion_impl", "native") == "te"
+    fused_te = te_fused_cross_entropy(m)
     return int((2 if fused_te else 4) * _widths(cfg).tokens * m.vocab_size / m.tensor_model_parallel_size)
 
 

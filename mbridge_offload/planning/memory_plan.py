@@ -52,6 +52,7 @@ from mbridge_offload.planning.activations import (activation_bytes, activation_o
                                                   largest_loss_tensor_bytes)
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
+from mbridge_offload.planning.outside_pytorch import outside_pytorch_bytes
 from mbridge_offload.planning.tensors import (Tensor, first_walk_order, forward_position, optimizer_groups,
                                               stage_tensors, walk_order)
 
@@ -85,16 +86,6 @@ EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # tokens a micro batch, 1.170 GiB against 1.159 (alloc-conf/calibration/), and Qwen3-0.6B at 8192 tokens, 2.317 GiB
 # against 2.318 (planner-heldout-3/, the run the 1.17 GiB above was 4 % short of); the slack rounds the first up.
 LOSS_TENSOR_RESERVE_SLACK_BYTES = int(0.02 * GIB)
-# Device memory outside PyTorch's allocator: CUDA context, library handles and workspaces, NCCL communicators.
-# Measured per process with NVML on the H200 (torch 2.11, CUDA 13, TE 2.20, NCCL 2.28, one rank): 2.43 GiB on
-# every dense run and 3.20 GiB on every MoE run of the seventh session's planner-heldout/. NCCL's log breaks the
-# dense figure down (docs/benchmarks/alloc-tight/): each communicator takes 194 pages of 2 MiB (64 channels of 3
-# small allocations, each in a page of its own), 0.379 GiB, and a dense run makes 4, so 1.52 GiB; the CUDA context
-# and libraries take the other 0.91 GiB. The MoE runs' 0.77 GiB more appears in step 2 and matches two more
-# communicators (an inference: no MoE run logged NCCL's allocations). With several ranks a communicator also holds
-# buffers for its peers: these figures are for one GPU.
-OUTSIDE_PYTORCH_BYTES = int(2.43 * GIB)
-MOE_EXTRA_OUTSIDE_PYTORCH_BYTES = int(0.77 * GIB)
 # auto's margin, as a share of the planned total: the largest under-prediction of the device total measured on
 # held-out runs, 1.9 % in the seventh session (docs/benchmarks/planner-heldout/), rounded up, and kept: the
 # eleventh session's held-out runs of this planner (planner-heldout-2/, planner-auto-2/) under-predict by none.
@@ -262,11 +253,6 @@ def _margin_source(margin_gib: float | None) -> str:
 def base_gpu_bytes(cfg) -> int:
     """PyTorch's allocations beyond the model's tensors and activations (BASE_GPU_BYTES)."""
     return BASE_GPU_BYTES + (MOE_EXTRA_GPU_BYTES if cfg.model.num_moe_experts else 0)
-
-
-def outside_pytorch_bytes(cfg) -> int:
-    """Device memory outside PyTorch's allocator (OUTSIDE_PYTORCH_BYTES)."""
-    return OUTSIDE_PYTORCH_BYTES + (MOE_EXTRA_OUTSIDE_PYTORCH_BYTES if cfg.model.num_moe_experts else 0)
 
 
 def device_total_bytes(allocated: int, outside: int, expandable: bool, loss_tensor: int = 0) -> tuple[int, int]:

@@ -133,8 +133,13 @@ def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path):
 
 def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
     """run_recipe.py's header names the allocator setting; the fix plans with that reserve. A log without the line
-    was not launched by run_recipe.py, where a recipe's setting never reached the allocator: fixed segments."""
-    saved = load_run_config(SAVED_CONFIG)
+    was not launched by run_recipe.py, where a recipe's setting never reached the allocator: fixed segments. With
+    TE's fused loss: the saved run's unfused one keeps an fp32 logits copy that sets both reserves alike."""
+    fused = {"cross_entropy_loss_fusion: false": "cross_entropy_loss_fusion: true"}
+    edited = tmp_path / "fused_run_config.yaml"
+    edited.write_text(SAVED_CONFIG.read_text().replace("  cross_entropy_loss_fusion: false\n",
+                                                        "  cross_entropy_loss_fusion: true\n"))
+    saved = load_run_config(edited)
 
     def next_fitting(gpu: float, expandable: bool) -> float | None:
         for f in range(35, 101, 5):
@@ -156,7 +161,7 @@ def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
                "": False}
     for i, (header, expandable) in enumerate(headers.items()):
         (tmp_path / str(i)).mkdir()
-        run = _run_with_saved_config(tmp_path / str(i), 0.3, f"{header}[rank0]: {message}\n")
+        run = _run_with_saved_config(tmp_path / str(i), 0.3, f"{header}[rank0]: {message}\n", **fused)
         finding = only(run / "log.txt", "runtime/oom-partial-offload")
         fraction = float(finding.fix.split("optimizer.optimizer_offload_fraction=")[1].split()[0])
         assert fraction == next_fitting(gpu, expandable), header
@@ -185,6 +190,10 @@ def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_p
     finding = only(run / "log.txt", "runtime/oom-outside-pytorch")
     assert finding.fix.startswith("free the GPU of other processes")
     assert "the planner fits fraction 1 on 139.80 GiB" in finding.fix_basis
+    # the communicators it failed to make cost less with fewer channels (alloc-tight/: 2.43 -> 1.02 GiB, dense)
+    assert finding.fix.endswith("; or NCCL_MAX_NCHANNELS=4 in the launch environment")
+    # 5: the saved run is deterministic, and Megatron's own loss adds the tensor-parallel group's communicator
+    assert "NCCL's communicators: 5 on this run, 0.379 GiB each at 64 channels, 0.027 GiB at 4: 1.76 GiB" in finding.fix_basis
     assert "had less free than planned" in finding.fix_basis
     assert "no optimizer offload fraction fits" not in finding.fix_basis
 
@@ -207,6 +216,7 @@ def test_a_torch_oom_on_a_shared_gpu_names_the_other_processes(tmp_path):
     run = _run_with_saved_config(tmp_path, 0.3, f"[rank0]: {message}\n")
     finding = only(run / "log.txt", "runtime/oom-partial-offload")
     assert "other processes held 118.00 GiB of it (torch's message)" in finding.fix_basis
+    assert "NCCL_MAX_NCHANNELS" not in finding.fix  # a PyTorch allocation failed, not a communicator
 
 
 def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_path):

@@ -8,7 +8,8 @@ from overrides import apply_overrides
 from mbridge_offload.planning import plan
 from mbridge_offload.validation import validate
 from mbridge_offload.planning.activations import largest_loss_tensor_bytes
-from mbridge_offload.planning.memory_plan import base_gpu_bytes, device_total_bytes, outside_pytorch_bytes
+from mbridge_offload.planning.memory_plan import base_gpu_bytes, device_total_bytes
+from mbridge_offload.planning.outside_pytorch import outside_pytorch_bytes
 
 MOE = "qwen3_30b_a3b_proxy_pretrain_config"
 
