@@ -298,9 +298,10 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --host-json "$(host_json)" --fractions 0.25 --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
     stream-moe-bench)
-      # NOT RUN YET (issue #16): the MoE proxy's speed with the stream mode in the issue's measure, 3 rounds
-      # interleaved, 33 steps each. With LAYERS=4 about 2 min a run (12 min in all); the tenth session's
-      # 8-layer runs took ~140 s for 10 steps.
+      # Sixteenth session (issue #16, docs/benchmarks/offload-engine/bench-stream-moe/, at commit b71a6f0): the MoE
+      # proxy's speed with the stream mode, 3 rounds interleaved, 33 steps each, LAYERS=4, in two device calls
+      # (--resume; 83-145 s a run). Its identical baselines differed by 41.7 %: the proxy's routing, and with it its
+      # step time, diverges between non-deterministic runs. DETERMINISTIC=1 adds --deterministic (not run yet).
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-moe-bench" --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
@@ -375,9 +376,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # device is only 0.25 GiB above its peak allocated + memory outside PyTorch? Two alloc-conf/ runs, each alone
       # beside the ballast (103 s). Fifteenth session, at commit 181f30e (117 s): CASES="1b-proxy-fraction-1-nccl-debug
       # 1b-proxy-fraction-1-warm-communicators", NCCL's account of the dense case's failed allocation, and the same
-      # case with every communicator created before step 1 (run_recipe --warm-communicators). Not run yet (~5 min):
-      # CASES="0p6b-sl8192-fraction-1 1b-proxy-fraction-1-cumem-off-roomy 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off
-      # 1b-proxy-fraction-1-cumem-off-warm-communicators": can a communicator be made cheap (alloc-tight/README.md).
+      # case with every communicator created before step 1 (run_recipe --warm-communicators). Sixteenth session, at
+      # commit b71a6f0 (284 s): CASES="0p6b-sl8192-fraction-1 1b-proxy-fraction-1-cumem-off-roomy
+      # 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off 1b-proxy-fraction-1-cumem-off-warm-communicators"
+      # (can a communicator be made cheap: alloc-tight/README.md). Not run yet (~1 min):
+      # CASES=1b-proxy-fraction-1-max-channels-4, the tight dense case with 4 channels.
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     nccl-communicators)
       # Fifteenth session (issue #15, committed as docs/benchmarks/alloc-tight/large-device/, at commit 181f30e, 108 s;
@@ -402,11 +405,31 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # heap in alloc-conf/heldout/ (RSS 62.51 GiB at step 1), again; its log says what was released
       DEST=planner-heldout-3/heap-release RUNS=$runs bash docs/benchmarks/planner-heldout-2/run.sh moe-proxy-6-sl4096-mb2-overlap ;;
     planner-heldout-4)
-      # Sixteenth session (issue #15, docs/benchmarks/planner-heldout-4/): the reserve as the loss's largest tensor,
-      # on seven configurations where that term decides, none run before.
+      # Sixteenth session (issue #15, docs/benchmarks/planner-heldout-4/, at commit b71a6f0, 341 s): the reserve as
+      # the loss's largest tensor, on seven configurations where that term decides, none run before.
       RUNS=$runs bash docs/benchmarks/planner-heldout-4/run.sh ${WAVES:-4b-sl4096-mb2-fraction-1+0p6b-sl4096-unfused-loss-fraction-1 \
         1p7b-sl8192-fraction-1+1b-proxy-sl4096-mb3-fraction-1 \
         moe-proxy-2-sl8192-fraction-1+0p6b-sl16384-fraction-1+0p6b-sl8192-fraction-0.9} ;;
+    planner-auto-4)
+      # NOT RUN YET (issue #15, ~12 min, two device calls with CASES): auto with the sixteenth session's planner (the
+      # reserve's loss-tensor term, communicators counted by NCCL's channels) on five configurations never run, with
+      # 8192-12288 tokens a micro batch where the term decides; device sizes put auto near 0.7.
+      mkdir -p "$runs/planner-auto-4"
+      for case in ${CASES:-1p7b-sl12288 0p6b-sl8192-mb2 moe-proxy-3-sl8192 1b-proxy-sl6144-mb2 4b-sl8192}; do
+        case $case in
+          1p7b-sl12288) args="66 qwen3_1p7b_pretrain_config model.seq_length=12288 dataset.seq_length=12288" ;;
+          0p6b-sl8192-mb2) args="49.5 qwen3_0p6b_pretrain_config model.seq_length=8192 dataset.seq_length=8192 \
+            train.micro_batch_size=2 train.global_batch_size=2" ;;
+          moe-proxy-3-sl8192) args="44 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=3 model.seq_length=8192 \
+            dataset.seq_length=8192" ;;
+          1b-proxy-sl6144-mb2) args="45 qwen3_1b_proxy_pretrain_config model.seq_length=6144 dataset.seq_length=6144 \
+            train.micro_batch_size=2 train.global_batch_size=2" ;;
+          4b-sl8192) args="100 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=8192 \
+            dataset.seq_length=8192" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        auto_pair "$runs/planner-auto-4" "$case" "$args"
+      done ;;
     planner-auto-3)
       # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve
       # measured with expandable segments, on configurations never run, each pair (auto's fraction, 0.05 below) alone

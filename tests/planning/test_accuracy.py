@@ -146,3 +146,22 @@ def test_committed_accuracy_tables_are_current():
     committed = (BENCHMARKS / "planner-accuracy.md").read_text()
     assert compare_markdown(dirs) in committed and compare_host_markdown(dirs) in committed
     assert heldout_markdown(heldout) in committed and compare_host_markdown(heldout) in committed
+
+
+# The held-out runs whose step-end host RSS is more than 5 % above the plan (the host goal): the process's
+# base, 2.6 GiB in the plan, was 0.3-0.9 GiB larger on them (the fine-grained MoE proxy at 8192 tokens without
+# offload, three runs; Qwen3-0.6B at 16384 tokens at fraction 1). Not broken down, and no constant was refitted.
+HOST_ABOVE_PLAN = ("moe-proxy-2-fine-grained-sl8192", "planner-heldout-4/0p6b-sl16384-fraction-1")
+
+
+def test_host_between_steps_within_5_percent_on_heldout_runs():
+    rows = [r for folder in HELDOUT for r in compare_rows(BENCHMARKS / folder) if r["host_error"] is not None]
+    assert len(rows) >= 40
+    known = [r for r in rows if r["run"].endswith(HOST_ABOVE_PLAN)]
+    assert len(known) == 4
+    for r in rows:
+        if r in known:  # the plan is short, by under a GiB; when the plan covers one, this fails
+            short_gib = r["measured_host_rss_gib"] - r["planned_host_gib"]
+            assert r["host_error"] < -0.05 and 0 < short_gib < 1.0, r
+        else:
+            assert abs(r["host_error"]) <= 0.05, r

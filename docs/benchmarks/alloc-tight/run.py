@@ -51,15 +51,15 @@ CASES = {
     # ran in the fifteenth session: every communicator created before step 1 (21 of 0.379 GiB: PyTorch ran out)
     "1b-proxy-fraction-1-warm-communicators": TightCase(**DENSE_FRACTION_1, env=NCCL_ALLOCATIONS_LOGGED,
                                                         launch_args=("--warm-communicators",)),
-    # not run yet: can a communicator be made cheap? NCCL through cudaMalloc instead of cuMem (which puts each
+    # ran in the sixteenth session: can a communicator be made cheap? NCCL through cudaMalloc instead of cuMem (which puts each
     # channel's 608, 24 and 4 bytes in 2 MiB pages of their own), and fewer channels; first on a device 20 GiB
     # larger than needed (what each takes outside PyTorch), then on the tight device, with and without the warm-up
     "1b-proxy-fraction-1-cumem-off-roomy": TightCase(**DENSE_FRACTION_1, spare_gib=20.0,
                                                      env=(*NCCL_ALLOCATIONS_LOGGED, ("NCCL_CUMEM_ENABLE", "0"))),
     "1b-proxy-fraction-1-max-channels-4-roomy": TightCase(**DENSE_FRACTION_1, spare_gib=20.0,
                                                           env=(*NCCL_ALLOCATIONS_LOGGED, ("NCCL_MAX_NCHANNELS", "4"))),
-    # not run yet: the held-out run whose reserve (2.32 GiB, grown in step 2) the plan is short of; on a device
-    # 0.25 GiB above its peak allocated + outside PyTorch, does PyTorch take that reserve back (so auto stays safe)?
+    # ran in the sixteenth session (it trained): the held-out run whose reserve (2.32 GiB, grown in step 2) the plan
+    # was short of; on a device 0.25 GiB above its peak allocated + outside PyTorch, does PyTorch take it back?
     "0p6b-sl8192-fraction-1": TightCase(
         recipe="qwen3_0p6b_pretrain_config", fraction=1.0,
         overrides=("train.train_iters=4", "model.seq_length=8192", "dataset.seq_length=8192", "train.micro_batch_size=1",
@@ -69,6 +69,10 @@ CASES = {
     "1b-proxy-fraction-1-cumem-off-warm-communicators": TightCase(**DENSE_FRACTION_1,
                                                                   env=(("NCCL_CUMEM_ENABLE", "0"),),
                                                                   launch_args=("--warm-communicators",)),
+    # not run yet: 4 channels took 1.02 GiB outside PyTorch on the roomy device, 1.41 less than 64; on the tight
+    # device sized from the 64-channel run, does the dense case then train (the three step-1 communicators need
+    # 0.08 GiB instead of 1.14)?
+    "1b-proxy-fraction-1-max-channels-4": TightCase(**DENSE_FRACTION_1, env=(("NCCL_MAX_NCHANNELS", "4"),)),
 }
 
 
