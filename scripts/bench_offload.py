@@ -22,6 +22,10 @@ and, for each fraction, each configuration in a fresh process, each run of at le
 - engine-exact / engine-delayed (chosen with --configs): tuned, with the streaming offload engine's mode
   (mbridge_offload/runtime/streaming_engine.py).
 
+``--deterministic`` launches every run bit-reproducible (run_recipe.py --deterministic): identical runs then take
+the same path (on the MoE proxy the same expert routing, which sets its step time), and loss parity is judged at the
+seed's 0.001 exactly.
+
 Writes DIR/offload_overhead.json (rows: fraction, config, cpu_threads_per_rank, step_time_s,
 slowdown_vs_baseline, floor_s, the per-step breakdown, loss delta), DIR/offload_overhead.md, and
 every run's folder. The floor (mbridge_offload/planning/cost_model.py) is the best step time the bytes of that

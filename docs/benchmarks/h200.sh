@@ -302,7 +302,8 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # proxy's speed with the stream mode, 3 rounds interleaved, 33 steps each, LAYERS=4, in two device calls
       # (--resume; 83-145 s a run). Its identical baselines differed by 41.7 %: the proxy's routing, and with it its
       # step time, diverges between non-deterministic runs. DETERMINISTIC=1 adds --deterministic (not run yet).
-      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-moe-bench" --resume \
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config \
+        --out "$runs/stream-moe-bench${DETERMINISTIC:+-deterministic}" ${DETERMINISTIC:+--deterministic} --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
     alloc-conf)

@@ -29,6 +29,7 @@ DEFAULT_ROUNDS = 3  # interleaved rounds, each with its own baseline (issue #16:
 MIN_MEASURED_STEPS = 30  # steady-state steps per run that a speed figure needs (issue #16)
 DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "overlap-chunked", "tuned")
 MEASURE_HOST = ("-m", "mbridge_offload.cli.measure_host")  # run by module name, as RUN_RECIPE
+DETERMINISTIC_ARG = "--deterministic"  # run_recipe.py's: bit-reproducible runs (mbridge_offload/facts/determinism.py)
 
 
 def configurations(cores: int) -> dict[str, dict]:
@@ -101,12 +102,15 @@ def run(recipe: str, fraction: float, run_dir: Path, overrides: list[str], args:
 
 
 def build_rows(results: list[tuple[str, dict]], baselines: list[dict], host: dict | None,
-               configs: dict[str, dict]) -> tuple[list[dict], dict]:
+               configs: dict[str, dict], deterministic: bool = False) -> tuple[list[dict], dict]:
+    """One row per configuration and fraction; ``deterministic``: the runs ran with --deterministic, so
+    loss parity is judged at the seed's criterion exactly (identical runs do not differ: no noise floor)."""
     from mbridge_offload.planning.cost_model import floor
 
     base = baselines[0].get("summary") if baselines else None
     baseline_step, spread = baseline_step_time(baselines)
-    parity = {**baseline_parity(baselines), "baseline_step_time_s": baseline_step, "baseline_step_time_spread": spread}
+    parity = {**baseline_parity(baselines, deterministic), "baseline_step_time_s": baseline_step,
+              "baseline_step_time_spread": spread}
     tolerance = parity["tolerance_used"]
     rows = []
     for name, result in results:
@@ -257,8 +261,13 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
                           + ", ".join(f"{x:.2f}x" for x in ratios)
                           + f" (median {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x)."]
     noise = parity["noise_floor_max_abs_delta"]
-    lines += ["", f"Loss parity tolerance: max(seed's {SEED_PARITY}, noise floor "
-                  f"{'not measured' if noise is None else f'{noise:.4f}'}) = {parity['tolerance_used']:.4f}."]
+    if parity.get("deterministic"):  # identical runs are bit-identical: a loss that differs is the offload's
+        lines += ["", f"Loss parity tolerance: the seed's {SEED_PARITY} exactly: every run deterministic "
+                      f"({DETERMINISTIC_ARG}); the identical baseline runs differed by "
+                      f"{'not measured' if noise is None else f'{noise:.4g}'}."]
+    else:
+        lines += ["", f"Loss parity tolerance: max(seed's {SEED_PARITY}, noise floor "
+                      f"{'not measured' if noise is None else f'{noise:.4f}'}) = {parity['tolerance_used']:.4f}."]
     for v in verdicts:
         if v["met"] and v["possible_on_this_host"] is False:
             verdict = (f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: inside the run-to-run "
@@ -312,22 +321,47 @@ def owned_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if key_of(o) in (*OWNED_KEYS, OVERLAP_KEY)]
 
 
+def every_run_args(num_gpus: int | None, deterministic: bool) -> list[str]:
+    """The run_recipe.py arguments every run gets, baselines and offloaded alike (a configuration adds its own):
+    a slowdown or a loss delta compares runs that differ only in the offload."""
+    return (["--num-gpus", str(num_gpus)] if num_gpus else []) + ([DETERMINISTIC_ARG] if deterministic else [])
+
+
+def kept_runs_of_the_other_mode(out: Path, deterministic: bool) -> list[str]:
+    """The finished runs in ``out`` (those --resume keeps) started with --deterministic when ``deterministic``
+    is false, or without it when true, as the command their log.txt begins with says: kept, they would be
+    judged at the wrong parity tolerance, and their routing (MoE) would differ from the new runs'."""
+    other = []
+    for run_dir in sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []:
+        log = run_dir / "log.txt"
+        if not log.is_file() or not recorded(run_dir):
+            continue  # not kept (it runs again), or no command to tell
+        with log.open() as f:
+            launched = f.readline().split()
+        if (DETERMINISTIC_ARG in launched) != deterministic:
+            other.append(run_dir.name)
+    return other
+
+
 @dataclass(frozen=True)
 class BenchRuns:
     results: list[tuple[str, dict]]  # (configuration, its runs merged) per fraction, in ``order``
     baselines: list[dict]
     configs: dict[str, dict]  # the configurations as run on this host's cores
     order: list[str]  # the configurations chosen, in the order they ran
+    deterministic: bool = False  # every run with run_recipe.py --deterministic
 
 
 def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[str], overrides: list[str],
                   num_gpus: int | None, recipe_gpus: int, baseline_runs: int, repeats: int, host: dict,
-                  resume: bool, timeout_s: float | None) -> BenchRuns:
+                  resume: bool, timeout_s: float | None, deterministic: bool = False) -> BenchRuns:
     """Every run of the chosen configurations at every fraction, and the baselines, in ``repeats``
-    interleaved rounds (``--resume``: runs that finished in ``out`` are kept)."""
+    interleaved rounds (``--resume``: runs that finished in ``out`` are kept). ``deterministic``: every run
+    with run_recipe.py --deterministic (identical runs are then bit-identical: a MoE's routing, and with it
+    its step time, is the same in the baseline and the offloaded runs)."""
     cores = host.get("cores") or len(available_cores())  # the host the runs ran on (a reassembly may run elsewhere)
     configs = configurations(cores)
-    gpus = ["--num-gpus", str(num_gpus)] if num_gpus else []
+    every_run = every_run_args(num_gpus, deterministic)
     chosen = list(chosen)
     same = tuned_same_as(configs, num_gpus or recipe_gpus, cores) if "tuned" in chosen else None
     shared = same in chosen
@@ -340,7 +374,7 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
     for k in range(repeats):  # rounds interleave the configurations, so slow drift of the machine hits all alike
         for b in range(k, baseline_runs, repeats):
             baselines.append(run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")),
-                                 overrides, gpus, resume, timeout_s, progress))
+                                 overrides, every_run, resume, timeout_s, progress))
         for fraction in fractions:
             for name in chosen:
                 if name == "tuned" and shared:
@@ -349,7 +383,7 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
                 run_dir = out / (f"fraction-{fraction:g}-{name}" + (f"-repeat{k}" if k else ""))
                 runs.setdefault((fraction, name), []).append(
                     run(recipe, fraction, run_dir, [*overrides, *config["overrides"]],
-                        [*gpus, *config["args"]], resume, timeout_s, progress))
+                        [*every_run, *config["args"]], resume, timeout_s, progress))
     results = []
     for fraction in fractions:
         for name in chosen:
@@ -357,7 +391,8 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
                 results.append((name, {**merge_repeats(runs[(fraction, same)]), "same_run_as": same}))
             else:
                 results.append((name, merge_repeats(runs[(fraction, name)])))
-    return BenchRuns(results=results, baselines=baselines, configs=configs, order=chosen)
+    return BenchRuns(results=results, baselines=baselines, configs=configs, order=chosen,
+                     deterministic=deterministic)
 
 
 def write_overhead(out: Path, recipe: str, command: str, overrides: list[str], host: dict, runs: BenchRuns,

@@ -123,11 +123,17 @@ def _kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def run_recipe_command(recipe: str, fraction: float | str, out_dir: Path, overrides: list[str],
+                       extra_args: list[str]) -> list[str]:
+    """The command run_one starts for one training (its log.txt begins with it)."""
+    return [sys.executable, *RUN_RECIPE, "--recipe", recipe, "--out", str(out_dir), *extra_args,
+            *overrides, *fraction_overrides(fraction)]
+
+
 def run_one(recipe: str, fraction: float | str, out_dir: Path, overrides: list[str], extra_args: list[str],
             timeout_s: float | None, stop: StopSignal | None = None) -> dict:
     """One training in a fresh process: its summary, or the reason it failed. ``stop``: see call_logged."""
-    command = [sys.executable, *RUN_RECIPE, "--recipe", recipe, "--out", str(out_dir), *extra_args,
-               *overrides, *fraction_overrides(fraction)]
+    command = run_recipe_command(recipe, fraction, out_dir, overrides, extra_args)
     out_dir.mkdir(parents=True, exist_ok=True)
     forget_outcome(out_dir)
     started = time.monotonic()

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--short-runs", action="store_true",
                         help=f"allow runs of fewer than {overhead.MIN_MEASURED_STEPS} measured steps (a smoke test "
                              "of the bench, or reassembling a table measured that way; not a speed figure)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="every run, baselines and offloaded, with run_recipe.py --deterministic: identical "
+                             "runs are then bit-identical, so a MoE routes its tokens alike in all of them (its "
+                             "step time follows the routing, which otherwise diverges between runs); loss parity "
+                             f"is then judged at the seed's {overhead.SEED_PARITY} exactly, without a noise floor")
     parser.add_argument("--host-json", type=readable_file, metavar="FILE",
                         help="host measurements from an earlier measure_host.py run (default: measure now)")
     parser.add_argument("--timeout", type=positive_seconds, default=None, metavar="S", help="per-run time limit in seconds")
@@ -79,15 +84,24 @@ def main(argv: list[str] | None = None) -> int:
     host = read_json(parser, "--host-json", args.host_json) if args.host_json else None
     if args.host_json and not isinstance(host, dict):
         parser.error(f"--host-json {args.host_json}: expects a JSON object as measure_host.py writes it")
+    other_mode = overhead.kept_runs_of_the_other_mode(args.out, args.deterministic) if args.resume else []
+    if other_mode:
+        kept_mode = "without" if args.deterministic else "with"
+        parser.error(f"--resume: {', '.join(other_mode)} in {args.out} ran {kept_mode} --deterministic; resume "
+                     f"{kept_mode} it, or delete those folders to run them again (baseline and offloaded runs "
+                     "of one table run in one mode)")
     refuse_bad_overrides(parser, args.recipe, args.overrides)
     make_dir(parser, "--out", args.out)
 
     host = host if host is not None else overhead.measure(args.out, args.timeout)
     print(f"[bench] host: {json.dumps(host)}", flush=True)
     runs = overhead.run_benchmark(args.recipe, args.out, fractions, chosen, args.overrides, args.num_gpus,
-                                  recipe.num_gpus, args.baseline_runs, args.repeats, host, args.resume, args.timeout)
-    rows, parity = overhead.build_rows(runs.results, runs.baselines, host, runs.configs)
+                                  recipe.num_gpus, args.baseline_runs, args.repeats, host, args.resume, args.timeout,
+                                  deterministic=args.deterministic)
+    rows, parity = overhead.build_rows(runs.results, runs.baselines, host, runs.configs,
+                                       deterministic=runs.deterministic)
     verdicts = overhead.goals(rows)
+    # the command as given, --deterministic included: --resume with it reassembles the same table
     command = "uv run scripts/bench_offload.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(overhead.write_overhead(args.out, args.recipe, command, args.overrides, host, runs, rows, parity, verdicts))
     base = runs.baselines[0].get("summary") if runs.baselines else None
