@@ -1,8 +1,10 @@
-"""Does ``optimizer.optimizer_offload_fraction=auto`` hold on a GPU of a given size? Two trainings of one
+"""Does ``optimizer.optimizer_offload_fraction=auto`` hold on a GPU of a given size? Trainings of one
 configuration, each in a fresh process beside a device ballast (bench/device_ballast.py) that leaves exactly
 the device's size free: one at the fraction auto picks for that size (it must train), one at the next 0.05
-below (it must run out of memory, or leave less free than the margin auto stated). Writes DIR/auto_check.json
-and .md. The device memory a run used is its own, from NVML (CUDA context and library workspaces included).
+below (it must run out of memory, or leave less free than the margin auto stated), and, when that one trained,
+one 0.10 below, which decides the issue's goal: auto at most one step above the smallest fraction that trains.
+Writes DIR/auto_check.json and .md. The device memory a run used is its own, from NVML (CUDA context and library
+workspaces included).
 """
 
 from __future__ import annotations
@@ -116,6 +118,29 @@ def judge(choice: AutoChoice | None, at_auto: RunOutcome | None, below: RunOutco
                    f"{choice.margin_gib:.2f} GiB margin: auto could have chosen it")
 
 
+def goal_of(choice: AutoChoice | None, at_auto: RunOutcome | None, below: RunOutcome | None,
+            two_below: RunOutcome | None) -> str:
+    """The issue's goal for auto, as these runs decide it: auto trains and is at most one 0.05 step above the
+    smallest fraction that trains. Less GPU memory per run at each step up, so the first step down that does not
+    train bounds it: one below (auto is the smallest) or two below (auto is one above)."""
+    if choice is None or at_auto is None or at_auto.outcome != "trained":
+        return "not met: auto's run did not train" if at_auto is not None else "not decided: auto chose nothing"
+    if below is None:
+        return "met: auto chose no offload"
+    if below.outcome == "out of memory":
+        return f"met: auto ({choice.fraction:g}) is the smallest fraction that trains"
+    if below.outcome != "trained":
+        return f"not decided: the run at {below.fraction:g} failed for another reason"
+    if two_below is None:
+        return (f"met: {below.fraction:g} trains and nothing is below it" if below.fraction <= 0 else
+                f"not decided: {below.fraction:g} trains, {round(below.fraction - AUTO_STEP, 2):g} was not run")
+    if two_below.outcome == "out of memory":
+        return f"met: {below.fraction:g} is the smallest that trains, one step below auto"
+    if two_below.outcome == "trained":
+        return f"not met: {two_below.fraction:g} trains too, two steps below auto"
+    return f"not decided: the run at {two_below.fraction:g} failed for another reason"
+
+
 def launch_arguments(device_gib: float) -> list[str]:
     """run_recipe.py's options for each run of the check. The ballast shapes one device, so each run is one GPU
     whatever the recipe's own GPU count: a recipe whose parallel sizes need more is refused by run_recipe.py's
@@ -128,7 +153,7 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
     """The two trainings and their verdict, as one row."""
     common = [*overrides, f"train.train_iters={steps}"]
     memory = launch_arguments(device_gib)
-    progress = RunProgress(label="[auto check]", total=2)
+    progress = RunProgress(label="[auto check]", total=3)
 
     def train(fraction: float | str, name: str) -> tuple[dict, Ballast, dict[int, float]]:
         """One training beside the ballast: its result, the ballast, the other processes on the GPU at its end."""
@@ -154,10 +179,19 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
         below = outcome(train(fraction, f"fraction-{fraction:g}"), fraction)
     else:
         progress.skipped("the run 0.05 below auto", "auto chose no fraction" if choice is None else "auto chose 0")
+    # the goal (at most one step above the smallest that trains) needs the next step down when one below trained
+    two_below = None
+    if below is not None and below.outcome == "trained" and below.fraction > 0:
+        fraction = round(below.fraction - AUTO_STEP, 2)
+        two_below = outcome(train(fraction, f"fraction-{fraction:g}"), fraction)
+    else:
+        progress.skipped("the run 0.10 below auto", "the run 0.05 below did not train" if below else "nothing below")
     ok, why = judge(choice, at_auto, below)
     return {"recipe": recipe, "overrides": overrides, "device_gib": device_gib, "steps": steps,
             "auto": None if choice is None else asdict(choice), "at_auto": None if at_auto is None else asdict(at_auto),
-            "below": None if below is None else asdict(below), "ok": ok, "verdict": why}
+            "below": None if below is None else asdict(below),
+            "two_below": None if two_below is None else asdict(two_below), "ok": ok, "verdict": why,
+            "goal": goal_of(choice, at_auto, below, two_below)}
 
 
 def _gib(value: float | None) -> str:
@@ -166,18 +200,25 @@ def _gib(value: float | None) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| recipe | overrides | device (GiB) | auto | planned total + margin (GiB) | at auto: outcome, used, free "
-             "(GiB) | 0.05 below: outcome, used, free (GiB) | ok | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(GiB) | 0.05 below: outcome, used, free (GiB) | 0.10 below | ok | verdict | goal: at most one step "
+             "above the smallest that trains |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def run_text(run: dict | None, with_fraction: bool) -> str:
+        if run is None:
+            return "-"
+        return (f"{run['fraction']:g}: " if with_fraction else "") + (
+            f"{run['outcome']}, {_gib(run['device_used_gib'])}, {_gib(run['headroom_gib'])}")
+
     for r in rows:
-        auto, at, below = r["auto"], r["at_auto"], r["below"]
+        auto = r["auto"]
         chosen = "-" if auto is None else f"{auto['fraction']:g}"
         planned = "-" if auto is None else f"{auto['planned_total_gib']:.1f} + {auto['margin_gib']:.2f}"
-        at_text = "-" if at is None else f"{at['outcome']}, {_gib(at['device_used_gib'])}, {_gib(at['headroom_gib'])}"
-        below_text = ("-" if below is None else
-                      f"{below['fraction']:g}: {below['outcome']}, {_gib(below['device_used_gib'])}, "
-                      f"{_gib(below['headroom_gib'])}")
+        # rows written before the second step down have neither it nor the goal
         lines.append(f"| {r['recipe']} | {' '.join(r['overrides'])} | {r['device_gib']:g} | {chosen} | {planned} | "
-                     f"{at_text} | {below_text} | {'yes' if r['ok'] else 'NO'} | {r['verdict']} |")
+                     f"{run_text(r['at_auto'], False)} | {run_text(r['below'], True)} | "
+                     f"{run_text(r.get('two_below'), True)} | {'yes' if r['ok'] else 'NO'} | {r['verdict']} | "
+                     f"{r.get('goal', '-')} |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,9 @@ leaves exactly --device-gib free (run alone on the GPU).
         model.seq_length=2048 dataset.seq_length=2048
 
 The run at auto's fraction must train; the run below must run out of memory or leave less free than the
-margin auto stated. Rows of DIR/auto_check.json and .md. Exit 0 when the row is ok, 1 if not.
+margin auto stated. When the run below trained, a third run 0.10 below says whether auto is at most one step
+above the smallest fraction that trains (the row's goal). Rows of DIR/auto_check.json and .md. Exit 0 when the
+row is ok, 1 if not.
 """
 
 from __future__ import annotations

@@ -142,3 +142,29 @@ def test_what_diagnose_tells_apart_from_the_device_out_of_memory_check_auto_does
     outcome = outcome_of({"fraction": 0.5, "dir": str(tmp_path), "reason": reason}, 40.0, 99.0, ballast_pid=1,
                          strangers_after={})
     assert outcome.outcome == f"failed: {reason}"
+
+
+def test_the_goal_is_decided_by_the_first_step_down_that_does_not_train():
+    """Less offload needs more GPU memory, so the first fraction below auto that runs out of memory bounds the
+    smallest that trains: one step down, auto is the smallest; two steps down, it is one above (the goal holds);
+    a second step that trains means auto is two or more above."""
+    from mbridge_offload.bench.auto_check import AutoChoice, goal_of, markdown
+
+    choice = AutoChoice(fraction=0.5, planned_total_gib=30.0, margin_gib=0.6, device_gib=32.0)
+
+    def run(fraction: float, outcome: str) -> RunOutcome:
+        used = 31.0 if outcome == "trained" else None
+        return RunOutcome(fraction=fraction, outcome=outcome, device_used_gib=used,
+                          headroom_gib=None if used is None else 32 - used, run_dir=str(fraction))
+
+    at_auto = run(0.5, "trained")
+    assert goal_of(choice, at_auto, run(0.45, "out of memory"), None).startswith("met: auto (0.5) is the smallest")
+    assert goal_of(choice, at_auto, run(0.45, "trained"), run(0.4, "out of memory")).startswith(
+        "met: 0.45 is the smallest that trains")
+    assert goal_of(choice, at_auto, run(0.45, "trained"), run(0.4, "trained")).startswith("not met: 0.4 trains too")
+    assert goal_of(choice, at_auto, run(0.45, "trained"), None).startswith("not decided")
+    assert goal_of(choice, run(0.5, "out of memory"), None, None).startswith("not met")
+    # rows written before the second step (committed under docs/benchmarks/) still print
+    old_row = {"recipe": "r", "overrides": [], "device_gib": 32.0, "steps": 3, "auto": None, "at_auto": None,
+               "below": None, "ok": False, "verdict": "v"}
+    assert markdown([old_row]).splitlines()[-1].endswith("| NO | v | - |")
