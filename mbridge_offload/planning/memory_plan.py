@@ -52,7 +52,7 @@ from mbridge_offload.planning.activations import (activation_bytes, activation_o
                                                   largest_loss_tensor_bytes)
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
-from mbridge_offload.planning.outside_pytorch import outside_pytorch_bytes
+from mbridge_offload.planning.outside_pytorch import communicator_bytes, communicators, outside_pytorch_bytes
 from mbridge_offload.planning.tensors import (Tensor, first_walk_order, forward_position, optimizer_groups,
                                               stage_tensors, walk_order)
 
@@ -149,6 +149,8 @@ class Plan:
     allocator_reserve_bytes_gpu: int  # what the caching allocator holds beyond that peak
     allocator_expandable_segments: bool  # which of the two measured reserves applies
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
+    nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
+    nccl_communicator_bytes_gpu: int
     total_bytes_gpu: int  # the whole device: the three above
     offloaded_bytes_host_per_rank: int
     pinned_bytes_host_per_rank: int
@@ -234,7 +236,7 @@ def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib:
                 optimizer_params_per_rank=0, offloaded_params_per_rank=0, weights_bytes_gpu=0,
                 grads_bytes_gpu=0, optimizer_bytes_gpu=0, state_bytes_gpu=0, activation_bytes_gpu=0,
                 allocated_bytes_gpu=0, allocator_reserve_bytes_gpu=0, allocator_expandable_segments=False,
-                outside_pytorch_bytes_gpu=0, total_bytes_gpu=0,
+                outside_pytorch_bytes_gpu=0, nccl_communicators=0, nccl_communicator_bytes_gpu=0, total_bytes_gpu=0,
                 offloaded_bytes_host_per_rank=0, pinned_bytes_host_per_rank=0,
                 host_bytes_per_node=0, host_peak_bytes_per_node=0, ranks_per_node=0, transfer_bytes_per_step=0,
                 transfer_time_lower_bound_s=0.0, host_link_gbps=host_link_gbps, offload_time_lower_bound_s=0.0,
@@ -374,7 +376,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         optimizer_bytes_gpu=worst.optimizer_bytes_gpu, state_bytes_gpu=worst.stage_plan.state_bytes_gpu,
         activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, allocated_bytes_gpu=allocated,
         allocator_reserve_bytes_gpu=reserve, allocator_expandable_segments=expandable,
-        outside_pytorch_bytes_gpu=outside_pytorch_bytes(cfg), total_bytes_gpu=total,
+        outside_pytorch_bytes_gpu=outside_pytorch_bytes(cfg), nccl_communicators=communicators(cfg),
+        nccl_communicator_bytes_gpu=communicator_bytes(getattr(cfg, "env_vars", None), os.environ), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned, host_bytes_per_node=host_node,
         host_peak_bytes_per_node=host_peak, ranks_per_node=ranks_per_node, transfer_bytes_per_step=transfer,
         transfer_time_lower_bound_s=max(bound["d2h_s"], bound["h2d_s"]),  # both directions run at once

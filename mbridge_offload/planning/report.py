@@ -28,7 +28,8 @@ def format_plan(p: Plan) -> str:
         ("GPU: whole device", f"{g(p.allocated_bytes_gpu)} allocated by PyTorch (with workspaces) + "
                               f"{g(p.allocator_reserve_bytes_gpu)} its allocator's reserve ("
                               f"{'expandable' if p.allocator_expandable_segments else 'fixed'} segments) + "
-                              f"{g(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context, libraries, NCCL) = "
+                              f"{g(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context and libraries, "
+                              f"{p.nccl_communicators} NCCL communicators of {g(p.nccl_communicator_bytes_gpu)}) = "
                               f"{g(p.total_bytes_gpu)}"),
         ("GPU: fit", f"{g(p.total_bytes_gpu)} + {p.margin_gib:.2f} GiB margin ({p.margin_source}) of "
                      f"{p.gpu_memory_gib:g} GiB: {'fits' if p.fits_gpu else 'DOES NOT FIT'}"),

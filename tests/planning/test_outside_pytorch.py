@@ -69,3 +69,16 @@ def test_planned_within_0p03_gib_of_every_measured_run():
     assert {2.4, 2.8, 3.2} <= kinds
     for r in rows:
         assert r["planned_outside_pytorch_gib"] == pytest.approx(r["measured_outside_pytorch_gib"], abs=0.03), r
+
+
+def test_the_plan_says_what_the_communicators_take(built, monkeypatch):
+    from mbridge_offload.planning import plan
+    from mbridge_offload.planning.report import format_plan
+
+    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    cfg = built(DENSE)
+    assert "(CUDA context and libraries, 4 NCCL communicators of 0.38 GiB)" in format_plan(plan(cfg, 1, fraction=1.0))
+    monkeypatch.setenv("NCCL_MAX_NCHANNELS", "4")
+    fewer = plan(cfg, 1, fraction=1.0)
+    assert "1.02 GiB outside PyTorch (CUDA context and libraries, 4 NCCL communicators of 0.03 GiB)" in format_plan(fewer)
+    assert fewer.nccl_communicator_bytes_gpu * fewer.nccl_communicators < fewer.outside_pytorch_bytes_gpu
