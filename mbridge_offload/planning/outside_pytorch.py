@@ -12,8 +12,10 @@ Checked on runs that set none of it:
 - The MoE proxy: 3.19-3.20 GiB on every run, 0.77 GiB more than dense from step 2 on, two communicators more
   (0.91 + 6 x 0.379 = 3.18 GiB).
 - Megatron's own cross entropy (``model.cross_entropy_loss_fusion=False``): it all-reduces over the
-  tensor-parallel group, whose communicator TE's fused loss never makes on one GPU: 2.81 GiB on both such runs
-  (0.91 + 5 x 0.379 = 2.80 GiB).
+  tensor-parallel group whatever its size (megatron/core/tensor_parallel/cross_entropy.py:130, and the same in
+  fusions/fused_cross_entropy.py:94), whose communicator TE's loss never makes on one GPU (it skips its
+  all-gather at a world size of 1: transformer_engine/pytorch/triton/cross_entropy.py:52): 2.81 GiB on both such
+  runs (0.91 + 5 x 0.379 = 2.80 GiB).
 With NCCL_CUMEM_ENABLE=0 NCCL allocates through cudaMalloc instead: 2.91 GiB on the dense run (one run, default
 channels, 0.50 GiB a communicator); the plan counts that figure, not the page model. With several ranks a
 communicator also holds buffers for its peers, which these one-GPU figures do not cover.
