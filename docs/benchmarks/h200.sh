@@ -412,7 +412,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         1p7b-sl8192-fraction-1+1b-proxy-sl4096-mb3-fraction-1 \
         moe-proxy-2-sl8192-fraction-1+0p6b-sl16384-fraction-1+0p6b-sl8192-fraction-0.9} ;;
     planner-auto-4)
-      # NOT RUN YET (issue #15, ~12 min, two device calls with CASES): auto with the sixteenth session's planner (the
+      # NOT RUN YET (issue #15, ~15 min, two or three device calls with CASES; a third run 0.10 below where the one
+      # 0.05 below trains decides the goal): auto with the sixteenth session's planner (the
       # reserve's loss-tensor term, communicators counted by NCCL's channels) on five configurations never run, with
       # 8192-12288 tokens a micro batch where the term decides; device sizes put auto near 0.7.
       mkdir -p "$runs/planner-auto-4"
