@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
-from mbridge_offload.facts.environment import run_env
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning import largest_host_fitting_fraction, plan, smallest_fitting_fraction, what_would_fit
 from mbridge_offload.planning.fraction_search import AUTO_STEP
@@ -99,8 +98,9 @@ def fewer_nccl_channels(cfg: Any) -> tuple[str, str] | None:
     model of a communicator (planning/outside_pytorch.py); None where the run already has that few channels or NCCL
     allocates through cudaMalloc (no page model there)."""
     env_vars = getattr(cfg, "env_vars", None)
-    now, fewer = communicator_bytes(env_vars, os.environ), communicator_bytes(env_vars, {"NCCL_MAX_NCHANNELS": "4"})
-    if run_env("NCCL_CUMEM_ENABLE", env_vars, os.environ) == "0" or fewer >= now:
+    now = communicator_bytes(env_vars, os.environ)
+    fewer = communicator_bytes(env_vars, {**os.environ, "NCCL_MAX_NCHANNELS": "4"})  # the same without cuMem
+    if fewer >= now:
         return None
     count = communicators(cfg)
     return ("NCCL_MAX_NCHANNELS=4 in the launch environment",

@@ -302,6 +302,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     engine = engine_mode(getattr(cfg, "env_vars", None), os.environ) if fraction > 0 else LIBRARY
     expandable = allocator_expandable(cfg) if expandable is None else expandable
     stream = engine == STREAM
+    outside = outside_pytorch_bytes(cfg)  # the same on every stage
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:
@@ -343,7 +344,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         activations = activation_bytes(cfg, stage)
         allocated = state + activations + base_gpu_bytes(cfg)
         loss_tensor = largest_loss_tensor_bytes(cfg) if stage == sizes.pp - 1 else 0
-        reserve, total = device_total_bytes(allocated, outside_pytorch_bytes(cfg), expandable, loss_tensor)
+        reserve, total = device_total_bytes(allocated, outside, expandable, loss_tensor)
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
@@ -376,7 +377,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         optimizer_bytes_gpu=worst.optimizer_bytes_gpu, state_bytes_gpu=worst.stage_plan.state_bytes_gpu,
         activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, allocated_bytes_gpu=allocated,
         allocator_reserve_bytes_gpu=reserve, allocator_expandable_segments=expandable,
-        outside_pytorch_bytes_gpu=outside_pytorch_bytes(cfg), nccl_communicators=communicators(cfg),
+        outside_pytorch_bytes_gpu=outside, nccl_communicators=communicators(cfg),
         nccl_communicator_bytes_gpu=communicator_bytes(getattr(cfg, "env_vars", None), os.environ), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned, host_bytes_per_node=host_node,
         host_peak_bytes_per_node=host_peak, ranks_per_node=ranks_per_node, transfer_bytes_per_step=transfer,

@@ -192,7 +192,8 @@ def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_p
     assert "the planner fits fraction 1 on 139.80 GiB" in finding.fix_basis
     # the communicators it failed to make cost less with fewer channels (alloc-tight/: 2.43 -> 1.02 GiB, dense)
     assert finding.fix.endswith("; or NCCL_MAX_NCHANNELS=4 in the launch environment")
-    # 5: the saved run is deterministic, and Megatron's own loss adds the tensor-parallel group's communicator
+    # 5: the saved run is deterministic, and Megatron's own loss adds the tensor-parallel group's communicator;
+    # each goes from 194 pages of 2 MiB to 14 at 4 channels (NCCL's log), so 5 x 180 x 2 MiB = 1.76 GiB
     assert "NCCL's communicators: 5 on this run, 0.379 GiB each at 64 channels, 0.027 GiB at 4: 1.76 GiB" in finding.fix_basis
     assert "had less free than planned" in finding.fix_basis
     assert "no optimizer offload fraction fits" not in finding.fix_basis
@@ -418,3 +419,19 @@ def test_run_facts_read_the_gpu_size_from_the_plan_line_of_either_format():
     old = benchmarks / "planner-heldout" / "moe-proxy-3" / "fraction-0" / "log.txt"
     assert run_facts(read_lines(new), None).gpu_memory_gib == 32.0
     assert run_facts(read_lines(old), None).gpu_memory_gib == 139.801
+
+
+def test_fewer_channels_is_not_offered_where_it_gives_nothing_back(built, monkeypatch):
+    """Without cuMem NCCL allocates through cudaMalloc, where the page model says nothing of channels; with 4 or
+    fewer channels already there is nothing to give back."""
+    from mbridge_offload.diagnosis.fixes import fewer_nccl_channels
+
+    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    assert fewer_nccl_channels(cfg) is not None
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "0")
+    assert fewer_nccl_channels(cfg) is None
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE")
+    monkeypatch.setenv("NCCL_MAX_NCHANNELS", "2")
+    assert fewer_nccl_channels(cfg) is None
