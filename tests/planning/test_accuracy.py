@@ -102,17 +102,15 @@ def test_the_loss_tensor_term_on_the_heldout_runs_where_it_decides():
         assert 0 <= rows[name]["device_error"] <= 0.13, rows[name]
 
 
-def test_the_loss_tensor_term_is_set_on_the_runs_whose_reserve_was_one_logits_tensor():
-    """Qwen3-0.6B at 8192 tokens and the 1.1B proxy at 2 x 2048, both at fraction 1 with expandable segments: their
-    reserve was one bf16 logits tensor (2.32 and 1.16 GiB), which the 1.17 GiB envelope alone is 4 % short of on
-    the first. The plan now counts each, within the slack."""
-    set_on = [r for r in compare_rows(BENCHMARKS / "planner-heldout-3") if _set_the_loss_tensor_term(r)]
-    set_on += [r for r in compare_rows(BENCHMARKS / "alloc-conf/calibration") if r["fraction"] == 1]
-    assert len(set_on) == 2
-    for r in set_on:
-        assert r["expandable_segments"]
-        assert r["planned_reserve_gib"] - 0.05 <= _reserve_gib(r) <= r["planned_reserve_gib"], r
-        assert r["device_error"] >= 0, r
+def test_the_run_that_set_the_loss_tensor_term_is_kept_out_of_the_heldout_device_checks():
+    """Qwen3-0.6B at 8192 tokens at fraction 1 (planner-heldout-3) reserved 2.32 GiB, beyond the 1.17 GiB envelope
+    (set on another run), and set the term with the 1.1B proxy's calibration run: the held-out checks of the whole
+    device and the reserve leave it out, and the term is checked on planner-heldout-4 instead (below). Nothing
+    here tests the term on the runs it was set on."""
+    (row,) = [r for r in compare_rows(BENCHMARKS / "planner-heldout-3") if _set_the_loss_tensor_term(r)]
+    assert row["expandable_segments"]
+    assert _reserve_gib(row) > memory_plan.EXPANDABLE_ALLOCATOR_RESERVE_BYTES / memory_plan.GIB
+    assert row not in _heldout_device_rows()
 
 
 def test_the_unfused_loss_reserve_is_covered_by_its_fp32_copy(built):
