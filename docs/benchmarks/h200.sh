@@ -380,8 +380,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # case with every communicator created before step 1 (run_recipe --warm-communicators). Sixteenth session, at
       # commit b71a6f0 (284 s): CASES="0p6b-sl8192-fraction-1 1b-proxy-fraction-1-cumem-off-roomy
       # 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off 1b-proxy-fraction-1-cumem-off-warm-communicators"
-      # (can a communicator be made cheap: alloc-tight/README.md). Not run yet (~1 min):
-      # CASES=1b-proxy-fraction-1-max-channels-4, the tight dense case with 4 channels.
+      # (can a communicator be made cheap: alloc-tight/README.md). Seventeenth session, from the tree of commit a4038a3
+      # (62 s): CASES=1b-proxy-fraction-1-max-channels-4, the tight dense case with 4 channels (it trained).
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     nccl-communicators)
       # Fifteenth session (issue #15, committed as docs/benchmarks/alloc-tight/large-device/, at commit 181f30e, 108 s;
@@ -412,10 +412,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         1p7b-sl8192-fraction-1+1b-proxy-sl4096-mb3-fraction-1 \
         moe-proxy-2-sl8192-fraction-1+0p6b-sl16384-fraction-1+0p6b-sl8192-fraction-0.9} ;;
     planner-auto-4)
-      # NOT RUN YET (issue #15, ~15 min, two or three device calls with CASES; a third run 0.10 below where the one
-      # 0.05 below trains decides the goal): auto with the sixteenth session's planner (the
+      # Seventeenth session (issue #15, docs/benchmarks/planner-auto-4/, from the tree of commit a4038a3; a third run
+      # 0.10 below where the one 0.05 below trains decides the goal): auto with the sixteenth session's planner (the
       # reserve's loss-tensor term, communicators counted by NCCL's channels) on five configurations never run, with
-      # 8192-12288 tokens a micro batch where the term decides; device sizes put auto near 0.7.
+      # 8192-12288 tokens a micro batch where the term decides; device sizes put auto near 0.7. Ran one CASES at a
+      # time over four calls (165-268 s a case); 4b-sl8192's third run was cut by the session's device time.
       mkdir -p "$runs/planner-auto-4"
       for case in ${CASES:-1p7b-sl12288 0p6b-sl8192-mb2 moe-proxy-3-sl8192 1b-proxy-sl6144-mb2 4b-sl8192}; do
         case $case in
