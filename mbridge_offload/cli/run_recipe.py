@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "costs device memory: each communicator took 0.38 GiB on the H200, and one GPU has 21 "
                              "groups, of which a run uses 4 (+6.5 GiB measured; docs/benchmarks/alloc-tight/). "
                              "Without it PyTorch creates the communicators a run uses at their first collective")
+    parser.add_argument("--memory-snapshot", type=at_least_one("step"), default=0, metavar="STEPS",
+                        help="record the CUDA allocator's history (every allocation, free and segment mapping, with "
+                             "its Python stack) for the first STEPS steps and write it to the run folder, for "
+                             "PyTorch's viewer (python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html): "
+                             "what the allocator reserved beyond the peak, and why (mbridge_offload/runtime/"
+                             "memory_history.py). Slows the steps it records")
     parser.add_argument("--out", metavar="DIR", type=Path,
                         help="run folder for metrics and summary (default: runs/<recipe>)")
     add_plan_arguments(parser)
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe_name=recipe.name, num_gpus=num_gpus, out_dir=out_dir, cpu_threads=prepared.cpu_threads,
         tuning_lines=prepared.tuning_lines, run_lines=prepared.run_lines, overlap_chunks=prepared.overlap_chunks,
         topology=topology(prepared.cfg, num_gpus), offload_lines=tuple(offload_summary(prepared.cfg)),
-        warm_communicators=args.warm_communicators))
+        warm_communicators=args.warm_communicators, memory_snapshot_steps=args.memory_snapshot))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class LaunchSettings:
     topology: str  # the parallel layout in words, for the run's header
     offload_lines: tuple[str, ...]  # the offload settings in words, one line per mechanism
     warm_communicators: bool = False  # create the NCCL communicators before step 1 (runtime/communicators.py)
+    memory_snapshot_steps: int = 0  # record the allocator's history of this many first steps (runtime/memory_history.py)
 
 
 def use_prebuilt_dataset_helper() -> bool:
@@ -123,6 +124,10 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
     if settings.warm_communicators:
         lines.append("  NCCL communicators: all groups' created before step 1 (--warm-communicators, experimental: "
                      "0.38 GiB of the device each on the H200, also for groups the run never uses)")
+    if settings.memory_snapshot_steps:
+        from mbridge_offload.runtime.memory_history import header_line
+
+        lines.append(f"  {header_line(settings.out_dir, settings.memory_snapshot_steps)}")
     warning = cpu_thread_warning(cfg, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                  len(available_cores()))
     if warning:
@@ -271,6 +276,10 @@ def train(cfg, settings: LaunchSettings) -> int:
         from mbridge_offload.runtime.communicators import make_warm_up_callback
 
         callbacks.insert(0, make_warm_up_callback(rank))
+    if settings.memory_snapshot_steps:
+        from mbridge_offload.runtime.memory_history import make_memory_history_callback
+
+        callbacks.append(make_memory_history_callback(out_dir, rank, settings.memory_snapshot_steps))
     from mbridge_offload.runtime.streaming_engine import drain_all
 
     try:
