@@ -148,6 +148,8 @@ class Plan:
     allocated_bytes_gpu: int  # PyTorch's peak allocation: state + activations + workspaces
     allocator_reserve_bytes_gpu: int  # what the caching allocator holds beyond that peak
     allocator_expandable_segments: bool  # which of the two measured reserves applies
+    # the reserve is the loss's largest tensor (+ slack), not the envelope: kept free on some runs, not on others
+    allocator_reserve_is_loss_tensor: bool = False
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
     nccl_communicator_bytes_gpu: int
@@ -189,6 +191,7 @@ class _StageState:
     stage_plan: StagePlan
     allocated_bytes_gpu: int  # PyTorch's peak: state + activations + workspaces
     allocator_reserve_bytes_gpu: int
+    reserve_is_loss_tensor: bool
     optimizer_params: int  # this rank's shard of the optimizer's parameters
     offloaded_params: int
     optimizer_bytes_gpu: int
@@ -348,7 +351,9 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
-                                  allocator_reserve_bytes_gpu=reserve, optimizer_params=shard_params,
+                                  allocator_reserve_bytes_gpu=reserve,
+                                  reserve_is_loss_tensor=reserve == loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES,
+                                  optimizer_params=shard_params,
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
     params, off_params = worst.stage_plan.params, worst.offloaded_params
@@ -377,6 +382,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         optimizer_bytes_gpu=worst.optimizer_bytes_gpu, state_bytes_gpu=worst.stage_plan.state_bytes_gpu,
         activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, allocated_bytes_gpu=allocated,
         allocator_reserve_bytes_gpu=reserve, allocator_expandable_segments=expandable,
+        allocator_reserve_is_loss_tensor=worst.reserve_is_loss_tensor,
         outside_pytorch_bytes_gpu=outside, nccl_communicators=communicators(cfg),
         nccl_communicator_bytes_gpu=communicator_bytes(getattr(cfg, "env_vars", None), os.environ), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned, host_bytes_per_node=host_node,

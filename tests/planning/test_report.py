@@ -78,3 +78,23 @@ def test_json_has_the_fields(capsys):
     assert data["allocated_bytes_gpu"] == data["state_bytes_gpu"] + data["activation_bytes_gpu"] + moe_base
     assert data["total_bytes_gpu"] == (data["allocated_bytes_gpu"] + data["allocator_reserve_bytes_gpu"]
                                        + data["outside_pytorch_bytes_gpu"])
+
+
+def test_the_plan_says_when_the_loss_tensor_sets_the_reserve_and_what_that_costs_auto(built):
+    from mbridge_offload.planning.activations import largest_loss_tensor_bytes
+    from mbridge_offload.planning.report import LOSS_TENSOR_RESERVE_NOTE, format_plan
+
+    def planned(seq_length: int):
+        cfg = apply_overrides(built("qwen3_0p6b_pretrain_config"), [
+            f"model.seq_length={seq_length}", f"dataset.seq_length={seq_length}", "train.micro_batch_size=2",
+            "train.global_batch_size=2"])
+        return cfg, plan(cfg, 1, fraction=0.65, expandable=True)
+
+    long_cfg, long_plan = planned(8192)  # 2 x 8192 tokens of bf16 logits: 4.6 GiB, above the 1.17 GiB envelope
+    assert long_plan.allocator_reserve_is_loss_tensor
+    assert long_plan.allocator_reserve_bytes_gpu > largest_loss_tensor_bytes(long_cfg)
+    assert LOSS_TENSOR_RESERVE_NOTE in format_plan(long_plan)
+    short_cfg, short_plan = planned(1024)  # 0.6 GiB of logits: the envelope decides
+    assert largest_loss_tensor_bytes(short_cfg) < memory_plan.EXPANDABLE_ALLOCATOR_RESERVE_BYTES
+    assert not short_plan.allocator_reserve_is_loss_tensor
+    assert LOSS_TENSOR_RESERVE_NOTE not in format_plan(short_plan)
