@@ -150,7 +150,7 @@ def launch_arguments(device_gib: float) -> list[str]:
 
 def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], steps: int,
                timeout_s: float | None) -> dict:
-    """The two trainings and their verdict, as one row."""
+    """The trainings and their verdict, as one row, written to DIR/auto_check.* after each run as far as it goes."""
     common = [*overrides, f"train.train_iters={steps}"]
     memory = launch_arguments(device_gib)
     progress = RunProgress(label="[auto check]", total=3)
@@ -170,11 +170,16 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
         return outcome_of({**result, "fraction": fraction}, device_gib, ballast.state["held_gib"], ballast.process.pid,
                           strangers)
 
+    def written_so_far(last_run: str, *runs: RunOutcome | None) -> None:
+        """The row as far as it goes, in DIR/auto_check.*: what stays if the check is cut in a later run."""
+        write_results(out, [check_row(recipe, overrides, device_gib, steps, choice, *runs, stopped_after=last_run)])
+
     at_auto_run = train("auto", "auto")
     choice = auto_choice((out / "auto" / "log.txt").read_text(errors="replace"))
     at_auto = None if choice is None else outcome(at_auto_run, choice.fraction)
     below = None
     if choice is not None and choice.fraction > 0:
+        written_so_far("the run at auto's fraction", at_auto, None, None)
         fraction = round(choice.fraction - AUTO_STEP, 2)
         below = outcome(train(fraction, f"fraction-{fraction:g}"), fraction)
     else:
@@ -182,16 +187,29 @@ def check_auto(recipe: str, device_gib: float, out: Path, overrides: list[str], 
     # the goal (at most one step above the smallest that trains) needs the next step down when one below trained
     two_below = None
     if below is not None and below.outcome == "trained" and below.fraction > 0:
+        written_so_far(f"the run at {below.fraction:g}", at_auto, below, None)
         fraction = round(below.fraction - AUTO_STEP, 2)
         two_below = outcome(train(fraction, f"fraction-{fraction:g}"), fraction)
     else:
         progress.skipped("the run 0.10 below auto", "the run 0.05 below did not train" if below else "nothing below")
-    ok, why = judge(choice, at_auto, below)
+    return check_row(recipe, overrides, device_gib, steps, choice, at_auto, below, two_below)
+
+
+def check_row(recipe: str, overrides: list[str], device_gib: float, steps: int, choice: AutoChoice | None,
+              at_auto: RunOutcome | None, below: RunOutcome | None, two_below: RunOutcome | None,
+              stopped_after: str | None = None) -> dict:
+    """The check's row. ``stopped_after`` (the last run that finished) marks a row written while runs were still
+    to come: if the check is cut there, the row that stays says what was measured and that nothing was judged."""
+    if stopped_after is None:
+        ok, why = judge(choice, at_auto, below)
+        goal = goal_of(choice, at_auto, below, two_below)
+    else:
+        ok, why = False, f"not judged: the check stopped after {stopped_after} (cut, or still running)"
+        goal = f"not decided: the check stopped after {stopped_after}"
     return {"recipe": recipe, "overrides": overrides, "device_gib": device_gib, "steps": steps,
             "auto": None if choice is None else asdict(choice), "at_auto": None if at_auto is None else asdict(at_auto),
             "below": None if below is None else asdict(below),
-            "two_below": None if two_below is None else asdict(two_below), "ok": ok, "verdict": why,
-            "goal": goal_of(choice, at_auto, below, two_below)}
+            "two_below": None if two_below is None else asdict(two_below), "ok": ok, "verdict": why, "goal": goal}
 
 
 def _gib(value: float | None) -> str:

@@ -168,3 +168,30 @@ def test_the_goal_is_decided_by_the_first_step_down_that_does_not_train():
     old_row = {"recipe": "r", "overrides": [], "device_gib": 32.0, "steps": 3, "auto": None, "at_auto": None,
                "below": None, "ok": False, "verdict": "v"}
     assert markdown([old_row]).splitlines()[-1].endswith("| NO | v | - |")
+
+
+def test_a_check_cut_after_its_second_run_leaves_a_row_that_says_so():
+    """planner-auto-4's Qwen3-4B check was cut by the device's time in its third run (0.10 below): the row written
+    after the second run keeps both runs' outcomes, judges nothing and says where the check stopped."""
+    from mbridge_offload.bench.auto_check import AutoChoice, check_row, markdown
+
+    case = AUTO_RUNS.parent / "planner-auto-4" / "4b-sl8192"
+
+    def recorded(name: str, fraction: float) -> RunOutcome:
+        log = (case / f"ballast-{name}.log").read_text()
+        ballast = json.loads(log.split("ballast ready ", 1)[1].splitlines()[0])
+        return outcome_of({"fraction": fraction, "dir": str(case / name),
+                           "summary": json.loads((case / name / "summary.json").read_text())},
+                          100.0, ballast["held_gib"], ballast_pid=-1, strangers_after={})
+
+    choice = AutoChoice(fraction=0.7, planned_total_gib=97.1, margin_gib=1.94, device_gib=100.0)
+    at_auto, below = recorded("auto", 0.7), recorded("fraction-0.65", 0.65)
+    assert at_auto.outcome == below.outcome == "trained" and below.headroom_gib > choice.margin_gib
+    row = check_row("qwen3_4b_pretrain_config", [], 100.0, 3, choice, at_auto, below, None,
+                    stopped_after="the run at 0.65")
+    assert not row["ok"] and row["verdict"].startswith("not judged: the check stopped after the run at 0.65")
+    assert row["goal"] == "not decided: the check stopped after the run at 0.65"
+    assert f"0.65: trained, {below.device_used_gib:.2f}" in markdown([row])
+    # the same runs, judged as a finished check would: 0.65 leaves more than the margin
+    finished = check_row("qwen3_4b_pretrain_config", [], 100.0, 3, choice, at_auto, below, None)
+    assert not finished["ok"] and "auto could have chosen it" in finished["verdict"]
