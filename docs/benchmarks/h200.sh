@@ -438,8 +438,10 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # and not on others (planner-auto-4/README.md). Two runs of planner-auto-4 again on the whole device, at auto's
       # fraction, with the allocator's history of steps 1-2 (run_recipe --memory-snapshot): the 0.6B, which kept
       # 3.11 GiB of its 4.64 GiB of logits, and the 1.1B proxy, which kept 0.70 of 3.48. Read them with
-      # python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html (or its segsum / trace text reports).
-      d=$runs/reserve-snapshot; mkdir -p "$d"
+      # python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html (or its segsum / trace text reports). NCCL's INIT
+      # lines place each communicator's creation among the iteration lines: the block matters only if it forms before
+      # the last of them (alloc-tight/README.md).
+      d=$runs/reserve-snapshot; mkdir -p "$d"; export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
       { $py scripts/run_recipe.py --recipe qwen3_0p6b_pretrain_config --num-gpus 1 --out "$d/0p6b-sl8192-mb2" \
         --memory-snapshot 2 model.seq_length=8192 dataset.seq_length=8192 train.micro_batch_size=2 \
         train.global_batch_size=2 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.65 \
