@@ -441,12 +441,12 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html (or its segsum / trace text reports). NCCL's INIT
       # lines place each communicator's creation among the iteration lines: the block matters only if it forms before
       # the last of them (alloc-tight/README.md).
-      d=$runs/reserve-snapshot; mkdir -p "$d"; export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
-      { $py scripts/run_recipe.py --recipe qwen3_0p6b_pretrain_config --num-gpus 1 --out "$d/0p6b-sl8192-mb2" \
+      d=$runs/reserve-snapshot; mkdir -p "$d"; nccl_log="env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT"
+      { $nccl_log $py scripts/run_recipe.py --recipe qwen3_0p6b_pretrain_config --num-gpus 1 --out "$d/0p6b-sl8192-mb2" \
         --memory-snapshot 2 model.seq_length=8192 dataset.seq_length=8192 train.micro_batch_size=2 \
         train.global_batch_size=2 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.65 \
         train.train_iters=3 > "$d/0p6b-sl8192-mb2.log" 2>&1; echo "0p6b exit $?"; } &
-      $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 1 --out "$d/1b-proxy-sl6144-mb2" \
+      $nccl_log $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 1 --out "$d/1b-proxy-sl6144-mb2" \
         --memory-snapshot 2 model.seq_length=6144 dataset.seq_length=6144 train.micro_batch_size=2 \
         train.global_batch_size=2 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.65 \
         train.train_iters=3 > "$d/1b-proxy-sl6144-mb2.log" 2>&1; echo "1b-proxy exit $?"
