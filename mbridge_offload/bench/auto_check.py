@@ -204,7 +204,7 @@ def check_row(recipe: str, overrides: list[str], device_gib: float, steps: int, 
         ok, why = judge(choice, at_auto, below)
         goal = goal_of(choice, at_auto, below, two_below)
     else:
-        ok, why = False, f"not judged: the check stopped after {stopped_after} (cut, or still running)"
+        ok, why = None, f"not judged: the check stopped after {stopped_after} (cut, or still running)"
         goal = f"not decided: the check stopped after {stopped_after}"
     return {"recipe": recipe, "overrides": overrides, "device_gib": device_gib, "steps": steps,
             "auto": None if choice is None else asdict(choice), "at_auto": None if at_auto is None else asdict(at_auto),
@@ -214,6 +214,9 @@ def check_row(recipe: str, overrides: list[str], device_gib: float, steps: int, 
 
 def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+JUDGED = {True: "yes", False: "NO", None: "-"}  # a row's ok: None while runs are still to come
 
 
 def markdown(rows: list[dict]) -> str:
@@ -235,7 +238,7 @@ def markdown(rows: list[dict]) -> str:
         # rows written before the second step down have neither it nor the goal
         lines.append(f"| {r['recipe']} | {' '.join(r['overrides'])} | {r['device_gib']:g} | {chosen} | {planned} | "
                      f"{run_text(r['at_auto'], False)} | {run_text(r['below'], True)} | "
-                     f"{run_text(r.get('two_below'), True)} | {'yes' if r['ok'] else 'NO'} | {r['verdict']} | "
+                     f"{run_text(r.get('two_below'), True)} | {JUDGED[r['ok']]} | {r['verdict']} | "
                      f"{r.get('goal', '-')} |")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
 from recipes import registry
-from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable
+from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable, refuse
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
 from mbridge_offload.facts.offload_engine import ENGINE_ENV, ENGINE_MODES
@@ -233,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         print(fast_check.SLOW_PARTIAL_NOTE, file=sys.stderr)
     if not prepared.report.ok:
         return _refused(prepared, args)
+    profiling = getattr(prepared.cfg, "profiling", None)
+    if args.memory_snapshot and profiling is not None and getattr(profiling, "record_memory_history", False):
+        # one recorder per process: whichever stops first ends the other's history
+        return refuse(f"{parser.prog}: error: --memory-snapshot {args.memory_snapshot} with "
+                      "profiling.record_memory_history=True: both record the CUDA allocator's history and the first "
+                      "to stop ends the other's. Drop one: profiling.record_memory_history=False, or no "
+                      "--memory-snapshot")
     if args.dry_run:
         return EXIT_OK
     from mbridge_offload.describe import offload_summary, topology

@@ -260,16 +260,27 @@ def base_gpu_bytes(cfg) -> int:
     return BASE_GPU_BYTES + (MOE_EXTRA_GPU_BYTES if cfg.model.num_moe_experts else 0)
 
 
+def reserve_envelope_bytes(allocated: int, expandable: bool) -> int:
+    """The allocator's reserve beyond a PyTorch peak of ``allocated`` bytes, as measured without the loss's block."""
+    if expandable:
+        return EXPANDABLE_ALLOCATOR_RESERVE_BYTES
+    return ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
+
+
+def reserve_is_loss_tensor(allocated: int, expandable: bool, loss_tensor: int) -> bool:
+    """Whether the loss's tensor (``loss_tensor`` bytes, 0 before the last stage), not the envelope, sets the
+    reserve: the part of the plan that is high where the allocator does not keep that block."""
+    return bool(loss_tensor) and loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES > reserve_envelope_bytes(
+        allocated, expandable)
+
+
 def device_total_bytes(allocated: int, outside: int, expandable: bool, loss_tensor: int = 0) -> tuple[int, int]:
     """(the allocator's reserve beyond ``allocated``, the whole device's bytes) for a PyTorch peak of
     ``allocated`` bytes and ``outside`` bytes outside PyTorch, with or without expandable segments, on a stage
     whose largest loss tensor is ``loss_tensor`` bytes (0 before the last stage)."""
-    if expandable:
-        reserve = EXPANDABLE_ALLOCATOR_RESERVE_BYTES
-    else:
-        reserve = ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
-    if loss_tensor:
-        reserve = max(reserve, loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES)
+    reserve = reserve_envelope_bytes(allocated, expandable)
+    if reserve_is_loss_tensor(allocated, expandable, loss_tensor):
+        reserve = loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES
     return reserve, allocated + reserve + outside
 
 
@@ -352,7 +363,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
                                   allocator_reserve_bytes_gpu=reserve,
-                                  reserve_is_loss_tensor=reserve == loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES,
+                                  reserve_is_loss_tensor=reserve_is_loss_tensor(allocated, expandable, loss_tensor),
                                   optimizer_params=shard_params,
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)

@@ -300,11 +300,19 @@ def train(cfg, settings: LaunchSettings) -> int:
         first_line = _first_line(error)
         reason = first_line if first_line.startswith("CUDA out of memory") else f"CUDA out of memory: {first_line}"
         write_failure(out_dir, reason)
+        if settings.memory_snapshot_steps:
+            from mbridge_offload.runtime.memory_history import write_on_failure
+
+            write_on_failure("CUDA out of memory")  # the history up to the failure is the one worth reading
         print(f"rank {rank}: {reason}\n  Try a larger optimizer.optimizer_offload_fraction, activation offload, "
               "a smaller micro batch or more GPUs.", file=sys.stderr)
         return EXIT_FAILED
     except Exception as error:  # noqa: BLE001  (record why, then let the user see the traceback)
         write_failure(out_dir, f"{type(error).__name__}: {_first_line(error)}")
+        if settings.memory_snapshot_steps:
+            from mbridge_offload.runtime.memory_history import write_on_failure
+
+            write_on_failure(type(error).__name__)
         traceback.print_exc()
         return EXIT_FAILED
     if rank == 0:

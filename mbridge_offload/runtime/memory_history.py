@@ -3,9 +3,12 @@
 Why: the planner counts the allocator's reserve as at least the loss's largest tensor (planning/memory_plan.py),
 because on some runs a block of that size stayed free in the allocator's segments beside the peak, and on others
 it did not (docs/benchmarks/planner-auto-4/). What keeps it is in the allocator's history of allocations, frees and
-segment mappings, which PyTorch records with each one's Python stack, and which PyTorch's viewer draws:
-``python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`` (or the file dropped on
-https://pytorch.org/memory_viz). Recording slows the steps it covers, so it stops after them.
+segment mappings, which PyTorch records with each allocation's Python stack, and which PyTorch's viewer draws:
+``python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`` (the page loads its script from a CDN, so open it
+where there is a network, or drop the file on https://pytorch.org/memory_viz), and summarises as text:
+``python -m torch.cuda._memory_viz segsum FILE`` (each segment's allocated and free blocks when it was written).
+Recording slows the steps it covers, so it stops after them. A run that fails while recording (out of memory
+above all) writes what it recorded up to the failure.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 SNAPSHOT_NAME = "memory_snapshot.rank{rank}.pickle"
-# Allocator events kept (oldest dropped first). A step of the 28-layer dense Qwen3 recipes makes tens of thousands;
-# this keeps a few steps of them and the file within what one device call brings back.
-MAX_ENTRIES = 300_000
+# Allocator events kept (the oldest dropped first). A step of the 28-layer dense Qwen3 recipes makes tens of
+# thousands; this keeps a few steps while bounding the file (each event carries its Python stack).
+MAX_ENTRIES = 200_000
+
+_recording = None  # this process's MemoryHistory while it records (for the failure path in launch.py)
 
 
 def snapshot_path(out_dir: Path, rank: int) -> Path:
@@ -29,12 +34,19 @@ def viewer_command(path: Path) -> str:
 def header_line(out_dir: Path, steps: int) -> str:
     """The run header's line for ``--memory-snapshot``."""
     return (f"memory snapshot: the CUDA allocator's history of the first {steps} step(s), written to "
-            f"{snapshot_path(out_dir, 0)} (rank 0; each rank its own) when they end; slows those steps")
+            f"{snapshot_path(out_dir, 0)} (rank 0; each rank its own) when they end or the run fails; slows those "
+            "steps")
+
+
+def write_on_failure(why: str) -> None:
+    """Write what this process recorded so far, if it is recording: called where a run fails."""
+    if _recording is not None:
+        _recording.write(f"up to the failure ({why})")
 
 
 def make_memory_history_callback(out_dir: Path, rank: int, steps: int):
     """A Megatron Bridge callback: record the allocator's history from the start of training, write it after
-    ``steps`` steps of this run (or at the end of training, if the run is shorter), then stop recording."""
+    ``steps`` training steps of this run (or when training ends, if it ends sooner), then stop recording."""
     import torch
     from megatron.bridge.training.callbacks import Callback
 
@@ -42,29 +54,31 @@ def make_memory_history_callback(out_dir: Path, rank: int, steps: int):
 
     class MemoryHistory(Callback):
         def __init__(self) -> None:
-            self.first_step = None  # the train state's step when training started (a resumed run starts past 0)
-            self.written = False
+            self.steps_done = 0  # steps this process trained since recording began (skipped iterations not counted)
 
         def on_train_start(self, context) -> None:
-            self.first_step = context.state.train_state.step
+            global _recording
             torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+            _recording = self
 
         def on_train_step_end(self, context) -> None:
-            # the train state's step is bumped after the callbacks: this step is its value + 1
-            if not self.written and context.state.train_state.step + 1 - self.first_step >= steps:
-                self._write(context.state.train_state.step + 1 - self.first_step)
+            self.steps_done += 1
+            if _recording is self and self.steps_done >= steps:
+                self.write(f"steps 1-{self.steps_done} of this run")
 
         def on_train_end(self, context) -> None:
-            if not self.written and self.first_step is not None:
-                self._write(context.state.train_state.step - self.first_step)
+            if _recording is self:
+                self.write(f"the {self.steps_done} step(s) this run trained" if self.steps_done else
+                           "training's start; no step ran")
 
-        def _write(self, steps_recorded: int) -> None:
+        def write(self, what: str) -> None:
+            global _recording
             torch.cuda.memory._dump_snapshot(str(path))
             torch.cuda.memory._record_memory_history(enabled=None)
-            self.written = True
+            _recording = None
             if rank == 0:
                 size_mib = path.stat().st_size / 2**20
-                print(f"memory snapshot: steps 1-{steps_recorded} of this run in {path} ({size_mib:.1f} MiB); "
-                      f"view it: {viewer_command(path)}", flush=True)
+                print(f"memory snapshot: {what} in {path} ({size_mib:.1f} MiB); view it: {viewer_command(path)}",
+                      flush=True)
 
     return MemoryHistory()

@@ -189,9 +189,10 @@ def test_a_check_cut_after_its_second_run_leaves_a_row_that_says_so():
     assert at_auto.outcome == below.outcome == "trained" and below.headroom_gib > choice.margin_gib
     row = check_row("qwen3_4b_pretrain_config", [], 100.0, 3, choice, at_auto, below, None,
                     stopped_after="the run at 0.65")
-    assert not row["ok"] and row["verdict"].startswith("not judged: the check stopped after the run at 0.65")
+    assert row["ok"] is None and row["verdict"].startswith("not judged: the check stopped after the run at 0.65")
     assert row["goal"] == "not decided: the check stopped after the run at 0.65"
     assert f"0.65: trained, {below.device_used_gib:.2f}" in markdown([row])
+    assert "| - | not judged" in markdown([row])
     # the same runs, judged as a finished check would: 0.65 leaves more than the margin
     finished = check_row("qwen3_4b_pretrain_config", [], 100.0, 3, choice, at_auto, below, None)
     assert not finished["ok"] and "auto could have chosen it" in finished["verdict"]

@@ -44,6 +44,16 @@ def test_a_snapshot_of_no_steps_is_refused_naming_the_flag(capsys):
     assert "--memory-snapshot" in error and "at least 1 step" in error
 
 
+def test_megatron_bridges_own_memory_recording_and_the_flag_are_refused_together(capsys):
+    code = run_recipe.main(["--recipe", RECIPE, "--num-gpus", "1", "--dry-run", "--memory-snapshot", "2",
+                            "profiling.record_memory_history=True"])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert "--memory-snapshot 2 with profiling.record_memory_history=True" in error
+    assert "Drop one" in error
+    assert run_recipe.main(["--recipe", RECIPE, "--num-gpus", "1", "--dry-run", "--memory-snapshot", "2"]) == 0
+
+
 @pytest.mark.gpu
 def test_a_short_run_writes_the_history_of_its_first_steps_for_pytorchs_viewer(tmp_path):
     out = tmp_path / "run"
