@@ -435,22 +435,28 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       done ;;
     reserve-snapshot)
       # NOT RUN YET (issue #15, ~4 min): what keeps the loss's logits-sized block reserved beside the peak on some runs
-      # and not on others (planner-auto-4/README.md). Two runs of planner-auto-4 again on the whole device, at auto's
-      # fraction, with the allocator's history of steps 1-2 (run_recipe --memory-snapshot): the 0.6B, which kept
-      # 3.11 GiB of its 4.64 GiB of logits, and the 1.1B proxy, which kept 0.70 of 3.48. Read them with
-      # python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html (or its segsum / trace text reports). NCCL's INIT
-      # lines place each communicator's creation among the iteration lines: the block matters only if it forms before
-      # the last of them (alloc-tight/README.md).
-      d=$runs/reserve-snapshot; mkdir -p "$d"; nccl_log="env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT"
-      { $nccl_log $py scripts/run_recipe.py --recipe qwen3_0p6b_pretrain_config --num-gpus 1 --out "$d/0p6b-sl8192-mb2" \
-        --memory-snapshot 2 model.seq_length=8192 dataset.seq_length=8192 train.micro_batch_size=2 \
-        train.global_batch_size=2 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.65 \
-        train.train_iters=3 > "$d/0p6b-sl8192-mb2.log" 2>&1; echo "0p6b exit $?"; } &
-      $nccl_log $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 1 --out "$d/1b-proxy-sl6144-mb2" \
-        --memory-snapshot 2 model.seq_length=6144 dataset.seq_length=6144 train.micro_batch_size=2 \
-        train.global_batch_size=2 optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.65 \
-        train.train_iters=3 > "$d/1b-proxy-sl6144-mb2.log" 2>&1; echo "1b-proxy exit $?"
-      wait; ls -la "$d"/*/memory_snapshot.rank0.pickle ;;
+      # and not on others (planner-auto-4/README.md). Two runs of planner-auto-4 again, one after the other on the
+      # whole device, at auto's fraction, with the allocator's history of steps 1-2 (run_recipe --memory-snapshot):
+      # the 0.6B, which kept 3.11 GiB of its 4.64 GiB of logits (44.41 GiB peak reserved), and the 1.1B proxy, which
+      # kept 0.70 of 3.48 (38.79 GiB): compare each run's peak_reserved_gib with those before reading its history.
+      # NCCL's INIT lines place each communicator's creation among the iteration lines: the block matters only if it
+      # forms before the last of them (alloc-tight/README.md). Each history comes back as its own gzip file in $OUT
+      # (a device call returns files of up to 16 MiB) beside a text summary (torch's `stats`: the segments' blocks
+      # when the history was written. Read a history with python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.
+      d=$runs/reserve-snapshot; mkdir -p "$d"
+      for run in "0p6b-sl8192-mb2 qwen3_0p6b_pretrain_config 8192" "1b-proxy-sl6144-mb2 qwen3_1b_proxy_pretrain_config 6144"; do
+        read -r name recipe tokens <<< "$run"
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT $py scripts/run_recipe.py --recipe "$recipe" --num-gpus 1 \
+          --out "$d/$name" --memory-snapshot 2 model.seq_length=$tokens dataset.seq_length=$tokens \
+          train.micro_batch_size=2 train.global_batch_size=2 optimizer.optimizer_cpu_offload=True \
+          optimizer.optimizer_offload_fraction=0.65 train.train_iters=3 > "$d/$name.log" 2>&1
+        echo "$name: exit $?"; grep -h "^memory snapshot:" "$d/$name.log"
+        history=$d/$name/memory_snapshot.rank0.pickle
+        if [ -f "$history" ]; then
+          $py -m torch.cuda._memory_viz stats "$history" > "$d/$name/segments.txt" 2>&1
+          gzip -9 "$history" && mv "$history.gz" "${OUT:-$d}/reserve-snapshot-$name.pickle.gz"
+        fi
+      done ;;
     planner-auto-3)
       # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve
       # measured with expandable segments, on configurations never run, each pair (auto's fraction, 0.05 below) alone

@@ -6,7 +6,7 @@ it did not (docs/benchmarks/planner-auto-4/). What keeps it is in the allocator'
 segment mappings, which PyTorch records with each allocation's Python stack, and which PyTorch's viewer draws:
 ``python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`` (the page loads its script from a CDN, so open it
 where there is a network, or drop the file on https://pytorch.org/memory_viz), and summarises as text:
-``python -m torch.cuda._memory_viz segsum FILE`` (each segment's allocated and free blocks when it was written).
+``python -m torch.cuda._memory_viz stats FILE`` (each segment's allocated and free blocks when it was written).
 Recording slows the steps it covers, so it stops after them. A run that fails while recording (out of memory
 above all) writes what it recorded up to the failure.
 """
