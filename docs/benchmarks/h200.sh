@@ -442,7 +442,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # NCCL's INIT lines place each communicator's creation among the iteration lines: the block matters only if it
       # forms before the last of them (alloc-tight/README.md). Each history comes back as its own gzip file in $OUT
       # (a device call returns files of up to 16 MiB) beside a text summary (torch's `stats`: the segments' blocks
-      # when the history was written. Read a history with python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.
+      # when the history was written). Read a history with python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.
       d=$runs/reserve-snapshot; mkdir -p "$d"
       for run in "0p6b-sl8192-mb2 qwen3_0p6b_pretrain_config 8192" "1b-proxy-sl6144-mb2 qwen3_1b_proxy_pretrain_config 6144"; do
         read -r name recipe tokens <<< "$run"
