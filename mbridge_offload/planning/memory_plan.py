@@ -25,8 +25,8 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   GPU adds the ring the moments pass through (``stream_ring_bytes``, per optimizer: dense and expert); the link
   carries 8 B per offloaded parameter each way and the CPU runs no Adam. It offloads by the same rule from the
   tensor the forward uses last (``last_used_first``; on the H200 the plan's count at 0.25 was the run's to the
-  parameter). Its host peak keeps the library's first-step allowance until a stream run without the library's
-  throwaway copies has measured its own (docs/benchmarks/offload-engine/, tenth session).
+  parameter). Its host peak is its steady state: it runs no CPU optimizer, and the 8-layer MoE proxy's RSS high
+  water was its step-end RSS to 0.01 GiB (docs/benchmarks/offload-engine/stream-moe-8/).
 - The pipeline stage with the most GPU bytes is the worst rank; the plan reports it, and each stage.
 - The GPU total is the whole device a rank uses, what an out-of-memory error is measured against: PyTorch's
   allocations (state, activations, workspaces), what its caching allocator reserves beyond them, and the

@@ -44,6 +44,19 @@ def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY,
                 holds=holds, fix=fixed(fix), observed=observed)
 
 
+_SHARED_LINK = "its copies share the host link and the GPU's copy engines with the engine's"
+# (rule name, key, holds, what, why) of the settings the engines have not run with on the H200
+NOT_RUN_WITH = (
+    ("activation-offload", "model.cpu_offloading", lambda c: not _set(c, "model.cpu_offloading"),
+     "layer-level activation offload", _SHARED_LINK),
+    ("fine-grained", "model.fine_grained_activation_offloading",
+     lambda c: not _set(c, "model.fine_grained_activation_offloading"), "fine-grained activation offload", _SHARED_LINK),
+    ("pipeline", "model.pipeline_model_parallel_size", lambda c: c.model.pipeline_model_parallel_size == 1,
+     "pipeline parallelism", "the forward hooks that wait for each module's update then run across a stage's micro "
+     "batches"),
+)
+
+
 RULES: tuple[Rule, ...] = guarded(
     _engine_rule("known", f"the offload engine ({ENGINE_ENV}) is one of {', '.join(ENGINE_MODES)}",
                  applies=lambda c: c.env(ENGINE_ENV) is not None, holds=lambda c: _mode(c) in ENGINE_MODES,
@@ -75,6 +88,13 @@ RULES: tuple[Rule, ...] = guarded(
          applies=sane(_stream_offload),
          holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
          fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning"),
+    # What the engines have not run with: allowed, said before launch, and compared by the user on the first steps.
+    *(Rule(id=f"offload-engine/not-run-with-{name}", mechanism=OPTIMIZER, key=key,
+           text=f"the streaming offload engines have not run with {what} yet ({why}): compare the first steps' loss "
+                "and step time with the library engine's",
+           applies=_streaming_offload, holds=holds, fix=fixed(f"++{ENGINE_KEY}=library  (the run to compare with)"),
+           severity="warning")
+      for name, key, holds, what, why in NOT_RUN_WITH),
     _engine_rule("stream-adam", "the stream engine updates with the GPU's Adam (Transformer Engine's FusedAdam, the "
                  "optimizer without offload): it supports optimizer.optimizer=adam only", key="optimizer.optimizer",
                  applies=_stream_offload,
