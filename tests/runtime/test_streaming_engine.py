@@ -224,3 +224,19 @@ def test_a_bucket_groups_all_gather_waits_for_the_chunks_holding_its_offloaded_s
     chunk_of_model = {"qkv": (3, 4), "proj": (4,), "norm": (5,)}
     assert chunks_of({"proj", "qkv", "bias-on-gpu"}, chunk_of_model) == (3, 4)
     assert chunks_of({"bias-on-gpu"}, chunk_of_model) == ()
+
+
+def test_the_delayed_engines_header_gives_the_deviation_its_recorded_run_measured():
+    """The header's figures for the delayed engine are those of the committed parity runs (50 steps against no
+    offload): its largest loss deviation and the deviation at the last step."""
+    from pathlib import Path
+
+    from mbridge_offload.bench.resume_parity import steps_by_iteration
+
+    parity = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "offload-engine" / "parity"
+    delayed, baseline = steps_by_iteration(parity / "delayed-1"), steps_by_iteration(parity / "baseline")
+    deltas = {i: abs(delayed[i]["loss"] - baseline[i]["loss"]) for i in baseline}
+    last = max(deltas)
+    assert last == 50
+    text = ENGINE_MODES["delayed"]
+    assert f"by up to {max(deltas.values()):.2f} " in text and f"by {deltas[last]:.3f} at step {last}" in text
