@@ -28,6 +28,7 @@ from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
 from mbridge_offload.facts.offload_engine import ENGINE_MODES, engine_mode
 from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
+from mbridge_offload.runtime.memory_history import write_on_failure  # a no-op unless it records
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
 from mbridge_offload.runtime.run_outcome import FAILURE_FILE, write_failure
 
@@ -300,19 +301,13 @@ def train(cfg, settings: LaunchSettings) -> int:
         first_line = _first_line(error)
         reason = first_line if first_line.startswith("CUDA out of memory") else f"CUDA out of memory: {first_line}"
         write_failure(out_dir, reason)
-        if settings.memory_snapshot_steps:
-            from mbridge_offload.runtime.memory_history import write_on_failure
-
-            write_on_failure("CUDA out of memory")  # the history up to the failure is the one worth reading
+        write_on_failure("CUDA out of memory")  # with --memory-snapshot: the history up to the failure
         print(f"rank {rank}: {reason}\n  Try a larger optimizer.optimizer_offload_fraction, activation offload, "
               "a smaller micro batch or more GPUs.", file=sys.stderr)
         return EXIT_FAILED
     except Exception as error:  # noqa: BLE001  (record why, then let the user see the traceback)
         write_failure(out_dir, f"{type(error).__name__}: {_first_line(error)}")
-        if settings.memory_snapshot_steps:
-            from mbridge_offload.runtime.memory_history import write_on_failure
-
-            write_on_failure(type(error).__name__)
+        write_on_failure(type(error).__name__)
         traceback.print_exc()
         return EXIT_FAILED
     if rank == 0:

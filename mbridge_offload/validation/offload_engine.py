@@ -5,6 +5,8 @@ from __future__ import annotations
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, LIBRARY, STREAM,
                                                  engine_mode)
+from mbridge_offload.validation.activation_offload import activation_offload_on
+from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
@@ -47,10 +49,10 @@ def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY,
 _SHARED_LINK = "its copies share the host link and the GPU's copy engines with the engine's"
 # (rule name, key, holds, what, why) of the settings the engines have not run with on the H200
 NOT_RUN_WITH = (
-    ("activation-offload", "model.cpu_offloading", lambda c: not _set(c, "model.cpu_offloading"),
+    ("activation-offload", "model.cpu_offloading", lambda c: not activation_offload_on(c),
      "layer-level activation offload", _SHARED_LINK),
-    ("fine-grained", "model.fine_grained_activation_offloading",
-     lambda c: not _set(c, "model.fine_grained_activation_offloading"), "fine-grained activation offload", _SHARED_LINK),
+    ("fine-grained", "model.fine_grained_activation_offloading", lambda c: not fine_grained_on(c),
+     "fine-grained activation offload", _SHARED_LINK),
     ("pipeline", "model.pipeline_model_parallel_size", lambda c: c.model.pipeline_model_parallel_size == 1,
      "pipeline parallelism", "the forward hooks that wait for each module's update then run across a stage's micro "
      "batches"),
