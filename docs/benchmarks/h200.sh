@@ -301,11 +301,25 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # Sixteenth session (issue #16, docs/benchmarks/offload-engine/bench-stream-moe/, at commit b71a6f0): the MoE
       # proxy's speed with the stream mode, 3 rounds interleaved, 33 steps each, LAYERS=4, in two device calls
       # (--resume; 83-145 s a run). Its identical baselines differed by 41.7 %: the proxy's routing, and with it its
-      # step time, diverges between non-deterministic runs. DETERMINISTIC=1 adds --deterministic (not run yet).
+      # step time, diverges between non-deterministic runs. DETERMINISTIC=1 adds --deterministic: the eighteenth
+      # session ran DETERMINISTIC=1 LAYERS=4 from the tree of commit dda1b64, in two device calls (the first cut by
+      # the call's limit during run 6/6, the second resumed it; 80-131 s a run), committed as
+      # docs/benchmarks/offload-engine/bench-stream-moe-deterministic/.
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config \
         --out "$runs/stream-moe-bench${DETERMINISTIC:+-deterministic}" ${DETERMINISTIC:+--deterministic} --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
+    stream-moe-parity-50)
+      # Eighteenth session (issue #16, docs/benchmarks/offload-engine/stream-moe-parity-50/, from the tree of commit
+      # dda1b64, right after stream-moe-bench with DETERMINISTIC=1; 157 s + 206 s): the 4-layer MoE proxy's loss
+      # parity over 50 deterministic steps, one baseline and one stream run at fraction 1 (one round: no speed
+      # figure). Without --host-json the bench measures the host first. Compared on the CPU machine with
+      # python -m mbridge_offload.bench.engine_parity (the folder's engine_parity.md). Its folder's name does not
+      # start with the phase's, so it is saved by name here (an interrupted call saves nothing of it).
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config \
+        --out "$runs/stream-moe-parity50-deterministic" --deterministic --resume --fractions 1 --configs engine-stream \
+        --repeats 1 --baseline-runs 1 model.num_layers=4 train.train_iters=50
+      save_phase stream-moe-parity50 ;;
     alloc-conf)
       # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): is the recipes' PYTORCH_CUDA_ALLOC_CONF=
       # expandable_segments:True (Megatron Bridge's COMMON_RECIPE_ENV_VARS, applied to the environment inside
