@@ -171,8 +171,10 @@ def test_the_goal_is_decided_by_the_first_step_down_that_does_not_train():
 
 
 def test_a_check_cut_after_its_second_run_leaves_a_row_that_says_so():
-    """planner-auto-4's Qwen3-4B check was cut by the device's time in its third run (0.10 below): the row written
-    after the second run keeps both runs' outcomes, judges nothing and says where the check stopped."""
+    """planner-auto-4's Qwen3-4B check was cut by the device's time in its third run (0.10 below) in the seventeenth
+    session and ran whole in the eighteenth (its first two runs the same to the byte on the GPU). Its recorded runs,
+    cut after the second as the first check was: the row written then keeps both runs' outcomes, judges nothing and
+    says where the check stopped; with the third run, the row is the finished check's own (auto_check.json)."""
     from mbridge_offload.bench.auto_check import check_row, markdown
 
     case = AUTO_RUNS.parent / "planner-auto-4" / "4b-sl8192"
@@ -188,12 +190,24 @@ def test_a_check_cut_after_its_second_run_leaves_a_row_that_says_so():
     assert choice.fraction == 0.7 and choice.device_gib == 100.0
     at_auto, below = recorded("auto", 0.7), recorded("fraction-0.65", 0.65)
     assert at_auto.outcome == below.outcome == "trained" and below.headroom_gib > choice.margin_gib
-    row = check_row("qwen3_4b_pretrain_config", [], 100.0, 3, choice, at_auto, below, None,
+    overrides = ["model.tensor_model_parallel_size=1", "model.seq_length=8192", "dataset.seq_length=8192",
+                 "train.micro_batch_size=1", "train.global_batch_size=1"]
+    row = check_row("qwen3_4b_pretrain_config", overrides, 100.0, 3, choice, at_auto, below, None,
                     stopped_after="the run at 0.65")
     assert row["ok"] is None and row["verdict"].startswith("not judged: the check stopped after the run at 0.65")
     assert row["goal"] == "not decided: the check stopped after the run at 0.65"
     assert f"0.65: trained, {below.device_used_gib:.2f}" in markdown([row])
     assert "| - | not judged" in markdown([row])
-    # the same runs, judged as a finished check would: 0.65 leaves more than the margin
-    finished = check_row("qwen3_4b_pretrain_config", [], 100.0, 3, choice, at_auto, below, None)
+    # the same two runs, judged as a finished check would: 0.65 leaves more than the margin
+    finished = check_row("qwen3_4b_pretrain_config", overrides, 100.0, 3, choice, at_auto, below, None)
     assert not finished["ok"] and "auto could have chosen it" in finished["verdict"]
+    # with the third run (0.6 trained too), the finished check's own row: the goal is not met
+    two_below = recorded("fraction-0.6", 0.6)
+    whole = check_row("qwen3_4b_pretrain_config", overrides, 100.0, 3, choice, at_auto, below, two_below)
+    (committed,) = json.loads((case / "auto_check.json").read_text())
+    for key in ("recipe", "overrides", "device_gib", "steps", "auto", "ok", "verdict", "goal"):
+        assert whole[key] == committed[key], key
+    for run in ("at_auto", "below", "two_below"):
+        assert {k: v for k, v in whole[run].items() if k != "run_dir"} == \
+            {k: v for k, v in committed[run].items() if k != "run_dir"}, run
+    assert whole["goal"] == "not met: 0.6 trains too, two steps below auto"
