@@ -396,6 +396,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off 1b-proxy-fraction-1-cumem-off-warm-communicators"
       # (can a communicator be made cheap: alloc-tight/README.md). Seventeenth session, from the tree of commit a4038a3
       # (62 s): CASES=1b-proxy-fraction-1-max-channels-4, the tight dense case with 4 channels (it trained).
+      # Not run yet (~3 min, reserve-snapshot/README.md): CASES="0p6b-sl8192-mb2-fraction-0.65
+      # 0p6b-sl8192-mb2-fraction-0.15", whether a hole that forms in step 2 costs a tight device anything below
+      # fraction 1, and the fraction a plan that counts the loss's block against step 1 only would pick.
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     nccl-communicators)
       # Fifteenth session (issue #15, committed as docs/benchmarks/alloc-tight/large-device/, at commit 181f30e, 108 s;
@@ -448,7 +451,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         auto_pair "$runs/planner-auto-4" "$case" "$args"
       done ;;
     reserve-snapshot)
-      # NOT RUN YET (issue #15, ~4 min): what keeps the loss's logits-sized block reserved beside the peak on some runs
+      # Eighteenth session (issue #15, docs/benchmarks/reserve-snapshot/, from the tree of commit dda1b64, 80 s): what
+      # keeps the loss's logits-sized block reserved beside the peak on some runs
       # and not on others (planner-auto-4/README.md). Two runs of planner-auto-4 again, one after the other on the
       # whole device, at auto's fraction, with the allocator's history of steps 1-2 (run_recipe --memory-snapshot):
       # the 0.6B, which kept 3.11 GiB of its 4.64 GiB of logits (44.41 GiB peak reserved), and the 1.1B proxy, which

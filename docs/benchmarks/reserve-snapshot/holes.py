@@ -1,0 +1,72 @@
+"""Where the allocator's reserve beside the peak comes from, read from a run's allocator history (issue #15).
+
+For every time the main stream's expandable segment grew by more than a quarter GiB, print what the segment held
+just before: its mapped size, the bytes live in it, and its free bytes with the largest free gap. A segment grows
+when no free gap fits the request; the gap left behind is the reserve the run shows beside its peak.
+
+    python docs/benchmarks/reserve-snapshot/holes.py docs/benchmarks/reserve-snapshot/*.pickle.gz
+"""
+
+import gzip
+import pickle
+import sys
+
+GIB = 2**30
+
+
+def main_segment(snapshot: dict) -> dict:
+    """The default stream's large (expandable) segment at the end of the history."""
+    return next(s for s in snapshot["segments"] if s["stream"] == 0 and s["segment_type"] == "large")
+
+
+def live_at_start(snapshot: dict) -> dict[int, int]:
+    """address -> size of the blocks allocated when the history started: those at its end, with its events undone."""
+    live = {b["address"]: b["size"] for s in snapshot["segments"] for b in s["blocks"]
+            if b["state"] == "active_allocated"}
+    for event in reversed(snapshot["device_traces"][0]):
+        if event["action"] == "alloc":
+            live.pop(event["addr"], None)
+        elif event["action"] == "free_completed":
+            live[event["addr"]] = event["size"]
+    return live
+
+
+def growths(snapshot: dict, least: int = GIB // 4) -> list[dict]:
+    """Each growth of the main segment by at least ``least`` bytes, with the segment's state just before it."""
+    segment = main_segment(snapshot)
+    start, end_size = segment["address"], segment["total_size"]
+    inside = lambda address: start <= address < start + end_size  # noqa: E731
+    trace = snapshot["device_traces"][0]
+    mapped = end_size - sum(e["size"] for e in trace if e["action"] == "segment_map" and inside(e["addr"]))
+    live, found = live_at_start(snapshot), []
+    for i, event in enumerate(trace):
+        if event["action"] == "segment_map" and inside(event["addr"]):
+            blocks = sorted((a, n) for a, n in live.items() if inside(a))
+            gaps, cursor = [], start
+            for address, size in blocks:
+                gaps.append(max(0, address - cursor))
+                cursor = max(cursor, address + size)
+            gaps.append(start + mapped - cursor)
+            if event["size"] >= least:
+                request = next((e["size"] for e in trace[i + 1:] if e["action"] == "alloc"), 0)
+                found.append(dict(seconds=(event["time_us"] - trace[0]["time_us"]) / 1e6, grown_gib=event["size"] / GIB,
+                                  request_gib=request / GIB, mapped_gib=mapped / GIB,
+                                  live_gib=sum(n for _, n in blocks) / GIB, free_gib=sum(gaps) / GIB,
+                                  largest_gap_gib=max(gaps) / GIB))
+            mapped += event["size"]
+        if event["action"] == "alloc":
+            live[event["addr"]] = event["size"]
+        elif event["action"] == "free_completed":
+            live.pop(event["addr"], None)
+    return found
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            snapshot = pickle.load(f)
+        print(path)
+        for g in growths(snapshot):
+            print(f"  {g['seconds']:6.2f} s: +{g['grown_gib']:.2f} GiB for a {g['request_gib']:.2f} GiB request; the "
+                  f"segment held {g['mapped_gib']:.2f} mapped, {g['live_gib']:.2f} live, {g['free_gib']:.2f} free, "
+                  f"largest free gap {g['largest_gap_gib']:.2f}")
