@@ -397,7 +397,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # (can a communicator be made cheap: alloc-tight/README.md). Seventeenth session, from the tree of commit a4038a3
       # (62 s): CASES=1b-proxy-fraction-1-max-channels-4, the tight dense case with 4 channels (it trained).
       # Not run yet (~3 min, reserve-snapshot/README.md): CASES="0p6b-sl8192-mb2-fraction-0.65
-      # 0p6b-sl8192-mb2-fraction-0.15", whether a hole that forms in step 2 costs a tight device anything below
+      # 0p6b-sl8192-mb2-fraction-0", whether a hole that forms in step 2 costs a tight device anything below
       # fraction 1, and the fraction a plan that counts the loss's block against step 1 only would pick.
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     nccl-communicators)
@@ -449,6 +449,27 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
           *) echo "unknown case $case"; exit 2 ;;
         esac
         auto_pair "$runs/planner-auto-4" "$case" "$args"
+      done ;;
+    planner-auto-5)
+      # NOT RUN YET (issue #15, ~20 min: run it after alloc-tight's 0p6b-sl8192-mb2-fraction-0.65 and -fraction-0 have
+      # trained; one CASES at a time, ~4 min a case): auto with MBRIDGE_OFFLOAD_RESERVE_RULE=first-step
+      # (reserve-snapshot/README.md: the loss's block counted beside step 1's memory before the GPU part's Adam
+      # moments) on five dense configurations never run, device sizes from that rule's plan so auto picks 0.45-0.5.
+      # If auto trains in 5 of 5 and is at most one step above the smallest fraction that trains, the rule can become
+      # the default (facts/reserve_rule.py).
+      mkdir -p "$runs/planner-auto-5"
+      for case in ${CASES:-0p6b-sl12288 1b-proxy-sl8192 1p7b-sl10240 1p7b-sl4096-mb3 4b-sl6144}; do
+        case $case in
+          0p6b-sl12288) args="38.3 qwen3_0p6b_pretrain_config model.seq_length=12288 dataset.seq_length=12288" ;;
+          1b-proxy-sl8192) args="35.6 qwen3_1b_proxy_pretrain_config model.seq_length=8192 dataset.seq_length=8192" ;;
+          1p7b-sl10240) args="59.2 qwen3_1p7b_pretrain_config model.seq_length=10240 dataset.seq_length=10240" ;;
+          1p7b-sl4096-mb3) args="65.5 qwen3_1p7b_pretrain_config model.seq_length=4096 dataset.seq_length=4096 \
+            train.micro_batch_size=3 train.global_batch_size=3" ;;
+          4b-sl6144) args="92.5 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=6144 \
+            dataset.seq_length=6144" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-5" "$case" "$args")
       done ;;
     reserve-snapshot)
       # Eighteenth session (issue #15, docs/benchmarks/reserve-snapshot/, from the tree of commit dda1b64, 80 s): what

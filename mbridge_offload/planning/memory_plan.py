@@ -47,6 +47,7 @@ from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, RESERVE_RULE_ENV, RESERVE_RULES, STEADY_PEAK, reserve_rule
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
                                                   largest_loss_tensor_bytes)
@@ -150,6 +151,9 @@ class Plan:
     allocator_expandable_segments: bool  # which of the two measured reserves applies
     # the reserve is the loss's largest tensor (+ slack), not the envelope: kept free on some runs, not on others
     allocator_reserve_is_loss_tensor: bool = False
+    # which memory the loss's block is counted beside (facts/reserve_rule.py): the rule in force for this plan,
+    # steady-peak where first-step was asked for but does not apply (first_step_rule_applies)
+    reserve_rule: str = STEADY_PEAK
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
     nccl_communicator_bytes_gpu: int
@@ -267,21 +271,49 @@ def reserve_envelope_bytes(allocated: int, expandable: bool) -> int:
     return ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
 
 
-def reserve_is_loss_tensor(allocated: int, expandable: bool, loss_tensor: int) -> bool:
+def _with_loss_block(allocated: int, expandable: bool, loss_tensor: int, block_beside: int | None) -> int:
+    """PyTorch's reserved bytes at their largest: the envelope beside the peak of ``allocated`` bytes, or the loss's
+    block (``loss_tensor`` bytes + slack; 0 before the last stage) beside ``block_beside`` bytes (None: the peak)."""
+    envelope = reserve_envelope_bytes(allocated, expandable)
+    block = loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES if loss_tensor else 0
+    beside = allocated if block_beside is None else block_beside
+    return max(allocated + envelope, beside + max(envelope, block))
+
+
+def reserve_is_loss_tensor(allocated: int, expandable: bool, loss_tensor: int, block_beside: int | None = None) -> bool:
     """Whether the loss's tensor (``loss_tensor`` bytes, 0 before the last stage), not the envelope, sets the
     reserve: the part of the plan that is high where the allocator does not keep that block."""
-    return bool(loss_tensor) and loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES > reserve_envelope_bytes(
-        allocated, expandable)
+    return _with_loss_block(allocated, expandable, loss_tensor, block_beside) > (
+        allocated + reserve_envelope_bytes(allocated, expandable))
 
 
-def device_total_bytes(allocated: int, outside: int, expandable: bool, loss_tensor: int = 0) -> tuple[int, int]:
+def device_total_bytes(allocated: int, outside: int, expandable: bool, loss_tensor: int = 0,
+                       block_beside: int | None = None) -> tuple[int, int]:
     """(the allocator's reserve beyond ``allocated``, the whole device's bytes) for a PyTorch peak of
     ``allocated`` bytes and ``outside`` bytes outside PyTorch, with or without expandable segments, on a stage
-    whose largest loss tensor is ``loss_tensor`` bytes (0 before the last stage)."""
-    reserve = reserve_envelope_bytes(allocated, expandable)
-    if reserve_is_loss_tensor(allocated, expandable, loss_tensor):
-        reserve = loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES
-    return reserve, allocated + reserve + outside
+    whose largest loss tensor is ``loss_tensor`` bytes (0 before the last stage). The loss's block is counted beside
+    ``block_beside`` bytes (the reserve rule's: None, the peak itself)."""
+    reserved = _with_loss_block(allocated, expandable, loss_tensor, block_beside)
+    return reserved - allocated, reserved + outside
+
+
+def first_step_rule_applies(cfg, stream: bool) -> bool:
+    """Whether the first-step reserve rule can count the loss's block beside step 1's memory: where its reading
+    holds (docs/benchmarks/reserve-snapshot/: one dense stage, whose communicators are made in step 1 before the GPU
+    part's Adam moments). The MoE proxy makes communicators in step 2, the stream engine's GPU state was not traced,
+    and pipeline stages were not recorded: those plan with the steady peak."""
+    return not (cfg.model.num_moe_experts or stream or cfg.model.pipeline_model_parallel_size > 1)
+
+
+def _reserve_rule_notes(asked: str, applied: bool) -> tuple[str, ...]:
+    """What the plan says when a reserve rule other than the default was asked for."""
+    if asked != FIRST_STEP:
+        return ()
+    if applied:
+        return (f"{RESERVE_RULE_ENV}={FIRST_STEP}: the allocator's reserve counts {RESERVE_RULES[FIRST_STEP]}",)
+    return (f"{RESERVE_RULE_ENV}={FIRST_STEP} does not apply to this configuration (an MoE model, the stream engine "
+            f"or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
+            f"{RESERVE_RULES[STEADY_PEAK]}",)
 
 
 def allocator_expandable(cfg, environ=None) -> bool:
@@ -317,6 +349,9 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     expandable = allocator_expandable(cfg) if expandable is None else expandable
     stream = engine == STREAM
     outside = outside_pytorch_bytes(cfg)  # the same on every stage
+    # an unknown rule plans as the default; the validator refuses it (planner/reserve-rule-known)
+    rule = reserve_rule(getattr(cfg, "env_vars", None), os.environ)
+    block_at_first_step = rule == FIRST_STEP and first_step_rule_applies(cfg, stream)
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:
@@ -358,12 +393,16 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         activations = activation_bytes(cfg, stage)
         allocated = state + activations + base_gpu_bytes(cfg)
         loss_tensor = largest_loss_tensor_bytes(cfg) if stage == sizes.pp - 1 else 0
-        reserve, total = device_total_bytes(allocated, outside, expandable, loss_tensor)
+        # the first-step rule: step 1's communicators are made before the first optimizer step creates the GPU
+        # part's Adam moments, so a block formed then sits beside the peak without them
+        block_beside = allocated - (shard_params - off_params) * moment_bytes if block_at_first_step else None
+        reserve, total = device_total_bytes(allocated, outside, expandable, loss_tensor, block_beside)
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
                                   allocator_reserve_bytes_gpu=reserve,
-                                  reserve_is_loss_tensor=reserve_is_loss_tensor(allocated, expandable, loss_tensor),
+                                  reserve_is_loss_tensor=reserve_is_loss_tensor(allocated, expandable, loss_tensor,
+                                                                                block_beside),
                                   optimizer_params=shard_params,
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
@@ -394,6 +433,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, allocated_bytes_gpu=allocated,
         allocator_reserve_bytes_gpu=reserve, allocator_expandable_segments=expandable,
         allocator_reserve_is_loss_tensor=worst.reserve_is_loss_tensor,
+        reserve_rule=FIRST_STEP if block_at_first_step else STEADY_PEAK,
         outside_pytorch_bytes_gpu=outside, nccl_communicators=communicators(cfg),
         nccl_communicator_bytes_gpu=communicator_bytes(getattr(cfg, "env_vars", None), os.environ), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned, host_bytes_per_node=host_node,
@@ -406,6 +446,6 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         fits_host=(None if host_memory_gib is None else
                    host_peak + ranks_per_node * host_margin * GIB <= host_memory_gib * GIB),
         host_memory_source=host_memory_source, offload_engine=engine,
-        notes=(("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
-               if not distributed and fraction > 0 else ()),
+        notes=((("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
+                if not distributed and fraction > 0 else ()) + _reserve_rule_notes(rule, block_at_first_step)),
         stages=tuple(s.stage_plan for s in stages))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.facts.offload_engine import STREAM
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, RESERVE_RULE_ENV
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.planning.memory_plan import Plan
@@ -18,6 +19,16 @@ LOSS_TENSOR_RESERVE_NOTE = ("; the size of the loss's largest tensor of a micro 
                             "free beside the peak on some measured runs and not on others: where it does not, this "
                             "plan is high by up to that much, and auto may pick a fraction one or more 0.05 steps "
                             "above what trains (docs/benchmarks/planner-auto-4/)")
+
+
+FIRST_STEP_LOSS_TENSOR_NOTE = ("; the loss's largest tensor of a micro batch beside step 1's memory before the GPU "
+                               f"part's Adam moments ({RESERVE_RULE_ENV}={FIRST_STEP}: see the note)")
+
+
+def _loss_tensor_note(p: Plan) -> str:
+    if not p.allocator_reserve_is_loss_tensor:
+        return ""
+    return FIRST_STEP_LOSS_TENSOR_NOTE if p.reserve_rule == FIRST_STEP else LOSS_TENSOR_RESERVE_NOTE
 
 
 def format_plan(p: Plan) -> str:
@@ -36,7 +47,7 @@ def format_plan(p: Plan) -> str:
         ("GPU: whole device", f"{g(p.allocated_bytes_gpu)} allocated by PyTorch (with workspaces) + "
                               f"{g(p.allocator_reserve_bytes_gpu)} its allocator's reserve ("
                               f"{'expandable' if p.allocator_expandable_segments else 'fixed'} segments"
-                              f"{LOSS_TENSOR_RESERVE_NOTE if p.allocator_reserve_is_loss_tensor else ''}) + "
+                              f"{_loss_tensor_note(p)}) + "
                               f"{g(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context and libraries, "
                               f"{p.nccl_communicators} NCCL communicators of {g(p.nccl_communicator_bytes_gpu)}) = "
                               f"{g(p.total_bytes_gpu)}"),
