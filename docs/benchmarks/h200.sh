@@ -454,7 +454,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # NOT RUN YET (issue #15, ~20 min: run it after alloc-tight's 0p6b-sl8192-mb2-fraction-0.65 and -fraction-0 have
       # trained; one CASES at a time, ~4 min a case): auto with MBRIDGE_OFFLOAD_RESERVE_RULE=first-step
       # (reserve-snapshot/README.md: the loss's block counted beside step 1's memory before the GPU part's Adam
-      # moments) on five dense configurations never run, device sizes from that rule's plan so auto picks 0.45-0.5.
+      # moments) on five dense configurations never run, device sizes from that rule's plan so auto picks 0.45-0.5
+      # (0.45, 0.5, 0.5, 0.5, 0.5 in CASES' order; the default rule picks 0.75, 0.65, 0.65, 0.7, 0.55 on them).
       # If auto trains in 5 of 5 and is at most one step above the smallest fraction that trains, the rule can become
       # the default (facts/reserve_rule.py).
       mkdir -p "$runs/planner-auto-5"
