@@ -148,7 +148,8 @@ def test_committed_accuracy_tables_are_current():
 
 # The held-out runs whose step-end host RSS is more than 5 % above the plan (the issue's host goal): the process's
 # base, 2.6 GiB in the plan, was 0.3-0.9 GiB larger on them (the fine-grained MoE proxy at 8192 tokens without
-# offload, three runs; Qwen3-0.6B at 16384 tokens at fraction 1). Not broken down, and no constant was refitted.
+# offload, three runs, not broken down; Qwen3-0.6B at 16384 tokens at fraction 1, whose data loader pinned 1 GiB the
+# plan does not count: DENSE_PEAK_SHORT below). No constant was refitted.
 HOST_ABOVE_PLAN = ("moe-proxy-2-fine-grained-sl8192", "planner-heldout-4/0p6b-sl16384-fraction-1")
 
 
@@ -163,3 +164,79 @@ def test_host_between_steps_within_5_percent_on_heldout_runs():
             assert r["host_error"] < -0.05 and 0 < short_gib < 1.0, r
         else:
             assert abs(r["host_error"]) <= 0.05, r
+
+
+# The first-step host peak (memory_plan.FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM): the MoE models' transient only.
+# The held-out runs alone on the node or beside a ballast process only (their node peak is theirs, the ballast's and
+# the system's; the others ran side by side).
+ALONE_OR_BESIDE_A_BALLAST = ("/planner-auto-2/", "/planner-auto-3/", "/planner-auto-4/", "/heap-release/",
+                             "/planner-heldout-3/8b-sl2048-overlap-off", "/planner-heldout-2/4b-sl2048")
+# The dense held-out run whose process peak the plan is more than 5 % short of: Qwen3-0.6B at 16384 tokens at
+# fraction 1 (planner-heldout-4/). Not a first-step transient: its data loader's pinned batch (micro batch x
+# sequence^2 x 4 B, 1 GiB) is not in the plan, and its high water is micro batch x sequence^2 x 1 B above its
+# step-end RSS, as on every run. No term was added for it; when one is, this fails and the run rejoins the check.
+DENSE_PEAK_SHORT = ("planner-heldout-4/0p6b-sl16384-fraction-1",)
+
+
+def _heldout_rows_with_cfg() -> list[tuple[dict, object]]:
+    from overrides import apply_overrides
+    from mbridge_offload.bench.planner_accuracy import _recipe
+
+    return [(r, apply_overrides(_recipe(r["recipe"]), r["overrides"])) for folder in HELDOUT
+            for r in compare_rows(BENCHMARKS / folder) if r["measured_host_high_water_gib"] is not None]
+
+
+def _data_loader_gib(cfg, bytes_per_element: int) -> float:
+    return bytes_per_element * cfg.train.micro_batch_size * cfg.model.seq_length ** 2 / memory_plan.GIB
+
+
+def test_dense_first_step_peak_within_5_percent_of_the_rss_high_water_on_heldout_runs():
+    """On dense models the plan adds no first-step transient, and none shows in the process: its RSS high water is
+    its step-end RSS plus micro batch x sequence^2 bytes (the data loader's, to 0.01 GiB) on every held-out run, and
+    the planned peak is within the issue's 5 % of that high water on all but the run named above."""
+    from mbridge_offload.planning import plan
+
+    rows = [(r, cfg) for r, cfg in _heldout_rows_with_cfg() if not cfg.model.num_moe_experts]
+    assert len(rows) >= 40
+    assert {r["overlap"] for r, _ in rows} >= {True, False}
+    assert {r["recipe"] for r, _ in rows} >= {"qwen3_0p6b_pretrain_config", "qwen3_1b_proxy_pretrain_config",
+                                              "qwen3_1p7b_pretrain_config", "qwen3_4b_pretrain_config",
+                                              "qwen3_8b_pretrain_config"}
+    short = [(r, cfg) for r, cfg in rows if r["run"].endswith(DENSE_PEAK_SHORT)]
+    assert len(short) == 1
+    for r, cfg in rows:
+        high_water = r["measured_host_high_water_gib"]
+        assert r["planned_host_peak_gib"] == r["planned_host_gib"], r
+        assert abs(high_water - r["measured_host_rss_gib"] - _data_loader_gib(cfg, 1)) <= 0.01, r
+        error = r["planned_host_peak_gib"] / high_water - 1
+        if (r, cfg) in short:
+            continue
+        assert abs(error) <= 0.05, (r["run"], error)
+    ((r, cfg),) = short
+    summary = json.loads((Path(r["run"]) / "summary.json").read_text())
+    planned_pinned = plan(cfg, 1, fraction=r["fraction"]).pinned_bytes_host_per_rank / memory_plan.GIB
+    # the pinned memory the plan misses is the data loader's batch, 4 B a token pair
+    assert summary["peak_pinned_host_gib"] - planned_pinned == pytest.approx(_data_loader_gib(cfg, 4), abs=0.01)
+    assert r["planned_host_peak_gib"] / r["measured_host_high_water_gib"] - 1 < -0.05
+    # with the data loader's 5 B a token pair the plan would be within the goal
+    assert (r["planned_host_peak_gib"] + _data_loader_gib(cfg, 5)) / r["measured_host_high_water_gib"] - 1 \
+        == pytest.approx(0, abs=0.05)
+
+
+def test_the_first_step_transient_shows_on_the_moe_proxy_and_not_on_dense_runs():
+    """The data the split was set on: on the held-out runs alone or beside a ballast, the node's peak sat 1.8-4.6 GiB
+    above a dense run's RSS high water (the ballast and the system, 26 runs, 0.3-4.5B offloaded, the overlap on and
+    off) and 6.5-16.6 GiB above a MoE run's (12 runs), where the plan's first-step peak is within 4 GiB below the
+    node's peak (-2.5 % to -8.6 %; the node's peak counts the system and the ballast)."""
+    rows = [(r, cfg) for r, cfg in _heldout_rows_with_cfg()
+            if any(a in r["run"] for a in ALONE_OR_BESIDE_A_BALLAST) and r["fraction"] > 0]
+    dense = [r for r, cfg in rows if not cfg.model.num_moe_experts]
+    moe = [r for r, cfg in rows if cfg.model.num_moe_experts]
+    assert len(dense) >= 26 and len(moe) >= 12
+    assert {r["overlap"] for r in dense} == {True, False}
+    for r in dense:
+        assert 1.5 <= r["measured_node_peak_gib"] - r["measured_host_high_water_gib"] <= 5.0, r
+    for r in moe:
+        assert r["measured_node_peak_gib"] - r["measured_host_high_water_gib"] >= 6.0, r
+        assert 0 <= r["measured_node_peak_gib"] - r["planned_host_peak_gib"] <= 4.0, r
+        assert r["planned_host_peak_gib"] > r["planned_host_gib"], r

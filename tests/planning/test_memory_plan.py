@@ -1,5 +1,5 @@
 """plan(): the seed's Qwen3-30B-A3B numbers, the H200 measurements, HybridDeviceOptimizer's split, the host
-check's first-step peak and the offload-time bound."""
+check's first-step peak (the MoE models' transient) and the offload-time bound."""
 
 from __future__ import annotations
 
@@ -73,6 +73,40 @@ def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(
     assert eight.host_bytes_per_node / GIB + 4 <= 124.4
     assert (seven.host_peak_bytes_per_node - seven.host_bytes_per_node
             == int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * seven.offloaded_params_per_rank))
+
+
+@pytest.mark.parametrize("ranks", [1, 8])
+def test_the_first_step_transient_is_the_moe_models_only(built, ranks):
+    """A dense plan's host peak is its between-steps figure (no dense run showed a first-step transient:
+    docs/benchmarks/planner-accuracy.md); a MoE plan's is above it by the measured rate per offloaded parameter, per
+    rank on the node. Nothing offloaded, nothing added on either."""
+    dense = apply_overrides(built("qwen3_8b_pretrain_config"), ["model.tensor_model_parallel_size=1"])
+    moe = built("qwen3_30b_a3b_proxy_pretrain_config")
+    assert not dense.model.num_moe_experts and moe.model.num_moe_experts
+    for cfg in (dense, moe):
+        for fraction in (0.0, 0.5, 1.0):
+            p = plan(cfg, ranks, fraction=fraction, gpus_per_node=ranks)
+            added = p.host_peak_bytes_per_node - p.host_bytes_per_node
+            if cfg is dense or fraction == 0:
+                assert added == 0, (cfg is dense, fraction)
+            else:
+                assert p.offloaded_params_per_rank > 0
+                assert added == ranks * int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * p.offloaded_params_per_rank)
+    assert memory_plan.first_step_host_bytes_per_offloaded_param(dense, stream=False) == 0
+    assert memory_plan.first_step_host_bytes_per_offloaded_param(moe, stream=False) == 4.9
+    assert memory_plan.first_step_host_bytes_per_offloaded_param(moe, stream=True) == 0
+
+
+def test_the_plan_of_a_dense_model_says_its_peak_is_its_steady_state(built):
+    """plan_offload.py's host line: one figure where no transient is planned, both where one is."""
+    dense = plan(apply_overrides(built("qwen3_8b_pretrain_config"), ["model.tensor_model_parallel_size=1"]), 1,
+                 fraction=0.5, host_memory_gib=125)
+    text = format_plan(dense)
+    assert (f"{dense.host_bytes_per_node / GIB:.2f} GiB between steps and at the first optimizer step's peak "
+            "(no first-step transient planned") in text
+    moe = plan(built("qwen3_30b_a3b_proxy_pretrain_config"), 1, fraction=0.5, host_memory_gib=125)
+    assert (f"{moe.host_bytes_per_node / GIB:.2f} GiB between steps, {moe.host_peak_bytes_per_node / GIB:.2f} GiB "
+            "at the first optimizer step's peak (the MoE models' first-step transient)") in format_plan(moe)
 
 
 def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):
