@@ -4,6 +4,7 @@ does not import Megatron.
 
     tensors.py         the parameter tensors of one rank, per pipeline stage, in optimizer order
     activations.py     activation bytes per rank, with layer-level and fine-grained activation offload
+    data_loader.py     the training data loader's host memory: its pinned batches, the batch being pinned
     memory_plan.py     Plan (and StagePlan per stage) and plan(): the worst rank's GPU and host memory
     fraction_search.py the smallest fraction the GPU fits, the largest the host holds, what else would fit
     report.py          format_plan, and plan_problems: what the plan refuses, as validation Problems

@@ -79,15 +79,21 @@ def format_plan(p: Plan) -> str:
 
 def _host_peak_text(p: Plan) -> str:
     """The node's host memory between steps and at the first optimizer step's peak: the same figure where the plan
-    adds no first-step transient (dense models, the stream engine, nothing offloaded: memory_plan.py)."""
+    adds no first-step transient (dense models, the stream engine, nothing offloaded: memory_plan.py) and the data
+    loader's batch being pinned adds nothing (no workers, data_loader.py)."""
     def g(n: int) -> str:
         return f"{n / GIB:.2f} GiB"
 
+    loader = p.data_loader_transient_bytes_host_per_rank * p.ranks_per_node
     if p.host_peak_bytes_per_node == p.host_bytes_per_node:
         return (f"{g(p.host_bytes_per_node)} between steps and at the first optimizer step's peak (no first-step "
                 f"transient planned: measured on MoE models with a CPU optimizer only)")
+    if p.host_peak_bytes_per_node == p.host_bytes_per_node + loader:
+        return (f"{g(p.host_bytes_per_node)} between steps, {g(p.host_peak_bytes_per_node)} at the peak (the data "
+                f"loader's batch being pinned; no first-step transient planned: measured on MoE models with a CPU "
+                f"optimizer only)")
     return (f"{g(p.host_bytes_per_node)} between steps, {g(p.host_peak_bytes_per_node)} at the first optimizer "
-            f"step's peak (the MoE models' first-step transient)")
+            f"step's peak (the MoE models' first-step transient and the data loader's batch being pinned)")
 
 
 def _host_fit_fix(p: Plan) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from overrides import apply_overrides
 from mbridge_offload.planning import GIB, Plan, memory_plan, plan
+from mbridge_offload.planning.data_loader import data_loader_transient_bytes
 from mbridge_offload.planning.memory_plan import FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM, base_gpu_bytes
 from mbridge_offload.planning.report import format_plan
 
@@ -72,7 +73,8 @@ def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(
     # the plan between steps alone (the earlier guard) let the 8-layer run start
     assert eight.host_bytes_per_node / GIB + 4 <= 124.4
     assert (seven.host_peak_bytes_per_node - seven.host_bytes_per_node
-            == int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * seven.offloaded_params_per_rank))
+            == int(FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM * seven.offloaded_params_per_rank)
+            + seven.data_loader_transient_bytes_host_per_rank)
 
 
 @pytest.mark.parametrize("ranks", [1, 8])
@@ -86,7 +88,9 @@ def test_the_first_step_transient_is_the_moe_models_only(built, ranks):
     for cfg in (dense, moe):
         for fraction in (0.0, 0.5, 1.0):
             p = plan(cfg, ranks, fraction=fraction, gpus_per_node=ranks)
-            added = p.host_peak_bytes_per_node - p.host_bytes_per_node
+            # beside the transient, the data loader's batch being pinned (data_loader.py), on every model
+            added = p.host_peak_bytes_per_node - p.host_bytes_per_node - ranks * data_loader_transient_bytes(cfg)
+            assert data_loader_transient_bytes(cfg) > 0
             if cfg is dense or fraction == 0:
                 assert added == 0, (cfg is dense, fraction)
             else:
@@ -98,15 +102,19 @@ def test_the_first_step_transient_is_the_moe_models_only(built, ranks):
 
 
 def test_the_plan_of_a_dense_model_says_its_peak_is_its_steady_state(built):
-    """plan_offload.py's host line: one figure where no transient is planned, both where one is."""
-    dense = plan(apply_overrides(built("qwen3_8b_pretrain_config"), ["model.tensor_model_parallel_size=1"]), 1,
-                 fraction=0.5, host_memory_gib=125)
-    text = format_plan(dense)
-    assert (f"{dense.host_bytes_per_node / GIB:.2f} GiB between steps and at the first optimizer step's peak "
-            "(no first-step transient planned") in text
+    """plan_offload.py's host line: one figure where nothing is planned above the steady state, both where the data
+    loader's batch being pinned or a first-step transient is."""
+    cfg = apply_overrides(built("qwen3_8b_pretrain_config"), ["model.tensor_model_parallel_size=1"])
+    dense = plan(cfg, 1, fraction=0.5, host_memory_gib=125)
+    assert (f"{dense.host_bytes_per_node / GIB:.2f} GiB between steps, {dense.host_peak_bytes_per_node / GIB:.2f} "
+            "GiB at the peak (the data loader's batch being pinned; no first-step transient planned") \
+        in format_plan(dense)
+    no_workers = plan(apply_overrides(cfg, ["dataset.num_workers=0"]), 1, fraction=0.5, host_memory_gib=125)
+    assert (f"{no_workers.host_bytes_per_node / GIB:.2f} GiB between steps and at the first optimizer step's peak "
+            "(no first-step transient planned") in format_plan(no_workers)
     moe = plan(built("qwen3_30b_a3b_proxy_pretrain_config"), 1, fraction=0.5, host_memory_gib=125)
     assert (f"{moe.host_bytes_per_node / GIB:.2f} GiB between steps, {moe.host_peak_bytes_per_node / GIB:.2f} GiB "
-            "at the first optimizer step's peak (the MoE models' first-step transient)") in format_plan(moe)
+            "at the first optimizer step's peak (the MoE models' first-step transient") in format_plan(moe)
 
 
 def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):

@@ -49,7 +49,8 @@ def test_host_guard_keeps_a_margin_per_offloading_rank(built):
     assert plan(cfg, 1, fraction=0.5, host_memory_gib=need + 2, host_margin_gib=1.0).fits_host
     eight = plan(cfg, 8, fraction=0.5, host_memory_gib=1000, gpus_per_node=8)
     assert eight.fits_host == (eight.host_peak_bytes_per_node / GIB + 8 * 4 <= 1000)
-    nothing_offloaded = plan(cfg, 1, fraction=0.0, host_memory_gib=plan(cfg, 1, fraction=0.0).host_bytes_per_node / GIB)
+    nothing_offloaded = plan(cfg, 1, fraction=0.0,
+                             host_memory_gib=plan(cfg, 1, fraction=0.0).host_peak_bytes_per_node / GIB)
     assert nothing_offloaded.fits_host and nothing_offloaded.host_margin_gib == 0.0
 
 
