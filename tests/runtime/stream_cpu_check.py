@@ -1,0 +1,15 @@
+"""Runs stream_cpu_scenarios.py's scenarios in a process of its own (the CPU stand-in for the GPU changes torch for
+the whole process): ``python tests/runtime/stream_cpu_check.py ranks|resume``. Prints one line per scenario and
+ALL OK or FAILED; exits 0 only when every scenario ended as it should.
+
+The scenarios live in a module of their own: dist_checkpointing's save starts a process with the spawn method,
+which imports this script again (as __mp_main__); importing it must not set everything up a second time."""
+
+import os
+import sys
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stream_cpu_scenarios
+
+    sys.exit(stream_cpu_scenarios.main(sys.argv[1:]))

@@ -1,0 +1,643 @@
+"""The stream offload engine with several data-parallel ranks and across a checkpoint load, on the CPU: Megatron
+Core's real DistributedDataParallel, get_megatron_optimizer (DistributedOptimizer over a HybridDeviceOptimizer),
+the plugin's real install_resume_fix() and streaming_engine.install("stream") (the engine, its gates, its
+all-gather gate, its deferred gradient zeroing), one process per rank on gloo. The GPU is the stand-in of
+stream_cpu_device.py (what it replaces and what that hides: its docstring). Importing this module installs the
+stand-in: stream_cpu_check.py runs it in a process of its own, for tests/runtime/test_stream_ranks.py and
+tests/runtime/test_stream_resume.py.
+
+The model: an "embedding" matrix, then blocks of a vector and two matrices (12.6M parameters: with 2 ranks each
+rank's offloaded shards make 6 chunks of 2**20 elements, more than the ring's 3 slots), each tensor a module whose
+forward adds sum(weight * c) to its input: the gradient of each weight is c, chosen so that every value and the
+ranks' mean are exact in bf16 and fp32. Rank r's c is (r + 1) * c_k, so the reduce-scattered gradient differs
+from each rank's own.
+
+``main(["ranks"])`` / ``main(["resume"])`` print one line per scenario and return 0 only when every scenario ends
+as it should: the correct ones pass, each broken one fails the check that names its bug.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import math
+import os
+import socket
+import sys
+import traceback
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stream_cpu_device  # noqa: E402
+
+stream_cpu_device.install()
+try:  # Megatron Bridge's pretrain module (the engine's install patches it) imports it; the CPU venv has no wheel
+    import nvidia_resiliency_ext.inprocess  # noqa: F401
+except ImportError:
+    _nvrx, _inprocess = types.ModuleType("nvidia_resiliency_ext"), types.ModuleType("nvidia_resiliency_ext.inprocess")
+    _inprocess.CallWrapper = object  # only an annotation in megatron/bridge/training/pretrain.py
+    _nvrx.inprocess = _inprocess
+    sys.modules.update({"nvidia_resiliency_ext": _nvrx, "nvidia_resiliency_ext.inprocess": _inprocess})
+
+import multiprocessing  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from mbridge_offload.runtime import streamed_states, streaming_engine  # noqa: E402
+from mbridge_offload.runtime.resume_fix import install_resume_fix  # noqa: E402
+
+install_resume_fix()  # what launch.py installs with optimizer offload, in this order
+streaming_engine.install("stream")
+
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
+from megatron.core.transformer import TransformerConfig  # noqa: E402
+from megatron.core.transformer.module import MegatronModule  # noqa: E402
+
+EMBED = (700, 701)
+HIDDEN, FFN, BLOCKS = 1000, 1500, 4
+BUCKET = 2_500_000  # elements: several buckets, each its own bucket group (each its own parameter all-gather)
+LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 0.05, 0.1, (0.9, 0.95), 1e-8, 1.0
+SEEN: list = []  # (name, the weight a module's forward used)
+
+
+class Weight(torch.nn.Module):
+    def __init__(self, name: str, *shape: int) -> None:
+        super().__init__()
+        self.name = name
+        self.weight = torch.nn.Parameter(
+            torch.empty(*shape, device=torch.cuda.current_device(), dtype=torch.bfloat16).uniform_(-1, 1))
+
+    def forward(self, x, coefficients):
+        SEEN.append((self.name, self.weight.detach().clone()))
+        return x + (self.weight.float() * coefficients[self.name]).sum()
+
+
+class Toy(MegatronModule):
+    def __init__(self, config) -> None:
+        super().__init__(config=config)
+        layers = [Weight("embed", *EMBED)]
+        for i in range(BLOCKS):
+            layers += [Weight(f"norm{i}", HIDDEN), Weight(f"fc1_{i}", FFN, HIDDEN), Weight(f"fc2_{i}", HIDDEN, FFN)]
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, coefficients):
+        x = torch.zeros((), device=torch.cuda.current_device())
+        for layer in self.layers:
+            x = layer(x, coefficients)
+        return x
+
+
+def _shapes() -> dict:
+    out = {"embed": EMBED}
+    for i in range(BLOCKS):
+        out.update({f"norm{i}": (HIDDEN,), f"fc1_{i}": (FFN, HIDDEN), f"fc2_{i}": (HIDDEN, FFN)})
+    return out
+
+
+def base_coefficients(step: int) -> dict:
+    """c_k: values (+-1..8)/8, exact in bf16; rank r uses (r + 1) * c_k."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    out = {}
+    for name, shape in _shapes().items():
+        magnitude = torch.randint(1, 9, shape, generator=generator).float() / 8
+        sign = torch.randint(0, 2, shape, generator=generator).float() * 2 - 1
+        out[name] = magnitude * sign
+    return out
+
+
+def rank_coefficients(step: int, rank: int) -> dict:
+    return {name: (c * (rank + 1)).cuda() for name, c in base_coefficients(step).items()}
+
+
+class Reference:
+    """torch AdamW on the full fp32 tensors with the ranks' mean gradient, clipped by its global norm as Megatron
+    clips (max_norm / (norm + 1e-6) when below 1)."""
+
+    def __init__(self, initial: dict, hyper: dict, world: int) -> None:
+        self.world = world
+        self.params = {name: value.cpu().float() for name, value in initial.items()}  # plain host tensors
+        self.optimizer = torch.optim.AdamW(
+            [{"params": [p], "lr": hyper[n][0], "weight_decay": hyper[n][1]} for n, p in self.params.items()],
+            betas=BETAS, eps=EPS, foreach=False)
+
+    def step(self, step: int) -> None:
+        mean = (self.world + 1) / 2
+        grads = {name: c * mean for name, c in base_coefficients(step).items()}
+        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+        coefficient = CLIP / (norm + 1e-6)
+        for name, param in self.params.items():
+            param.grad = grads[name] * coefficient if coefficient < 1 else grads[name]
+        self.optimizer.step()
+
+    def moments(self, name: str):
+        state = self.optimizer.state[self.params[name]]
+        return state["exp_avg"], state["exp_avg_sq"]
+
+
+class Run:
+    """One rank's model and optimizer, built as Megatron Bridge builds them."""
+
+    def __init__(self, rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
+                 overlap_d2h: bool, seed: int = 0) -> None:
+        self.rank, self.world = rank, world
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=120))
+            parallel_state.initialize_model_parallel()
+        torch.manual_seed(seed)
+        config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True,
+                                   params_dtype=torch.bfloat16)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
+                                                   overlap_param_gather=overlap_param_gather,
+                                                   use_distributed_optimizer=True, bucket_size=BUCKET)
+        self.model = DistributedDataParallel(config, ddp_config, Toy(config))
+        optimizer_config = OptimizerConfig(
+            optimizer="adam", lr=LR, weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
+            adam_eps=EPS, bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=CLIP,
+            optimizer_cpu_offload=True, optimizer_offload_fraction=fraction,
+            overlap_cpu_optimizer_d2h_h2d=overlap_d2h)
+        optimizer = get_megatron_optimizer(optimizer_config, [self.model])
+        self.optimizer = optimizer
+        chained = getattr(optimizer, "chained_optimizers", None)
+        self.distopt = chained[0] if chained else optimizer
+        self.hdo = self.distopt.optimizer
+        self.engine = self.hdo._mbridge_offload_engine
+        self.names = {layer.weight: layer.name for layer in self.model.module.layers}
+        self.params = {name: param for param, name in self.names.items()}
+        self.enqueued: list[int] = []
+        library_enqueue = self.engine._enqueue
+
+        def enqueue(index: int) -> None:  # records the order the engine's chunks are enqueued in
+            self.enqueued.append(index)
+            library_enqueue(index)
+
+        self.engine._enqueue = enqueue
+
+    def hyper(self) -> dict:
+        """Each tensor's lr and weight decay as the DistributedOptimizer groups them, from every rank."""
+        mine = {}
+        for param, (group, _) in self.distopt.model_param_group_index_map.items():
+            settings = self.hdo.param_groups[group]
+            mine[self.names[param]] = (settings["lr"], settings["weight_decay"])
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, mine)
+        return {k: v for part in everyone for k, v in part.items()}
+
+    def weights(self) -> dict:
+        return {name: param.detach().clone() for name, param in self.params.items()}
+
+    def train_step(self, step: int) -> None:
+        """Megatron Bridge's train_step, in order: zero the gradient buffers and the optimizer's gradients, the
+        forward and backward, the gradient reduce-scatter, the optimizer step (inside the engine's train step)."""
+        streaming_engine._STATE["in_train_step"] = True
+        try:
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            loss = self.model(rank_coefficients(step, self.rank))
+            loss.backward()
+            self.model.finish_grad_sync()
+            self.optimizer.step()
+        finally:
+            streaming_engine._STATE["in_train_step"] = False
+
+    def forward_only(self) -> None:
+        streaming_engine._STATE["in_train_step"] = True
+        try:
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            with torch.no_grad():
+                self.model(rank_coefficients(0, self.rank))
+        finally:
+            streaming_engine._STATE["in_train_step"] = False
+
+    def shard_range(self, model_param):
+        return self.distopt._get_model_param_range_map(model_param)["param"]
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def check(condition: bool, name: str, detail: str = "") -> None:
+    if not condition:
+        raise CheckFailed(f"{name}: {detail}")
+
+
+def _close(a, b, rtol, atol):
+    a, b = a.float().reshape(-1), b.float().reshape(-1)
+    bad = ~torch.isclose(a, b, rtol=rtol, atol=atol)
+    return int(bad.sum()), (float((a - b).abs().max()) if a.numel() else 0.0)
+
+
+def check_seen_weights(run: Run, reference: Reference, after: int) -> None:
+    """Every module's forward used the weights after ``after`` updates, on every rank: the shards of the other
+    ranks came through Megatron's all-gather after their update, this rank's through the engine's cast."""
+    for name, used in SEEN:
+        bad, worst = _close(used, reference.params[name], rtol=2 ** -7, atol=1e-5)
+        check(bad == 0, "forward-weights", f"rank {run.rank}: the forward after update {after} used {name} with "
+              f"{bad} of {used.numel()} elements off the reference (max {worst:.3g})")
+    check(len(SEEN) == 1 + 3 * BLOCKS, "forward-weights", f"{len(SEEN)} modules ran")
+    SEEN.clear()
+
+
+def check_layout(run: Run) -> dict:
+    """This rank's offloaded shards, as the engine laid them out; returns them for the union over ranks."""
+    engine, distopt = run.engine, run.distopt
+    order = {p: i for i, p in enumerate(run.model.module.parameters())}
+    owned = {}  # model param -> (start, stop) of this rank's shard
+    for group in distopt.model_float16_groups + distopt.model_fp32_groups:
+        for model in group:
+            r = run.shard_range(model)
+            owned[model] = (r.start, r.end)
+    models = engine.models
+    positions = [order[m] for m in models]
+    check(positions == sorted(positions), "layout-order", f"offloaded tensors not in forward order: {positions}")
+    check(len(set(positions)) == len(positions), "layout-order", "a tensor offloaded twice")
+    # the offloaded ones are the ones the forward uses last: every owned tensor after the first offloaded one
+    if models:
+        first = positions[0]
+        later = [order[m] for m in owned if order[m] >= first]
+        check(sorted(later) == positions, "layout-last-used", f"owned {sorted(later)} vs offloaded {positions}")
+    sizes = [m.numel() for m in engine.mains]
+    total = sum(sizes)
+    held = sum(hi - lo for lo, hi in owned.values())
+    fraction = run.hdo.offload_fraction
+    check(total >= fraction * held and (not sizes or total - sizes[0] < fraction * held), "layout-fraction",
+          f"offloaded {total} of {held} at fraction {fraction}")
+    for main, model in zip(engine.mains, models):
+        lo, hi = owned[model]
+        check(main.numel() == hi - lo, "layout-shard", f"{run.names[model]}: main {main.numel()} vs range {lo}:{hi}")
+    # the chunks cover the flat buffers once, end to end, and each piece is where the tensor lies in them
+    starts = streamed_states.starts_of(sizes)
+    position = 0
+    pieces_of: dict = {}
+    for index, chunk in enumerate(engine.chunks):
+        check(chunk.start == position and chunk.stop - chunk.start <= engine.numel, "layout-chunks", str(chunk))
+        offset = chunk.start
+        for piece in chunk.pieces:
+            check(starts[piece.tensor] + piece.start == offset, "layout-chunks", f"piece {piece} at {offset}")
+            check(piece.slot_offset == offset - chunk.start, "layout-chunks", f"piece {piece}")
+            offset += piece.stop - piece.start
+            pieces_of.setdefault(models[piece.tensor], set()).add(index)
+        check(offset == chunk.stop, "layout-chunks", f"chunk {index} ends at {offset}")
+        position = chunk.stop
+    check(position == total, "layout-chunks", f"chunks end at {position} of {total}")
+    check({m: tuple(sorted(c)) for m, c in pieces_of.items()} == dict(engine.chunk_of_model), "layout-chunk-of-model",
+          "chunk_of_model disagrees with the pieces")
+    # each model view is this rank's shard of the parameter, in the DDP parameter buffer the all-gather sends
+    for model, view in zip(models, engine.model_views):
+        lo, hi = owned[model]
+        check(view.numel() == hi - lo and view.data_ptr() == model.data_ptr() + lo * model.element_size(),
+              "shard-view", f"{run.names[model]}: the engine's model view is not the rank's shard {lo}:{hi}")
+        bucket = next(b for b in run.model.buffers[0].buckets if model in b.params)
+        base, n = bucket.param_data.data_ptr(), bucket.param_data.numel()
+        check(base <= view.data_ptr() < base + n * 2, "shard-view", "not in the parameter's bucket")
+    check_host_buffers(run)
+    return {run.names[m]: (owned[m], m in set(models)) for m in owned}
+
+
+def check_host_buffers(run: Run) -> None:
+    """The library's host copies of the weights (what a checkpoint saves as master_param) and the CPU optimizers'
+    states (what it saves as exp_avg, exp_avg_sq, step) are the engine's host buffers, where its update reads and
+    writes them."""
+    engine = run.engine
+    starts = streamed_states.starts_of([m.numel() for m in engine.mains])
+    for main, (m, v), start in zip(engine.mains, engine.host_views, starts):
+        copy = run.hdo.gpu_params_map_cpu_copy[main]
+        check(copy.data_ptr() == engine.host_master.data_ptr() + 4 * start, "host-buffers",
+              f"rank {run.rank}: a host copy of the weights is not in the engine's buffer")
+        state = engine._state_of(main)
+        check(state.get("exp_avg") is m and state.get("exp_avg_sq") is v and state.get("step") is engine.step_tensor,
+              "host-buffers", f"rank {run.rank}: a CPU optimizer state is not the engine's host view")
+
+
+def check_union(run: Run, mine: dict, fraction: float) -> None:
+    """Over the ranks: every element of every parameter is held by exactly one rank; with fraction 1 every one is
+    offloaded."""
+    everyone = [None] * run.world
+    dist.all_gather_object(everyone, mine)
+    for name, shape in _shapes().items():
+        ranges = sorted((lo, hi, off) for part in everyone for n, ((lo, hi), off) in part.items() if n == name)
+        position = 0
+        for lo, hi, off in ranges:
+            check(lo == position and hi > lo, "union", f"{name}: ranges {ranges}")
+            position = hi
+            check(off or fraction < 1, "union", f"{name}: a shard not offloaded at fraction 1")
+        check(position == math.prod(shape), "union", f"{name}: ranges {ranges} of {math.prod(shape)}")
+    offloaded = sum(hi - lo for part in everyone for (lo, hi), off in part.values() if off)
+    check(offloaded > 0, "union", "nothing offloaded")
+
+
+def check_gather_gates(run: Run) -> None:
+    """Each bucket group's all-gather waited for the chunks that hold this rank's offloaded shards of its
+    parameters (and a group with none of them for none)."""
+    engine = run.engine
+    groups = run.model.bucket_groups
+    check(len(groups) > 1, "gather-gate", f"{len(groups)} bucket group(s): the model should make several")
+    for group in groups:
+        expected = set()
+        for index, chunk in enumerate(engine.chunks):
+            if any(engine.models[p.tensor] in group.params for p in chunk.pieces):
+                expected.add(index)
+        got = engine._gather_chunks.get(group)
+        check(got is not None and set(got) == expected, "gather-gate",
+              f"rank {run.rank}: a bucket group's all-gather waited for {got}, its chunks are {sorted(expected)}")
+
+
+def check_states(run: Run, reference: Reference) -> None:
+    """After a drain (what a checkpoint save does): this rank's fp32 shards, the library's host copies of them,
+    Adam's moments on the host and the step equal the reference's."""
+    engine = run.engine
+    check(not engine.pending, "drain", "the update is still pending after drain_all")
+    for main, model, (m, v) in zip(engine.mains, engine.models, engine.host_views):
+        name = run.names[model]
+        r = run.shard_range(model)
+        ref = reference.params[name].reshape(-1)[r.start:r.end]
+        bad, worst = _close(main, ref, rtol=1e-5, atol=1e-6)
+        check(bad == 0, "main-weights", f"rank {run.rank} {name}: {bad} elements off (max {worst:.3g})")
+        check(torch.equal(run.hdo.gpu_params_map_cpu_copy[main].reshape(-1), main.reshape(-1)), "drain",
+              f"{name}: the host copy of the weights was not refreshed")
+        ref_m, ref_v = reference.moments(name)
+        for got, want, what in ((m, ref_m, "exp_avg"), (v, ref_v, "exp_avg_sq")):
+            bad, worst = _close(got, want.reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-9)
+            check(bad == 0, "moments", f"rank {run.rank} {name} {what}: {bad} elements off (max {worst:.3g})")
+    steps = {float(s["step"]) for s in run.hdo.state.values() if "step" in s}
+    check(steps == {float(reference.optimizer.state[next(iter(reference.params.values()))]["step"])} or
+          not engine.mains, "step", f"steps {steps}")
+    # the rest of this rank's shards (kept on the GPU: FusedAdam, as without offload)
+    kept = [p for g in run.hdo.param_groups for p in g["params"] if p not in set(engine.mains)]
+    mains_to_models = streamed_states.main_to_model(run.distopt)
+    for main in kept:
+        model = mains_to_models[main]
+        r = run.shard_range(model)
+        bad, worst = _close(main, reference.params[run.names[model]].reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-6)
+        check(bad == 0, "main-weights", f"rank {run.rank} {run.names[model]} (on the GPU): {bad} off ({worst:.3g})")
+
+
+def check_enqueue_order(run: Run, expected: int) -> None:
+    """The chunks enqueued since the last call: ``expected`` of them, in the layout's (forward) order, once each."""
+    check(run.enqueued == list(range(expected)), "enqueue-order",
+          f"rank {run.rank}: enqueued {run.enqueued}, expected chunks 0..{expected - 1} in order")
+    run.enqueued.clear()
+
+
+# --- the scenarios ---
+RANKS_STEPS = 3
+
+
+def ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
+               overlap_d2h: bool) -> None:
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h)
+    check(run.engine.mode == "stream" and run.model.bucket_groups[0].intra_distributed_optimizer_instance_size
+          == world, "setup", "not the stream engine over the data-parallel ranks")
+    check(len(run.engine.chunks) > run.engine.slots or world > 2, "setup",
+          f"{len(run.engine.chunks)} chunks: the ring ({run.engine.slots} slots) should wrap")
+    check_union(run, check_layout(run), fraction)
+    reference = Reference(run.weights(), run.hyper(), world)
+    chunks = len(run.engine.chunks)
+    for step in range(1, RANKS_STEPS + 1):
+        run.train_step(step)
+        check_seen_weights(run, reference, step - 1)
+        # without overlap the step's own all-gather enqueued its update (each bucket group's gate); with overlap
+        # this step's forward enqueued the previous update (module gates, pacing, the all-gathers it started)
+        check_enqueue_order(run, chunks if not overlap_param_gather or step > 1 else 0)
+        check(run.engine.pending, "pending", "the step did not leave its update to the next forward")
+        reference.step(step)
+        if step == 1 and not overlap_param_gather:
+            check_gather_gates(run)
+    run.forward_only()  # the forward after the last update
+    check_seen_weights(run, reference, RANKS_STEPS)
+    check_enqueue_order(run, chunks if overlap_param_gather else 0)
+    if overlap_param_gather:
+        check_gather_gates(run)
+    streaming_engine.drain_all(apply_delayed=True)  # what a checkpoint save or an evaluation does first
+    check_states(run, reference)
+
+
+RESUME_SAVE_AT, RESUME_STEPS = 2, 2
+SHARDING = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+            "chained_optim_avoid_prefix": True}  # what Megatron Bridge's checkpointing asks for (its default)
+
+
+def save_checkpoint(run: Run, directory: str) -> dict:
+    """Megatron Bridge's save_checkpoint_and_time: the plugin's drain (it wraps that function), Bridge's
+    force_param_sync (overlapped all-gather: every rank's weights complete), then the optimizer's sharded state
+    dict in Bridge's format (dp_reshardable) through dist_checkpointing. Returns the model's weights, which Bridge
+    saves from the data-parallel rank 0."""
+    from megatron.bridge.training.train import force_param_sync
+    from megatron.core import dist_checkpointing
+
+    streaming_engine.drain_all(apply_delayed=True)
+    force_param_sync([run.model], optimizer=run.optimizer)
+    state = {"optimizer": run.optimizer.sharded_state_dict({}, is_loading=False, metadata=SHARDING)}
+    dist_checkpointing.save(state, directory, content_metadata=SHARDING, async_strategy=None)
+    return run.weights()
+
+
+def load_checkpoint(run: Run, directory: str, weights: dict) -> None:
+    """Megatron Bridge's checkpoint load: the model's weights, then the optimizer's sharded state dict for loading
+    (which loads the optimizer's own state into itself first), dist_checkpointing.load, optimizer.load_state_dict."""
+    from megatron.core import dist_checkpointing
+
+    with torch.no_grad():
+        for name, param in run.params.items():
+            param.copy_(weights[name])
+    state = {"optimizer": run.optimizer.sharded_state_dict({}, is_loading=True, metadata=SHARDING)}
+    loaded = dist_checkpointing.load(state, directory)
+    run.optimizer.load_state_dict(loaded["optimizer"])
+
+
+def continue_training(run: Run, first_step: int) -> dict:
+    """RESUME_STEPS steps from ``first_step``, then what a save or an evaluation does first (the drain, the forced
+    all-gather): the weights each forward used and the weights after the last update, this rank's fp32 shards,
+    Adam's moments on the host and the step."""
+    from megatron.bridge.training.train import force_param_sync
+
+    seen = []
+    for step in range(first_step, first_step + RESUME_STEPS):
+        run.train_step(step)
+        seen.append(list(SEEN))
+        SEEN.clear()
+    streaming_engine.drain_all(apply_delayed=True)
+    force_param_sync([run.model], optimizer=run.optimizer)
+    seen.append(list(run.weights().items()))
+    engine = run.engine
+    return {"seen": seen, "mains": [m.detach().clone() for m in engine.mains],
+            "moments": [(m.clone(), v.clone()) for m, v in engine.host_views],
+            "shards": [p.detach().clone() for g in run.hdo.param_groups for p in g["params"]],
+            "step": float(engine.step_tensor)}
+
+
+def check_resumed(run: Run, uninterrupted: dict, resumed: dict, reference: Reference) -> None:
+    """The resumed run's weights in every forward, fp32 shards, moments and step equal the uninterrupted run's bit
+    for bit, and the reference's (torch AdamW on the full tensors) within rounding."""
+    for i, (first, second) in enumerate(zip(uninterrupted["seen"], resumed["seen"])):
+        for (name, a), (_, b) in zip(first, second):
+            check(torch.equal(a, b), "resume-forward-weights",
+                  f"rank {run.rank}: {'forward ' + str(i + 1) if i < RESUME_STEPS else 'the last update'} after the "
+                  f"load gave another {name} "
+                  f"({int((a != b).sum())} of {a.numel()} elements differ)")
+    for what in ("mains", "shards"):
+        for i, (a, b) in enumerate(zip(uninterrupted[what], resumed[what])):
+            check(torch.equal(a, b), "resume-main-weights", f"rank {run.rank}: {what} {i} differs")
+    for i, ((a, b), (c, d)) in enumerate(zip(uninterrupted["moments"], resumed["moments"])):
+        check(torch.equal(a, c) and torch.equal(b, d), "resume-moments",
+              f"rank {run.rank}: tensor {i}'s moments differ")
+    check(uninterrupted["step"] == resumed["step"] == RESUME_SAVE_AT + RESUME_STEPS, "resume-step",
+          f"steps {uninterrupted['step']} and {resumed['step']}")
+    check_host_buffers(run)  # the states the load put elsewhere are the engine's buffers again
+    check_states(run, reference)
+
+
+def resume_case(rank: int, world: int, port: int, directory: str, fresh: bool, through: str,
+                adopt_after_build: bool) -> None:
+    """Train RESUME_SAVE_AT steps, save, train on (the uninterrupted run), then load the checkpoint (``fresh``: into
+    a newly built model and optimizer, as a restarted job does; else into the same ones, whose host buffers hold
+    the later state) and train the same steps again. ``through``: ``megatron``, Megatron Bridge's load (the
+    moments are copied into the optimizer's state tensors, the engine's buffers, where they are; the step is
+    replaced); ``torch``: the HybridDeviceOptimizer's own torch load_state_dict (every state tensor replaced by the
+    loaded one), the fp32 shards copied in as Megatron's load does."""
+    run = Run(rank, world, port, 1.0, True, False)
+    reference = Reference(run.weights(), run.hyper(), world)
+    for step in range(1, RESUME_SAVE_AT + 1):
+        run.train_step(step)
+        SEEN.clear()
+        reference.step(step)
+    weights = save_checkpoint(run, directory)
+    torch_state = copy.deepcopy(run.hdo.state_dict())
+    shards = [p.detach().clone() for g in run.hdo.param_groups for p in g["params"]]
+    dist.barrier()
+    uninterrupted = continue_training(run, RESUME_SAVE_AT + 1)
+    for step in range(RESUME_SAVE_AT + 1, RESUME_SAVE_AT + RESUME_STEPS + 1):
+        reference.step(step)
+    check_states(run, reference)
+    if fresh:
+        run = Run(rank, world, port, 1.0, True, False, seed=1)  # other initial weights: the load must bring them
+    if not adopt_after_build:
+        run.engine._adopt_states = lambda: False  # broken on purpose: a load's states stay where it put them
+    if through == "megatron":
+        load_checkpoint(run, directory, weights)
+    else:
+        with torch.no_grad():
+            for name, param in run.params.items():
+                param.copy_(weights[name])
+            for main, saved in zip((p for g in run.hdo.param_groups for p in g["params"]), shards):
+                main.copy_(saved)
+        run.hdo.load_state_dict(copy.deepcopy(torch_state))
+        main = run.engine.mains[0]
+        check(run.engine._state_of(main)["exp_avg"] is not run.engine.host_views[0][0], "setup",
+              "the torch load left the moments in the engine's buffers: nothing to adopt")
+    check_resumed(run, uninterrupted, continue_training(run, RESUME_SAVE_AT + 1), reference)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(target, rank, world, port, args, results):
+    try:
+        target(rank, world, port, *args)
+        results.put((rank, "ok", ""))
+    except CheckFailed as failure:
+        results.put((rank, "check", str(failure)))
+    except BaseException:  # noqa: BLE001
+        results.put((rank, "error", traceback.format_exc()[-3000:]))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_ranks(target, world: int, args: tuple, timeout: float = 240) -> list:
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    port = _free_port()
+    processes = [context.Process(target=_rank_main, args=(target, r, world, port, args, results)) for r in range(world)]
+    for p in processes:
+        p.start()
+    out = []
+    for _ in range(world):
+        failed = any(kind != "ok" for _, kind, _ in out)  # the others may wait in a collective for it: not long
+        try:
+            out.append(results.get(timeout=20 if failed else timeout))
+        except Exception:  # noqa: BLE001
+            out.append((-1, "error", "a rank did not report (hung, or waiting for a rank that failed)"))
+            break
+    for p in processes:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    return sorted(out)
+
+
+def outcome(results: list) -> str:
+    if all(kind == "ok" for _, kind, _ in results):
+        return "passed"
+    failed = [f"rank {r}: {kind}: {text}" for r, kind, text in results if kind != "ok"]
+    return "failed: " + " | ".join(failed)
+
+
+BREAKS = {
+    # the all-gather of a bucket group no longer waits for this rank's update of its shards
+    "no-gather-gate": lambda: setattr(streamed_states.StateStreamingEngine, "gate_param_gather",
+                                      lambda self, bucket_group: None),
+}
+
+
+def _broken(name, target):
+    def run(*args):
+        BREAKS[name]()
+        target(*args)
+    return run
+
+
+def main(argv: list[str]) -> int:
+    import time
+
+    what = argv[0] if argv else "ranks"
+    ok = True
+    if what == "ranks":
+        scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True, True), None, None),
+                     ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False, False), None, None),
+                     ("4 ranks, fraction 1, overlapped all-gather", 4, (1.0, True, False), None, None),
+                     ("2 ranks, broken: no-gather-gate", 2, (1.0, True, False), "no-gather-gate", "forward-weights")]
+        for label, world, args, broken, expected in scenarios:
+            started = time.time()
+            target = _broken(broken, ranks_case) if broken else ranks_case
+            result = outcome(run_ranks(target, world, args))
+            good = result == "passed" if broken is None else (result != "passed" and f"{expected}:" in result)
+            ok &= good
+            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+    if what == "resume":
+        import tempfile
+
+        from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+        # dist_checkpointing's save keeps one results queue per process, served by a process it starts with spawn,
+        # which imports torch when the first result arrives (~15 s here): made once, here, the ranks' processes
+        # forked from this one share it
+        get_write_results_queue()
+
+        scenarios = [("2 ranks, Megatron's load into a new model and optimizer", (True, "megatron", True), None),
+                     ("2 ranks, Megatron's load into the running optimizer", (False, "megatron", True), None),
+                     ("2 ranks, torch's load_state_dict into a new optimizer", (True, "torch", True), None),
+                     ("2 ranks, broken: no adoption after Megatron's load", (True, "megatron", False),
+                      "resume-forward-weights"),
+                     ("2 ranks, broken: no adoption after torch's load", (True, "torch", False),
+                      "resume-forward-weights")]
+        for label, args, expected in scenarios:
+            started = time.time()
+            with tempfile.TemporaryDirectory() as directory:
+                result = outcome(run_ranks(resume_case, 2, (directory, *args)))
+            good = result == "passed" if expected is None else (result != "passed" and f"{expected}:" in result)
+            ok &= good
+            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+    print("ALL OK" if ok else "FAILED", flush=True)
+    return 0 if ok else 1
+
