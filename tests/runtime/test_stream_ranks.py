@@ -38,39 +38,20 @@ that forks the ranks.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-CHECK = Path(__file__).with_name("stream_cpu_check.py")
 SCENARIOS = ["2 ranks, fraction 0.6, overlapped all-gather", "2 ranks, fraction 1, all-gather in the step",
              "4 ranks, fraction 1, overlapped all-gather"]
 
 
-@pytest.fixture(scope="module")
-def ranks_run():
-    return subprocess.run([sys.executable, str(CHECK), "ranks"], capture_output=True, text=True, timeout=900)
-
-
-def _line(done, label: str) -> str:
-    lines = [line for line in done.stdout.splitlines() if f"] {label}: " in line]
-    assert len(lines) == 1, done.stdout[-4000:] + done.stderr[-4000:]
-    return lines[0]
-
-
 @pytest.mark.parametrize("label", SCENARIOS)
-def test_stream_engine_on_several_ranks_updates_each_shard_as_adamw_on_the_full_tensors(ranks_run, label):
-    line = _line(ranks_run, label)
-    assert line.startswith("OK ") and line.endswith(": passed"), line
+def test_stream_engine_on_several_ranks_updates_each_shard_as_adamw_on_the_full_tensors(stream_scenarios, label):
+    stream_scenarios.assert_passed("ranks", label)
 
 
-def test_an_all_gather_that_does_not_wait_for_the_update_is_caught(ranks_run):
-    line = _line(ranks_run, "2 ranks, broken: no-gather-gate")
-    assert line.startswith("OK ") and "check: forward-weights:" in line, line
+def test_an_all_gather_that_does_not_wait_for_the_update_is_caught(stream_scenarios):
+    stream_scenarios.assert_caught("ranks", "2 ranks, broken: no-gather-gate", "forward-weights")
 
 
-def test_every_scenario_ended_as_it_should(ranks_run):
-    assert ranks_run.returncode == 0 and ranks_run.stdout.rstrip().endswith("ALL OK"), \
-        ranks_run.stdout[-4000:] + ranks_run.stderr[-4000:]
+def test_every_scenario_ended_as_it_should(stream_scenarios):
+    stream_scenarios.assert_all_ok("ranks")

@@ -30,43 +30,24 @@ through Bridge's save_checkpoint / load_checkpoint (the run's config, RNG and it
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-CHECK = Path(__file__).with_name("stream_cpu_check.py")
 SCENARIOS = ["2 ranks, Megatron's load into a new model and optimizer",
              "2 ranks, Megatron's load into the running optimizer",
              "2 ranks, torch's load_state_dict into a new optimizer"]
 BROKEN = ["2 ranks, broken: no adoption after Megatron's load", "2 ranks, broken: no adoption after torch's load"]
 
 
-@pytest.fixture(scope="module")
-def resume_run():
-    return subprocess.run([sys.executable, str(CHECK), "resume"], capture_output=True, text=True, timeout=900)
-
-
-def _line(done, label: str) -> str:
-    lines = [line for line in done.stdout.splitlines() if f"] {label}: " in line]
-    assert len(lines) == 1, done.stdout[-4000:] + done.stderr[-4000:]
-    return lines[0]
-
-
 @pytest.mark.parametrize("label", SCENARIOS)
-def test_the_update_after_a_load_is_the_one_from_the_loaded_state(resume_run, label):
-    line = _line(resume_run, label)
-    assert line.startswith("OK ") and line.endswith(": passed"), line
+def test_the_update_after_a_load_is_the_one_from_the_loaded_state(stream_scenarios, label):
+    stream_scenarios.assert_passed("resume", label)
 
 
 @pytest.mark.parametrize("label", BROKEN)
-def test_without_adoption_the_update_after_a_load_is_wrong(resume_run, label):
-    line = _line(resume_run, label)
-    assert line.startswith("OK ") and "check: resume-forward-weights:" in line, line
+def test_without_adoption_the_update_after_a_load_is_wrong(stream_scenarios, label):
+    line = stream_scenarios.assert_caught("resume", label, "resume-forward-weights")
     assert "forward 2 after the load" in line, line  # forward 1 uses the loaded weights: the first update is wrong
 
 
-def test_every_scenario_ended_as_it_should(resume_run):
-    assert resume_run.returncode == 0 and resume_run.stdout.rstrip().endswith("ALL OK"), \
-        resume_run.stdout[-4000:] + resume_run.stderr[-4000:]
+def test_every_scenario_ended_as_it_should(stream_scenarios):
+    stream_scenarios.assert_all_ok("resume")

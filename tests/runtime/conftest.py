@@ -1,0 +1,52 @@
+"""Fixtures of tests/runtime/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STREAM_CPU_CHECK = Path(__file__).with_name("stream_cpu_check.py")
+
+
+class StreamScenarios:
+    """stream_cpu_check.py's scenarios (the stream engine on a CPU stand-in for the GPU), run once per kind (ranks,
+    resume) in a process of their own, and what each printed."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, subprocess.CompletedProcess] = {}
+
+    def run(self, kind: str) -> subprocess.CompletedProcess:
+        if kind not in self._done:
+            self._done[kind] = subprocess.run([sys.executable, str(STREAM_CPU_CHECK), kind], capture_output=True,
+                                              text=True, timeout=900)
+        return self._done[kind]
+
+    def line(self, kind: str, label: str) -> str:
+        """The one line the run printed for the scenario ``label``."""
+        done = self.run(kind)
+        lines = [line for line in done.stdout.splitlines() if f"] {label}: " in line]
+        assert len(lines) == 1, done.stdout[-4000:] + done.stderr[-4000:]
+        return lines[0]
+
+    def assert_passed(self, kind: str, label: str) -> None:
+        line = self.line(kind, label)
+        assert line.startswith("OK ") and line.endswith(": passed"), line
+
+    def assert_caught(self, kind: str, label: str, check: str) -> str:
+        """A broken scenario ended as it should, failed by ``check``; returns its line."""
+        line = self.line(kind, label)
+        assert line.startswith("OK ") and f"check: {check}:" in line, line
+        return line
+
+    def assert_all_ok(self, kind: str) -> None:
+        done = self.run(kind)
+        assert done.returncode == 0 and done.stdout.rstrip().endswith("ALL OK"), \
+            done.stdout[-4000:] + done.stderr[-4000:]
+
+
+@pytest.fixture(scope="session")
+def stream_scenarios() -> StreamScenarios:
+    return StreamScenarios()
