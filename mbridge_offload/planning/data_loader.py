@@ -61,14 +61,18 @@ def batch_tensor_bytes(cfg) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def _workers(cfg) -> int:
+    """The training loader's worker processes (0 without a dataset config)."""
+    return getattr(getattr(cfg, "dataset", None), "num_workers", 0) or 0
+
+
 def batches_in_flight(cfg) -> int:
     """The batches the training loader holds pinned between steps: prefetch_factor x num_workers with workers;
-    without them the main process pins one batch at a time (the allocator keeps its blocks). None without
+    without them the main process pins one batch at a time (the allocator keeps its blocks). 0 without
     pin_memory."""
-    d = getattr(cfg, "dataset", None)
-    if d is None or not getattr(d, "pin_memory", False):
+    if not getattr(getattr(cfg, "dataset", None), "pin_memory", False):
         return 0
-    workers = getattr(d, "num_workers", 0) or 0
+    workers = _workers(cfg)
     return PREFETCH_FACTOR * workers if workers > 0 else 1
 
 
@@ -82,7 +86,4 @@ def data_loader_transient_bytes(cfg) -> int:
     """Bytes above the step-end RSS while a batch is pinned (or, without pin_memory, taken): the worker's
     shared-memory batch mapped into the training process, unrounded. 0 without workers (the batch is collated in
     the process and its pinned copy already counted)."""
-    d = getattr(cfg, "dataset", None)
-    if d is None or not (getattr(d, "num_workers", 0) or 0) > 0:
-        return 0
-    return sum(batch_tensor_bytes(cfg))
+    return sum(batch_tensor_bytes(cfg)) if _workers(cfg) > 0 else 0

@@ -296,29 +296,17 @@ def reserve_envelope_bytes(allocated: int, expandable: bool) -> int:
     return ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
 
 
-def _with_loss_block(allocated: int, expandable: bool, loss_tensor: int, block_beside: int | None) -> int:
-    """PyTorch's reserved bytes at their largest: the envelope beside the peak of ``allocated`` bytes, or the loss's
-    block (``loss_tensor`` bytes + slack; 0 before the last stage) beside ``block_beside`` bytes (None: the peak)."""
-    envelope = reserve_envelope_bytes(allocated, expandable)
-    block = loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES if loss_tensor else 0
-    beside = allocated if block_beside is None else block_beside
-    return max(allocated + envelope, beside + max(envelope, block))
-
-
-def reserve_is_loss_tensor(allocated: int, expandable: bool, loss_tensor: int, block_beside: int | None = None) -> bool:
-    """Whether the loss's tensor (``loss_tensor`` bytes, 0 before the last stage), not the envelope, sets the
-    reserve: the part of the plan that is high where the allocator does not keep that block."""
-    return _with_loss_block(allocated, expandable, loss_tensor, block_beside) > (
-        allocated + reserve_envelope_bytes(allocated, expandable))
-
-
 def device_total_bytes(allocated: int, outside: int, expandable: bool, loss_tensor: int = 0,
                        block_beside: int | None = None) -> tuple[int, int]:
     """(the allocator's reserve beyond ``allocated``, the whole device's bytes) for a PyTorch peak of
     ``allocated`` bytes and ``outside`` bytes outside PyTorch, with or without expandable segments, on a stage
-    whose largest loss tensor is ``loss_tensor`` bytes (0 before the last stage). The loss's block is counted beside
-    ``block_beside`` bytes (the reserve rule's: None, the peak itself)."""
-    reserved = _with_loss_block(allocated, expandable, loss_tensor, block_beside)
+    whose largest loss tensor is ``loss_tensor`` bytes (0 before the last stage). PyTorch's reserved bytes at their
+    largest are the envelope beside the peak, or the loss's block (its tensor + slack) beside ``block_beside`` bytes
+    (the reserve rule's: None, the peak itself). The reserve is the loss's block where it exceeds the envelope."""
+    envelope = reserve_envelope_bytes(allocated, expandable)
+    block = loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES if loss_tensor else 0
+    beside = allocated if block_beside is None else block_beside
+    reserved = max(allocated + envelope, beside + max(envelope, block))
     return reserved - allocated, reserved + outside
 
 
@@ -434,8 +422,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
                                   allocator_reserve_bytes_gpu=reserve,
-                                  reserve_is_loss_tensor=reserve_is_loss_tensor(allocated, expandable, loss_tensor,
-                                                                                block_beside),
+                                  # the loss's block, not the envelope, set the reserve
+                                  reserve_is_loss_tensor=reserve > reserve_envelope_bytes(allocated, expandable),
                                   optimizer_params=shard_params,
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)

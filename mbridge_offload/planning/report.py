@@ -31,29 +31,31 @@ def _loss_tensor_note(p: Plan) -> str:
     return FIRST_STEP_LOSS_TENSOR_NOTE if p.reserve_rule == FIRST_STEP else LOSS_TENSOR_RESERVE_NOTE
 
 
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
 def format_plan(p: Plan) -> str:
     if p.unplanned:
         return f"  not planned: {p.unplanned}"
-    def g(n: int) -> str:
-        return f"{n / GIB:.2f} GiB"
-
     rows = [
         ("optimizer offload fraction", f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B of "
                                        f"{p.optimizer_params_per_rank / 1e9:.3f}B sharded parameters offloaded)"),
         ("parameters on the worst rank", f"{p.params_per_rank / 1e9:.3f}B"),
-        ("GPU: weights + grads + optimizer", f"{g(p.weights_bytes_gpu)} + {g(p.grads_bytes_gpu)} + "
-                                             f"{g(p.optimizer_bytes_gpu)} = {g(p.state_bytes_gpu)}"),
-        ("GPU: activations (peak)", g(p.activation_bytes_gpu)),
-        ("GPU: whole device", f"{g(p.allocated_bytes_gpu)} allocated by PyTorch (with workspaces) + "
-                              f"{g(p.allocator_reserve_bytes_gpu)} its allocator's reserve ("
+        ("GPU: weights + grads + optimizer", f"{_gib(p.weights_bytes_gpu)} + {_gib(p.grads_bytes_gpu)} + "
+                                             f"{_gib(p.optimizer_bytes_gpu)} = {_gib(p.state_bytes_gpu)}"),
+        ("GPU: activations (peak)", _gib(p.activation_bytes_gpu)),
+        ("GPU: whole device", f"{_gib(p.allocated_bytes_gpu)} allocated by PyTorch (with workspaces) + "
+                              f"{_gib(p.allocator_reserve_bytes_gpu)} its allocator's reserve ("
                               f"{'expandable' if p.allocator_expandable_segments else 'fixed'} segments"
                               f"{_loss_tensor_note(p)}) + "
-                              f"{g(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context and libraries, "
-                              f"{p.nccl_communicators} NCCL communicators of {g(p.nccl_communicator_bytes_gpu)}) = "
-                              f"{g(p.total_bytes_gpu)}"),
-        ("GPU: fit", f"{g(p.total_bytes_gpu)} + {p.margin_gib:.2f} GiB margin ({p.margin_source}) of "
+                              f"{_gib(p.outside_pytorch_bytes_gpu)} outside PyTorch (CUDA context and libraries, "
+                              f"{p.nccl_communicators} NCCL communicators of {_gib(p.nccl_communicator_bytes_gpu)}) = "
+                              f"{_gib(p.total_bytes_gpu)}"),
+        ("GPU: fit", f"{_gib(p.total_bytes_gpu)} + {p.margin_gib:.2f} GiB margin ({p.margin_source}) of "
                      f"{p.gpu_memory_gib:g} GiB: {'fits' if p.fits_gpu else 'DOES NOT FIT'}"),
-        ("host: offloaded per rank", f"{g(p.offloaded_bytes_host_per_rank)} ({g(p.pinned_bytes_host_per_rank)} pinned)"),
+        ("host: offloaded per rank", f"{_gib(p.offloaded_bytes_host_per_rank)} "
+                                     f"({_gib(p.pinned_bytes_host_per_rank)} pinned)"),
         ("host: per node", f"{_host_peak_text(p)}, for {p.ranks_per_node} rank(s)"
                            + ("" if p.fits_host is None else
                               f" of {p.host_memory_gib:g} GiB, margin {p.host_margin_gib:g} GiB per rank: "
@@ -81,18 +83,15 @@ def _host_peak_text(p: Plan) -> str:
     """The node's host memory between steps and at the first optimizer step's peak: the same figure where the plan
     adds no first-step transient (dense models, the stream engine, nothing offloaded: memory_plan.py) and the data
     loader's batch being pinned adds nothing (no workers, data_loader.py)."""
-    def g(n: int) -> str:
-        return f"{n / GIB:.2f} GiB"
-
     loader = p.data_loader_transient_bytes_host_per_rank * p.ranks_per_node
     if p.host_peak_bytes_per_node == p.host_bytes_per_node:
-        return (f"{g(p.host_bytes_per_node)} between steps and at the first optimizer step's peak (no first-step "
+        return (f"{_gib(p.host_bytes_per_node)} between steps and at the first optimizer step's peak (no first-step "
                 f"transient planned: measured on MoE models with a CPU optimizer only)")
     if p.host_peak_bytes_per_node == p.host_bytes_per_node + loader:
-        return (f"{g(p.host_bytes_per_node)} between steps, {g(p.host_peak_bytes_per_node)} at the peak (the data "
-                f"loader's batch being pinned; no first-step transient planned: measured on MoE models with a CPU "
-                f"optimizer only)")
-    return (f"{g(p.host_bytes_per_node)} between steps, {g(p.host_peak_bytes_per_node)} at the first optimizer "
+        return (f"{_gib(p.host_bytes_per_node)} between steps, {_gib(p.host_peak_bytes_per_node)} at the peak "
+                f"(the data loader's batch being pinned; no first-step transient planned: measured on MoE models "
+                f"with a CPU optimizer only)")
+    return (f"{_gib(p.host_bytes_per_node)} between steps, {_gib(p.host_peak_bytes_per_node)} at the first optimizer "
             f"step's peak (the MoE models' first-step transient and the data loader's batch being pinned)")
 
 
