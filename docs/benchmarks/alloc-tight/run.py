@@ -76,11 +76,12 @@ CASES = {
     # device sized from the 64-channel run, does the dense case then train (the three step-1 communicators need
     # 0.08 GiB instead of 1.14)?
     "1b-proxy-fraction-1-max-channels-4": TightCase(**DENSE_FRACTION_1, env=(("NCCL_MAX_NCHANNELS", "4"),)),
-    # not run yet (reserve-snapshot/README.md): planner-auto-4's 0.6B auto run kept a 3.08 GiB hole beside its peak,
-    # formed in step 2 after all of its communicators. On a device 0.25 GiB above its peak allocated + outside PyTorch
-    # (43.98 GiB, 4.4 below its plan), does PyTorch take the hole back as it did at fraction 1?
+    # nineteenth session, trained (reserve-snapshot/README.md): planner-auto-4's 0.6B auto run kept a 3.08 GiB hole
+    # beside its peak, formed in step 2 after all of its communicators. On a device 0.25 GiB above its peak
+    # allocated + outside PyTorch (43.98 GiB, 4.4 below its plan), does PyTorch take the hole back as it did at
+    # fraction 1?
     "0p6b-sl8192-mb2-fraction-0.65": TightCase(**SMALL_DENSE_SL8192_MB2, fraction=0.65),
-    # not run yet: what auto picks with MBRIDGE_OFFLOAD_RESERVE_RULE=first-step on planner-auto-4's 49.5 GiB device
+    # nineteenth session, trained: what auto picks with the first-step reserve rule on planner-auto-4's 49.5 GiB device
     # for the same model (the default rule picks 0.65): no optimizer offload, 44.25 GiB planned peak allocated +
     # 2.43 outside PyTorch, so the device holds it with ~2.8 GiB to spare, less than the 4.64 GiB block
     "0p6b-sl8192-mb2-fraction-0": TightCase(**SMALL_DENSE_SL8192_MB2, fraction=0.0, spare_gib=49.5 - 43.73),
