@@ -47,6 +47,23 @@ save_phase() {  # PHASE: its folders under $RUNS as $OUT/PHASE.tgz (also when th
     tar czf "$OUT/$1.tgz" -C "$runs" --exclude='tb' $(cd "$runs" && ls -d "$1"* 2>/dev/null) 2>/dev/null || true
   fi
 }
+snapshot_run() {  # PHASE NAME RECIPE TOKENS MICRO_BATCH FRACTION [OVERRIDES...]: one run on the whole device with the
+  # allocator's history of steps 1-2 (run_recipe --memory-snapshot) and NCCL's INIT lines, under $runs/PHASE/NAME; the
+  # history comes back gzipped in $OUT (a device call returns files of up to 16 MiB) beside torch's `stats` summary
+  local phase=$1 name=$2 recipe=$3 tokens=$4 micro=$5 fraction=$6 d=$runs/$1 history
+  shift 6
+  mkdir -p "$d"
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT $py scripts/run_recipe.py --recipe "$recipe" --num-gpus 1 \
+    --out "$d/$name" --memory-snapshot 2 model.seq_length=$tokens dataset.seq_length=$tokens \
+    train.micro_batch_size=$micro train.global_batch_size=$micro optimizer.optimizer_cpu_offload=True \
+    optimizer.optimizer_offload_fraction=$fraction train.train_iters=3 "$@" > "$d/$name.log" 2>&1
+  echo "$name: exit $?"; grep -h "^memory snapshot:" "$d/$name.log"
+  history=$d/$name/memory_snapshot.rank0.pickle
+  if [ -f "$history" ]; then
+    $py -m torch.cuda._memory_viz stats "$history" > "$d/$name/segments.txt" 2>&1
+    gzip -9 "$history" && mv "$history.gz" "${OUT:-$d}/$phase-$name.pickle.gz"
+  fi
+}
 # the twelfth session lost an interrupted bench's finished runs with the machine: keep what a cut phase has
 trap 'echo "=== ${phase:-?} interrupted"; save_phase "${phase:-none}"; exit 130' INT TERM
 for phase in "$@"; do
@@ -382,7 +399,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # change, 3 rounds interleaved with their baselines, 33 steps each (engine_step_s: the training thread's
       # time in the engine, the enqueueing in the forward's hooks included). Ran 5 of its 6 runs (~65 s each, not
       # the ~35 s planned); the call's limit cut the sixth and the runs were lost with the machine. Fifteenth session, at
-      # commit 181f30e: FRACTIONS=0.25,1 (526 s), committed as offload-engine/bench-stream-lazy/.
+      # commit 181f30e: FRACTIONS=0.25,1 (526 s), committed as offload-engine/bench-stream-lazy/. Nineteenth session,
+      # from the tree of commit 155fb59 (318 s, baselines 0.48 s, 15 % apart): offload-engine/bench-stream-lazy-2/.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
@@ -396,9 +414,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # 1b-proxy-fraction-1-max-channels-4-roomy 1b-proxy-fraction-1-cumem-off 1b-proxy-fraction-1-cumem-off-warm-communicators"
       # (can a communicator be made cheap: alloc-tight/README.md). Seventeenth session, from the tree of commit a4038a3
       # (62 s): CASES=1b-proxy-fraction-1-max-channels-4, the tight dense case with 4 channels (it trained).
-      # Not run yet (~3 min, reserve-snapshot/README.md): CASES="0p6b-sl8192-mb2-fraction-0.65
+      # Nineteenth session, from the tree of commit 155fb59 (88 s): CASES="0p6b-sl8192-mb2-fraction-0.65
       # 0p6b-sl8192-mb2-fraction-0", whether a hole that forms in step 2 costs a tight device anything below
-      # fraction 1, and the fraction a plan that counts the loss's block against step 1 only would pick.
+      # fraction 1 (it does not: both trained), and the fraction the first-step reserve rule picks.
       $py docs/benchmarks/alloc-tight/run.py "$runs" ${CASES:-} ;;
     nccl-communicators)
       # Fifteenth session (issue #15, committed as docs/benchmarks/alloc-tight/large-device/, at commit 181f30e, 108 s;
@@ -451,13 +469,13 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         auto_pair "$runs/planner-auto-4" "$case" "$args"
       done ;;
     planner-auto-5)
-      # NOT RUN YET (issue #15, ~20 min: run it after alloc-tight's 0p6b-sl8192-mb2-fraction-0.65 and -fraction-0 have
-      # trained; one CASES at a time, ~4 min a case): auto with MBRIDGE_OFFLOAD_RESERVE_RULE=first-step
+      # Nineteenth session (issue #15, docs/benchmarks/planner-auto-5/, from the tree of commit 155fb59, three calls:
+      # CASES=0p6b-sl12288 123 s, CASES="1b-proxy-sl8192 1p7b-sl10240" 328 s, CASES="1p7b-sl4096-mb3 4b-sl6144"
+      # 386 s): auto with MBRIDGE_OFFLOAD_RESERVE_RULE=first-step
       # (reserve-snapshot/README.md: the loss's block counted beside step 1's memory before the GPU part's Adam
       # moments) on five dense configurations never run, device sizes from that rule's plan so auto picks 0.45-0.5
       # (0.45, 0.5, 0.5, 0.5, 0.5 in CASES' order; the default rule picks 0.75, 0.65, 0.65, 0.7, 0.55 on them).
-      # If auto trains in 5 of 5 and is at most one step above the smallest fraction that trains, the rule can become
-      # the default (facts/reserve_rule.py).
+      # auto trained in 5 of 5 and was one step above the smallest that trains on 1; the rule is the default since.
       mkdir -p "$runs/planner-auto-5"
       for case in ${CASES:-0p6b-sl12288 1b-proxy-sl8192 1p7b-sl10240 1p7b-sl4096-mb3 4b-sl6144}; do
         case $case in
@@ -483,19 +501,20 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # forms before the last of them (alloc-tight/README.md). Each history comes back as its own gzip file in $OUT
       # (a device call returns files of up to 16 MiB) beside a text summary (torch's `stats`: the segments' blocks
       # when the history was written). Read a history with python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.
-      d=$runs/reserve-snapshot; mkdir -p "$d"
-      for run in "0p6b-sl8192-mb2 qwen3_0p6b_pretrain_config 8192" "1b-proxy-sl6144-mb2 qwen3_1b_proxy_pretrain_config 6144"; do
-        read -r name recipe tokens <<< "$run"
-        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT $py scripts/run_recipe.py --recipe "$recipe" --num-gpus 1 \
-          --out "$d/$name" --memory-snapshot 2 model.seq_length=$tokens dataset.seq_length=$tokens \
-          train.micro_batch_size=2 train.global_batch_size=2 optimizer.optimizer_cpu_offload=True \
-          optimizer.optimizer_offload_fraction=0.65 train.train_iters=3 > "$d/$name.log" 2>&1
-        echo "$name: exit $?"; grep -h "^memory snapshot:" "$d/$name.log"
-        history=$d/$name/memory_snapshot.rank0.pickle
-        if [ -f "$history" ]; then
-          $py -m torch.cuda._memory_viz stats "$history" > "$d/$name/segments.txt" 2>&1
-          gzip -9 "$history" && mv "$history.gz" "${OUT:-$d}/reserve-snapshot-$name.pickle.gz"
-        fi
+      for run in "0p6b-sl8192-mb2 qwen3_0p6b_pretrain_config 8192 2 0.65" \
+                 "1b-proxy-sl6144-mb2 qwen3_1b_proxy_pretrain_config 6144 2 0.65"; do
+        snapshot_run reserve-snapshot $run
+      done ;;
+    reserve-snapshot-steady)
+      # NOT RUN YET (issue #15, ~3 min): what keeps a gap beside the steady peak, the 1.17 GiB envelope the plan counts
+      # with every reserve rule and most of what auto's step goal misses by (planner-auto-5/README.md). Two of
+      # planner-auto-5's runs again on the whole device, with the allocator's history of steps 1-2: Qwen3-4B at 6144
+      # tokens, fraction 0.45, which kept 0.55 GiB beyond its peak (its 0.4 run died with 0.53 GiB reserved and
+      # unused), and the 1.1B proxy at 8192 tokens, fraction 0.45, which kept 0.05. Compare each peak_reserved_gib
+      # with planner-auto-5's before reading the histories (reserve-snapshot/holes.py reads them).
+      for run in "4b-sl6144-fraction-0.45 qwen3_4b_pretrain_config 6144 1 0.45 model.tensor_model_parallel_size=1" \
+                 "1b-proxy-sl8192-fraction-0.45 qwen3_1b_proxy_pretrain_config 8192 1 0.45"; do
+        snapshot_run reserve-snapshot-steady $run
       done ;;
     planner-auto-3)
       # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.facts.offload_engine import STREAM
-from mbridge_offload.facts.reserve_rule import FIRST_STEP, RESERVE_RULE_ENV
+from mbridge_offload.facts.reserve_rule import FIRST_STEP
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.planning.memory_plan import Plan
@@ -22,7 +22,7 @@ LOSS_TENSOR_RESERVE_NOTE = ("; the size of the loss's largest tensor of a micro 
 
 
 FIRST_STEP_LOSS_TENSOR_NOTE = ("; the loss's largest tensor of a micro batch beside step 1's memory before the GPU "
-                               f"part's Adam moments ({RESERVE_RULE_ENV}={FIRST_STEP}: see the note)")
+                               "part's Adam moments (the first-step reserve rule: docs/benchmarks/reserve-snapshot/)")
 
 
 def _loss_tensor_note(p: Plan) -> str:

@@ -17,13 +17,6 @@ RULES: tuple[Rule, ...] = guarded(
     Rule(id="planner/reserve-rule-known", mechanism=OPTIMIZER, key=RESERVE_RULE_KEY,
          text=f"the planner's reserve rule ({RESERVE_RULE_ENV}) is one of {', '.join(RESERVE_RULES)}",
          applies=lambda c: c.env(RESERVE_RULE_ENV) is not None, holds=lambda c: _rule(c) in RESERVE_RULES,
-         observed=_rule, fix=fixed(f"++{RESERVE_RULE_KEY}={STEADY_PEAK}  (the default; or {FIRST_STEP}; a value in the "
-                                   "shell wins: unset it there)")),
-    Rule(id="planner/reserve-rule-first-step", mechanism=OPTIMIZER, key=RESERVE_RULE_KEY,
-         text="the first-step reserve rule plans less GPU memory than the rule auto was checked with on the GPU: "
-              "no GPU run of auto has checked it yet (docs/benchmarks/reserve-snapshot/); check a fraction it picks "
-              "with scripts/check_auto.py before a long run",
-         applies=lambda c: _rule(c) == FIRST_STEP, holds=lambda c: False, observed=_rule,
-         fix=fixed(f"++{RESERVE_RULE_KEY}={STEADY_PEAK}  (the rule auto was checked with; a value in the shell "
-                   "wins: unset it there)"), severity="warning"),
+         observed=_rule, fix=fixed(f"++{RESERVE_RULE_KEY}={FIRST_STEP}  (the default; or {STEADY_PEAK}, which "
+                                   "plans more; a value in the shell wins: unset it there)")),
 )

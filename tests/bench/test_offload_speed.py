@@ -276,7 +276,7 @@ def test_overlap_chunks_needs_the_overlap_on(capsys):
                                     "offload-overhead/moe-proxy-tuned", "offload-engine/bench-dense-1",
                                     "offload-engine/bench-stream", "offload-engine/bench-stream-last",
                                     "offload-engine/bench-stream-chunks", "offload-engine/bench-stream-lazy",
-                                    "offload-engine/bench-stream-moe",
+                                    "offload-engine/bench-stream-lazy-2", "offload-engine/bench-stream-moe",
                                     "offload-engine/bench-stream-moe-deterministic"])
 def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(folder, tmp_path):
     """The committed tables are reassembled from the H200 run folders (--resume, nothing runs): a change

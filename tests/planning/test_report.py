@@ -81,9 +81,14 @@ def test_json_has_the_fields(capsys):
                                        + data["outside_pytorch_bytes_gpu"])
 
 
-def test_the_plan_says_when_the_loss_tensor_sets_the_reserve_and_what_that_costs_auto(built):
+def test_the_plan_says_when_the_loss_tensor_sets_the_reserve_and_what_that_costs_auto(built, monkeypatch):
+    """With the steady-peak rule, which counts the loss's block beside the peak (the default rule's own note:
+    test_reserve_rule.py)."""
+    from mbridge_offload.facts.reserve_rule import RESERVE_RULE_ENV, STEADY_PEAK
     from mbridge_offload.planning.activations import largest_loss_tensor_bytes
     from mbridge_offload.planning.report import LOSS_TENSOR_RESERVE_NOTE, format_plan
+
+    monkeypatch.setenv(RESERVE_RULE_ENV, STEADY_PEAK)
 
     def planned(seq_length: int):
         cfg = apply_overrides(built("qwen3_0p6b_pretrain_config"), [
