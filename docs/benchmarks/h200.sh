@@ -474,8 +474,10 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # 386 s): auto with MBRIDGE_OFFLOAD_RESERVE_RULE=first-step
       # (reserve-snapshot/README.md: the loss's block counted beside step 1's memory before the GPU part's Adam
       # moments) on five dense configurations never run, device sizes from that rule's plan so auto picks 0.45-0.5
-      # (0.45, 0.5, 0.5, 0.5, 0.5 in CASES' order; the default rule picks 0.75, 0.65, 0.65, 0.7, 0.55 on them).
-      # auto trained in 5 of 5 and was one step above the smallest that trains on 1; the rule is the default since.
+      # (0.45, 0.5, 0.5, 0.5, 0.5 in CASES' order; steady-peak, the default then, picks 0.75, 0.65, 0.65, 0.7, 0.55).
+      # auto trained in 5 of 5 but was at most one step above the smallest that trains on only 1: the bar's safety half
+      # held, its step half did not. The rule is the default since (it plans closer, and no run shows it less safe:
+      # reserve-snapshot/README.md).
       mkdir -p "$runs/planner-auto-5"
       for case in ${CASES:-0p6b-sl12288 1b-proxy-sl8192 1p7b-sl10240 1p7b-sl4096-mb3 4b-sl6144}; do
         case $case in
@@ -510,7 +512,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # with every reserve rule and most of what auto's step goal misses by (planner-auto-5/README.md). Two of
       # planner-auto-5's runs again on the whole device, with the allocator's history of steps 1-2: Qwen3-4B at 6144
       # tokens, fraction 0.45, which kept 0.55 GiB beyond its peak (its 0.4 run died with 0.53 GiB reserved and
-      # unused), and the 1.1B proxy at 8192 tokens, fraction 0.45, which kept 0.05. Compare each peak_reserved_gib
+      # unused), and the 1.1B proxy at 8192 tokens, fraction 0.45, which kept 0.04. Compare each peak_reserved_gib
       # with planner-auto-5's before reading the histories (reserve-snapshot/holes.py reads them).
       for run in "4b-sl6144-fraction-0.45 qwen3_4b_pretrain_config 6144 1 0.45 model.tensor_model_parallel_size=1" \
                  "1b-proxy-sl8192-fraction-0.45 qwen3_1b_proxy_pretrain_config 8192 1 0.45"; do

@@ -46,12 +46,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes
-from mbridge_offload.facts.environment import allocator_conf, expandable_segments
+from mbridge_offload.facts.environment import allocator_conf, expandable_segments, run_env
 from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
-from mbridge_offload.facts.reserve_rule import FIRST_STEP, RESERVE_RULE_ENV, RESERVE_RULES, STEADY_PEAK, reserve_rule
+from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP, RESERVE_RULE_ENV, RESERVE_RULES,
+                                                STEADY_PEAK, STEADY_PEAK_COUNTS, reserve_rule)
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
                                                   largest_loss_tensor_bytes)
@@ -96,8 +97,9 @@ LOSS_TENSOR_RESERVE_SLACK_BYTES = int(0.02 * GIB)
 # held-out runs, 1.9 % in the seventh session (docs/benchmarks/planner-heldout/), rounded up, and kept. One held-out
 # run later broke it (planner-heldout-3/, Qwen3-0.6B at 8192 tokens at fraction 1: 4.2 %, the reserve 2.32 GiB
 # against 1.17 planned, one bf16 logits tensor); the reserve's loss-tensor term was set on that run instead. Today's
-# planner (the first-step rule since planner-auto-5/) under-predicts none of the 78 held-out runs with NVML's figure
-# (+0.0 % to +12.1 %); a smaller margin has not been checked by a GPU run of auto. --margin-gib replaces it.
+# planner (the first-step rule since planner-auto-5/) under-predicts none of the 78 runs of the held-out table with
+# NVML's figure (+0.0 % to +12.1 %; 7 of them are runs its reserve terms were read from); a smaller margin has not
+# been checked by a GPU run of auto. --margin-gib replaces it.
 HELDOUT_UNDERPREDICTION_SHARE = 0.02
 BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process before offload
 # The node's used memory peaks inside the first optimizer step, above the steady state the rest of the host
@@ -173,8 +175,8 @@ class Plan:
     # the reserve is the loss's largest tensor (+ slack), not the envelope: kept free on some runs, not on others
     allocator_reserve_is_loss_tensor: bool = False
     # which memory the loss's block is counted beside (facts/reserve_rule.py): the rule in force for this plan,
-    # steady-peak where first-step was asked for but does not apply (first_step_rule_applies)
-    reserve_rule: str = STEADY_PEAK
+    # steady-peak where first-step, the default, does not apply (first_step_rule_applies)
+    reserve_rule: str = DEFAULT_RESERVE_RULE
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
     nccl_communicator_bytes_gpu: int
@@ -281,7 +283,8 @@ def _margin_source(margin_gib: float | None) -> str:
     if margin_gib is not None:
         return "given (--margin-gib)"
     return (f"{HELDOUT_UNDERPREDICTION_SHARE:.0%} of the planned total: the largest under-prediction measured "
-            "on held-out runs of an earlier planner; this one under-plans none (docs/benchmarks/planner-accuracy.md)")
+            "on held-out runs of an earlier planner; this one under-plans none of them "
+            "(docs/benchmarks/planner-accuracy.md)")
 
 
 def base_gpu_bytes(cfg) -> int:
@@ -326,14 +329,15 @@ def first_step_rule_applies(cfg, stream: bool) -> bool:
     return not (cfg.model.num_moe_experts or stream or cfg.model.pipeline_model_parallel_size > 1)
 
 
-def _reserve_rule_notes(asked: str, applied: bool) -> tuple[str, ...]:
-    """What the plan says when it counts the loss's block with a rule other than the default."""
-    if asked == FIRST_STEP and not applied:
-        return (f"the first-step reserve rule does not apply to this configuration (an MoE model, the stream engine "
+def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve: bool) -> tuple[str, ...]:
+    """What the plan says about the rule its reserve was counted by: steady-peak where it was asked for; where the
+    default cannot apply, only when that was asked for or the loss's block sets the reserve (where the rules differ)."""
+    if rule == STEADY_PEAK:
+        return (f"{RESERVE_RULE_ENV}={STEADY_PEAK}: the allocator's reserve counts {STEADY_PEAK_COUNTS}",)
+    if not applied and (asked or loss_sets_reserve):
+        return ("the first-step reserve rule does not apply to this configuration (an MoE model, the stream engine "
                 f"or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
-                f"{RESERVE_RULES[STEADY_PEAK]}",)
-    if asked == STEADY_PEAK:
-        return (f"{RESERVE_RULE_ENV}={STEADY_PEAK}: the allocator's reserve counts {RESERVE_RULES[STEADY_PEAK]}",)
+                f"{STEADY_PEAK_COUNTS}",)
     return ()
 
 
@@ -366,12 +370,14 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     precision_aware = opt.use_precision_aware_optimizer and not (opt.optimizer_cpu_offload or fraction > 0)
     main_bytes = dtype_bytes(opt.main_params_dtype) if precision_aware else 4
     moment_bytes = dtype_bytes(opt.exp_avg_dtype) + dtype_bytes(opt.exp_avg_sq_dtype) if precision_aware else 8
-    engine = engine_mode(getattr(cfg, "env_vars", None), os.environ) if fraction > 0 else LIBRARY
+    env_vars = getattr(cfg, "env_vars", None)
+    engine = engine_mode(env_vars, os.environ) if fraction > 0 else LIBRARY
     expandable = allocator_expandable(cfg) if expandable is None else expandable
     stream = engine == STREAM
     outside = outside_pytorch_bytes(cfg)  # the same on every stage
-    # an unknown rule plans as the default; the validator refuses it (planner/reserve-rule-known)
-    rule = reserve_rule(getattr(cfg, "env_vars", None), os.environ)
+    rule_asked = run_env(RESERVE_RULE_ENV, env_vars, os.environ) is not None
+    rule = reserve_rule(env_vars, os.environ)
+    rule = rule if rule in RESERVE_RULES else DEFAULT_RESERVE_RULE  # the validator refuses it (reserve-rule-known)
     block_at_first_step = rule == FIRST_STEP and first_step_rule_applies(cfg, stream)
 
     def optimizer_shards(tensor: Tensor) -> int:
@@ -459,7 +465,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         allocator_reserve_is_loss_tensor=worst.reserve_is_loss_tensor,
         reserve_rule=FIRST_STEP if block_at_first_step else STEADY_PEAK,
         outside_pytorch_bytes_gpu=outside, nccl_communicators=communicators(cfg),
-        nccl_communicator_bytes_gpu=communicator_bytes(getattr(cfg, "env_vars", None), os.environ), total_bytes_gpu=total,
+        nccl_communicator_bytes_gpu=communicator_bytes(env_vars, os.environ), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned,
         data_loader_pinned_bytes_host_per_rank=loader_pinned,
         data_loader_transient_bytes_host_per_rank=loader_transient, host_bytes_per_node=host_node,
@@ -473,5 +479,6 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                    host_peak + ranks_per_node * host_margin * GIB <= host_memory_gib * GIB),
         host_memory_source=host_memory_source, offload_engine=engine,
         notes=((("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
-                if not distributed and fraction > 0 else ()) + _reserve_rule_notes(rule, block_at_first_step)),
+                if not distributed and fraction > 0 else ())
+               + _reserve_rule_notes(rule, block_at_first_step, rule_asked, worst.reserve_is_loss_tensor)),
         stages=tuple(s.stage_plan for s in stages))
