@@ -513,7 +513,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # planner-auto-5's runs again on the whole device, with the allocator's history of steps 1-2: Qwen3-4B at 6144
       # tokens, fraction 0.45, which kept 0.55 GiB beyond its peak (its 0.4 run died with 0.53 GiB reserved and
       # unused), and the 1.1B proxy at 8192 tokens, fraction 0.45, which kept 0.04. Compare each peak_reserved_gib
-      # with planner-auto-5's before reading the histories (reserve-snapshot/holes.py reads them).
+      # with planner-auto-5's before reading the histories (reserve-snapshot/holes.py reads them; its `stuck` column
+      # is what a full device keeps of the gaps: their partial 20 MiB pages, reserve-snapshot/README.md).
       for run in "4b-sl6144-fraction-0.45 qwen3_4b_pretrain_config 6144 1 0.45 model.tensor_model_parallel_size=1" \
                  "1b-proxy-sl8192-fraction-0.45 qwen3_1b_proxy_pretrain_config 8192 1 0.45"; do
         snapshot_run reserve-snapshot-steady $run

@@ -4,6 +4,11 @@ For every time the main stream's expandable segment grew by more than a quarter 
 just before: its mapped size, the bytes live in it, and its free bytes with the largest free gap. A segment grows
 when no free gap fits the request; the gap left behind is the reserve the run shows beside its peak.
 
+Of the free bytes, PyTorch can give back on a full device only whole pages: it maps an expandable segment of the
+large pool in pages of 20 MiB (kLargeBuffer), and unmapping a free block keeps the parts of its first and last
+page that it shares with live blocks (CUDACachingAllocator.cpp, ``unmap_block``). The rest stays reserved even at
+an out-of-memory error: ``stuck`` below.
+
     python docs/benchmarks/reserve-snapshot/holes.py docs/benchmarks/reserve-snapshot/*.pickle.gz
 """
 
@@ -12,6 +17,7 @@ import pickle
 import sys
 
 GIB = 2**30
+PAGE = 20 * 2**20  # the large pool's expandable segment page (PyTorch's kLargeBuffer)
 
 
 def main_segment(snapshot: dict) -> dict:
@@ -31,6 +37,13 @@ def live_at_start(snapshot: dict) -> dict[int, int]:
     return live
 
 
+def stuck_bytes(lo: int, hi: int) -> int:
+    """The bytes of the free range [lo, hi) (offsets in its segment) that unmapping cannot give back: the parts of
+    its first and last 20 MiB page outside the whole pages it covers."""
+    first_whole, last_whole = -(-lo // PAGE) * PAGE, hi // PAGE * PAGE
+    return (hi - lo) - max(0, last_whole - first_whole)
+
+
 def growths(snapshot: dict, least: int = GIB // 4) -> list[dict]:
     """Each growth of the main segment by at least ``least`` bytes, with the segment's state just before it."""
     segment = main_segment(snapshot)
@@ -44,15 +57,17 @@ def growths(snapshot: dict, least: int = GIB // 4) -> list[dict]:
             blocks = sorted((a, n) for a, n in live.items() if inside(a))
             gaps, cursor = [], start
             for address, size in blocks:
-                gaps.append(max(0, address - cursor))
+                gaps.append((cursor, max(cursor, address)))
                 cursor = max(cursor, address + size)
-            gaps.append(start + mapped - cursor)
+            gaps.append((cursor, start + mapped))
+            sizes = [hi - lo for lo, hi in gaps]
             if event["size"] >= least:
                 request = next((e["size"] for e in trace[i + 1:] if e["action"] == "alloc"), 0)
                 found.append(dict(seconds=(event["time_us"] - trace[0]["time_us"]) / 1e6, grown_gib=event["size"] / GIB,
                                   request_gib=request / GIB, mapped_gib=mapped / GIB,
-                                  live_gib=sum(n for _, n in blocks) / GIB, free_gib=sum(gaps) / GIB,
-                                  largest_gap_gib=max(gaps) / GIB))
+                                  live_gib=sum(n for _, n in blocks) / GIB, free_gib=sum(sizes) / GIB,
+                                  largest_gap_gib=max(sizes) / GIB,
+                                  stuck_gib=sum(stuck_bytes(lo - start, hi - start) for lo, hi in gaps) / GIB))
             mapped += event["size"]
         if event["action"] == "alloc":
             live[event["addr"]] = event["size"]
@@ -69,4 +84,5 @@ if __name__ == "__main__":
         for g in growths(snapshot):
             print(f"  {g['seconds']:6.2f} s: +{g['grown_gib']:.2f} GiB for a {g['request_gib']:.2f} GiB request; the "
                   f"segment held {g['mapped_gib']:.2f} mapped, {g['live_gib']:.2f} live, {g['free_gib']:.2f} free, "
-                  f"largest free gap {g['largest_gap_gib']:.2f}")
+                  f"largest free gap {g['largest_gap_gib']:.2f}, of it in pages shared with live blocks (stuck) "
+                  f"{g['stuck_gib']:.3f}")
