@@ -500,9 +500,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # the 0.6B, which kept 3.11 GiB of its 4.64 GiB of logits (44.41 GiB peak reserved), and the 1.1B proxy, which
       # kept 0.70 of 3.48 (38.79 GiB): compare each run's peak_reserved_gib with those before reading its history.
       # NCCL's INIT lines place each communicator's creation among the iteration lines: the block matters only if it
-      # forms before the last of them (alloc-tight/README.md). Each history comes back as its own gzip file in $OUT
-      # (a device call returns files of up to 16 MiB) beside a text summary (torch's `stats`: the segments' blocks
-      # when the history was written). Read a history with python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.
+      # forms before the last of them (alloc-tight/README.md). snapshot_run says what comes back. Read a history with
+      # python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.
       for run in "0p6b-sl8192-mb2 qwen3_0p6b_pretrain_config 8192 2 0.65" \
                  "1b-proxy-sl6144-mb2 qwen3_1b_proxy_pretrain_config 6144 2 0.65"; do
         snapshot_run reserve-snapshot $run

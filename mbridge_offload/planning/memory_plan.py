@@ -123,9 +123,8 @@ BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process 
 # +25.0 % above it with the 4.9 B on the 42 with offload (+24.7 % on the 8B); without it, and with the data loader's
 # pinned batches and the batch being pinned (data_loader.py, derived from the code, not fitted), it is within the 5 %
 # goal on all 44 (tests/planning/test_accuracy.py).
-# The dense figure was set on these runs, already seen; the next dense runs check it blind: the prepared phase
-# planner-auto-5 of docs/benchmarks/h200.sh runs five new dense configurations (Qwen3-0.6B, the 1.1B proxy,
-# Qwen3-1.7B twice, Qwen3-4B), each beside its ballast, recording their RSS high water and node peak.
+# The dense figure was set on these runs, already seen; planner-auto-5/'s 14 dense runs, made after it, check it
+# blind: the first-step peak +0.4 % to +3.1 % of their RSS high water (tests/planning/test_accuracy.py).
 FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM = 4.9
 # The stream engine runs no CPU optimizer and pins its host buffers when the optimizer is built: its first step adds
 # nothing measurable. The 8-layer MoE proxy at fraction 1 (5607.3M parameters offloaded) held 65.35 GiB RSS between

@@ -120,10 +120,9 @@ def _auto_checks(folder_glob: str) -> list[tuple[Path, dict]]:
             for check in json.loads(path.read_text())]
 
 
-def _runs(case_dir: Path, check: dict) -> dict[float, tuple[str, Path]]:
-    """fraction -> (outcome, run folder) of the check's runs, as they ran on the H200."""
-    return {check[k]["fraction"]: (check[k]["outcome"], case_dir / Path(check[k]["run_dir"]).name)
-            for k in ("at_auto", "below", "two_below") if check.get(k)}
+def _runs(check: dict) -> dict[float, dict]:
+    """fraction -> the check's record of its run there (outcome, NVML's used, run_dir), as they ran on the H200."""
+    return {check[k]["fraction"]: check[k] for k in ("at_auto", "below", "two_below") if check.get(k)}
 
 
 def _check_cfg(built, check: dict):
@@ -140,8 +139,8 @@ def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(bu
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     checks = [(case_dir, check) for case_dir, check in _auto_checks("planner-auto*")
               if case_dir.parent.name != "planner-auto"]
-    out_of_memory = [(check, fraction, run_dir) for case_dir, check in checks
-                     for fraction, (outcome, run_dir) in _runs(case_dir, check).items() if outcome == "out of memory"]
+    out_of_memory = [(check, fraction, case_dir / Path(run["run_dir"]).name) for case_dir, check in checks
+                     for fraction, run in _runs(check).items() if run["outcome"] == "out of memory"]
     assert len(out_of_memory) == 1
     for check, fraction, run_dir in out_of_memory:
         p = plan(_check_cfg(built, check), 1, fraction=fraction, gpu_memory_gib=check["device_gib"],
@@ -160,12 +159,12 @@ def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_new_co
     assert len(checks) == 5
     for case_dir, check in checks:
         cfg = _check_cfg(built, check)
-        runs = _runs(case_dir, check)
+        runs = _runs(check)
         picked, picked_plan = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
         assert picked_plan.reserve_rule == FIRST_STEP
         assert picked in runs, f"{case_dir.name}: today's planner picks {picked}, which was not run there"
-        assert runs[picked][0] == "trained", (case_dir.name, picked)
-        for key in ("at_auto", "below", "two_below"):
-            if check.get(key) and check[key]["outcome"] == "trained":
-                planned = plan(cfg, 1, fraction=check[key]["fraction"], expandable=True).total_bytes_gpu / GIB
-                assert planned >= check[key]["device_used_gib"], (case_dir.name, key, planned)
+        assert runs[picked]["outcome"] == "trained", (case_dir.name, picked)
+        for fraction, run in runs.items():
+            if run["outcome"] == "trained":
+                planned = plan(cfg, 1, fraction=fraction, expandable=True).total_bytes_gpu / GIB
+                assert planned >= run["device_used_gib"], (case_dir.name, fraction, planned)
