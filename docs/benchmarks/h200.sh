@@ -518,6 +518,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
                  "1b-proxy-sl8192-fraction-0.45 qwen3_1b_proxy_pretrain_config 8192 1 0.45"; do
         snapshot_run reserve-snapshot-steady $run
       done ;;
+    smallest-trains)
+      # NOT RUN YET (issue #15, ~6-10 min): planner-auto-5's four configurations whose lowest run still trained, walked
+      # on down one 0.05 step per run beside the same ballast until a run does not train: the smallest fraction that
+      # trains on each device, the ground truth auto's step goal is read against (smallest-trains/run.py).
+      $py docs/benchmarks/smallest-trains/run.py "$runs" ${CASES:-} ;;
     planner-auto-3)
       # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve
       # measured with expandable segments, on configurations never run, each pair (auto's fraction, 0.05 below) alone
