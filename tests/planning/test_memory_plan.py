@@ -77,6 +77,40 @@ def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(
             + seven.data_loader_transient_bytes_host_per_rank)
 
 
+
+def test_first_step_peak_of_the_moe_proxy_rerun_alone_on_the_node(built):
+    """docs/benchmarks/host-peak/alone-on-the-node/ (2026-12-04, the tree of 17e0846, nothing else on the node):
+    h200.sh host-peak again. The 7-layer run is the configuration the first-step rate was set on (the fourth
+    session's), so this is a second measurement of that configuration, not a held-out one; nothing was set on it.
+    The plan's first-step peak against the node's growth above what was in use before launch (mem7.txt, sampled
+    once a second) and against the node's used peak the run recorded (every 0.2 s, the system's ~0.8 GiB in it);
+    between steps against the step-end RSS; the 8-layer run refused before launch on what was available then."""
+    import json
+    import re
+    from pathlib import Path
+
+    runs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "host-peak" / "alone-on-the-node"
+    moe = built("qwen3_30b_a3b_proxy_pretrain_config")
+
+    def at(layers: int):
+        log = (runs / f"trace{layers}.log").read_text()
+        available = float(re.search(r"for 1 rank\(s\) of ([\d.]+) GiB", log).group(1))  # MemAvailable at the check
+        cfg = apply_overrides(moe, [f"model.num_layers={layers}", "optimizer.overlap_cpu_optimizer_d2h_h2d=False"])
+        return plan(cfg, 1, fraction=1.0, gpu_memory_gib=139.8, host_memory_gib=available)
+
+    seven, eight = at(7), at(8)
+    summary = json.loads((runs / "trace7" / "summary.json").read_text())
+    available_kib = [int(re.search(r"MemAvailable:(\d+)", line).group(1))
+                     for line in (runs / "mem7.txt").read_text().splitlines()]
+    growth_gib = (available_kib[0] - min(available_kib)) / 2**20  # the first sample: before the model was built
+    assert seven.fits_host and summary["steps"] == 3
+    assert seven.host_peak_bytes_per_node / GIB == pytest.approx(growth_gib, rel=0.05)  # -0.1 %
+    assert seven.host_peak_bytes_per_node / GIB == pytest.approx(summary["peak_node_host_used_gib"], rel=0.05)  # -0.8 %
+    assert seven.host_bytes_per_node / GIB == pytest.approx(summary["peak_host_rss_gib"], rel=0.05)  # -0.2 %
+    assert not eight.fits_host
+    assert json.loads((runs / "trace8" / "failure.json").read_text())["reason"].startswith(
+        "refused before launch: [memory/host-fit]")
+
 @pytest.mark.parametrize("ranks", [1, 8])
 def test_the_first_step_transient_is_the_moe_models_only(built, ranks):
     """A dense plan's host peak is its between-steps figure (no dense run showed a first-step transient:
