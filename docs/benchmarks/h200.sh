@@ -121,6 +121,7 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       # Fourth session (docs/benchmarks/host-peak/): the node's memory, sampled once a second, while the MoE
       # proxy trains at fraction 1 with 8 layers (killed by the host then; the guard now refuses it before
       # launch, exit 2) and 7 layers (trains). The session ran these as two calls (the README has them).
+      # Twentieth session, from the tree of commit 17e0846, alone on the node (221 s): host-peak/alone-on-the-node/.
       mkdir -p "$runs/host-peak"
       for n in 8 7; do
         (while true; do echo "$(date +%s) $(awk '/MemAvailable|Shmem:|Cached:/{printf "%s%s ", $1, $2}' /proc/meminfo) rss=$(ps -C python3 -o rss= | awk '{s+=$1} END {print s}')"; sleep 1; done) > "$runs/host-peak/mem$n.txt" &
@@ -401,6 +402,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # the ~35 s planned); the call's limit cut the sixth and the runs were lost with the machine. Fifteenth session, at
       # commit 181f30e: FRACTIONS=0.25,1 (526 s), committed as offload-engine/bench-stream-lazy/. Nineteenth session,
       # from the tree of commit 155fb59 (318 s, baselines 0.48 s, 15 % apart): offload-engine/bench-stream-lazy-2/.
+      # Twentieth session, from the tree of commit 17e0846 (379 s, baselines 0.559 s, 28.2 % apart):
+      # offload-engine/bench-stream-lazy-3/.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
@@ -492,6 +495,34 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         esac
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-5" "$case" "$args")
       done ;;
+    planner-auto-6)
+      # NOT RUN YET (issue #15, ~15-18 min; split by CASES over calls, the 8B's runs are the longest): auto with the
+      # opt-in full-device reserve rule (MBRIDGE_OFFLOAD_RESERVE_RULE=full-device: first-step's block, and beside the
+      # steady peak only the 0.55 GiB allowance for the sub-page gaps a full device keeps, with a 0.1 % margin;
+      # smallest-trains/) on six dense configurations never run, each on a device the rule's plan puts between its
+      # picks at two fractions so that auto picks 0.5 (0.6 for the 8B, whose 0.05 step is ~2.9 GiB), and the
+      # 0.6B at micro batch 3 on a device just above its plan at fraction 0, where first-step's block (5.2 GiB of
+      # logits beside step 1's memory) sets the reserve: the first check of that term's size. check_auto's runs: at
+      # auto, 0.05 below and, where that trains, 0.10 below, which decides the step goal. The safety half is the
+      # question for the 4B and 8B cases (larger models, other tensor sizes: more sub-page gaps than 0.55 GiB?).
+      mkdir -p "$runs/planner-auto-6"
+      for case in ${CASES:-1b-proxy-sl12288 0p6b-sl6144-mb3 1p7b-sl8192-mb2 4b-sl4096-mb2 4b-sl10240 8b-sl4096}; do
+        case $case in
+          1b-proxy-sl12288) args="42.8 qwen3_1b_proxy_pretrain_config model.seq_length=12288 dataset.seq_length=12288" ;;
+          0p6b-sl6144-mb3) args="51.8 qwen3_0p6b_pretrain_config model.seq_length=6144 dataset.seq_length=6144 \
+            train.micro_batch_size=3 train.global_batch_size=3" ;;
+          1p7b-sl8192-mb2) args="76.6 qwen3_1p7b_pretrain_config model.seq_length=8192 dataset.seq_length=8192 \
+            train.micro_batch_size=2 train.global_batch_size=2" ;;
+          4b-sl4096-mb2) args="102.1 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
+            dataset.seq_length=4096 train.micro_batch_size=2 train.global_batch_size=2" ;;
+          4b-sl10240) args="113.7 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=10240 \
+            dataset.seq_length=10240" ;;
+          8b-sl4096) args="133.5 qwen3_8b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
+            dataset.seq_length=4096" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        (export MBRIDGE_OFFLOAD_RESERVE_RULE=full-device; auto_pair "$runs/planner-auto-6" "$case" "$args")
+      done ;;
     reserve-snapshot)
       # Eighteenth session (issue #15, docs/benchmarks/reserve-snapshot/, from the tree of commit dda1b64, 80 s): what
       # keeps the loss's logits-sized block reserved beside the peak on some runs
@@ -507,7 +538,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         snapshot_run reserve-snapshot $run
       done ;;
     reserve-snapshot-steady)
-      # NOT RUN YET (issue #15, ~3 min): what keeps a gap beside the steady peak, the 1.17 GiB envelope the plan counts
+      # Twentieth session, from the tree of commit 17e0846 (134 s; reserve-snapshot/README.md: the 4B's gaps beside its
+      # steady peak are 90 sub-page remainders, 0.52-0.54 GiB, the 1.1B proxy's 5). Issue #15: what keeps a gap beside the steady peak, the 1.17 GiB envelope the plan counts
       # with every reserve rule and most of what auto's step goal misses by (planner-auto-5/README.md). Two of
       # planner-auto-5's runs again on the whole device, with the allocator's history of steps 1-2: Qwen3-4B at 6144
       # tokens, fraction 0.45, which kept 0.55 GiB beyond its peak (its 0.4 run died with 0.53 GiB reserved and
@@ -519,9 +551,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         snapshot_run reserve-snapshot-steady $run
       done ;;
     smallest-trains)
-      # NOT RUN YET (issue #15, ~6-10 min): planner-auto-5's four configurations whose lowest run still trained, walked
-      # on down one 0.05 step per run beside the same ballast until a run does not train: the smallest fraction that
-      # trains on each device, the ground truth auto's step goal is read against (smallest-trains/run.py).
+      # Twentieth session (issue #15, docs/benchmarks/smallest-trains/, from the tree of commit 17e0846): planner-auto-5's
+      # four configurations whose lowest run still trained, walked on down one 0.05 step per run beside the same
+      # ballast until a run did not train: the smallest fraction that trains on each device (smallest-trains/run.py).
+      # Three calls: CASES=1p7b-sl10240 (115 s), CASES="1p7b-sl4096-mb3 1b-proxy-sl8192" (264 s), CASES=0p6b-sl12288
+      # (cut at 250 s in its run at 0.05; finished with the case's first fraction set to 0.05 on the device copy, 113 s).
       $py docs/benchmarks/smallest-trains/run.py "$runs" ${CASES:-} ;;
     planner-auto-3)
       # Fourteenth session (issue #15, docs/benchmarks/planner-auto-3/, at commit d4bd549): auto with the reserve

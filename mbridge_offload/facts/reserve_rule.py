@@ -1,5 +1,5 @@
-"""Which memory the planner counts the loss's block against: the caching allocator's gap beside the peak that is at
-most the loss's largest tensor (docs/benchmarks/reserve-snapshot/).
+"""Which memory the planner counts the loss's block against (the caching allocator's gap beside the peak that is at
+most the loss's largest tensor, docs/benchmarks/reserve-snapshot/), and what it counts beside the steady peak.
 
 One environment variable selects it, like the offload engine, so that ``plan_offload.py``, ``run_recipe.py -of auto``
 and ``check_auto.py`` (whose runs inherit the shell) plan with the same rule; the shell wins over ``env_vars``.
@@ -15,8 +15,11 @@ RESERVE_RULE_ENV = "MBRIDGE_OFFLOAD_RESERVE_RULE"
 RESERVE_RULE_KEY = f"env_vars.{RESERVE_RULE_ENV}"
 STEADY_PEAK = "steady-peak"
 FIRST_STEP = "first-step"
+# first-step's block, and beside the steady peak only the free gaps smaller than a 20 MiB page, which a full device
+# cannot give back (docs/benchmarks/smallest-trains/): opt-in until auto has been checked with it on the GPU
+FULL_DEVICE = "full-device"
 DEFAULT_RESERVE_RULE = FIRST_STEP
-RESERVE_RULES = (FIRST_STEP, STEADY_PEAK)
+RESERVE_RULES = (FIRST_STEP, STEADY_PEAK, FULL_DEVICE)
 # What steady-peak counts, in the words of the plan's note where it is used. first-step counts the loss's block
 # beside step 1's memory before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/); its GPU
 # evidence: auto trained at its pick on 5 of 5 new dense configurations (planner-auto-5/, where the envelope, not the
@@ -24,6 +27,12 @@ RESERVE_RULES = (FIRST_STEP, STEADY_PEAK)
 STEADY_PEAK_COUNTS = ("the loss's block beside the steady state's peak, as if a block the allocator keeps after "
                       "step 1 were lost to the run; where the GPU part keeps Adam moments that is more than the "
                       "first-step rule counts (docs/benchmarks/planner-auto-4/)")
+# What full-device counts, in the words of the plan's note
+FULL_DEVICE_COUNTS = ("the loss's block beside step 1's memory as first-step does, and beside the steady peak only "
+                      "the free gaps smaller than a 20 MiB page that PyTorch cannot give back on a full device "
+                      "(up to 0.54 GiB measured: docs/benchmarks/smallest-trains/), with a margin of the PyTorch "
+                      "peak's largest held-out under-prediction; opt-in: auto has not yet been checked with it on "
+                      "configurations it was not set on")
 
 
 def reserve_rule(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:

@@ -51,8 +51,9 @@ from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
 from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
                                                   stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
-from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP, RESERVE_RULE_ENV, RESERVE_RULES,
-                                                STEADY_PEAK, STEADY_PEAK_COUNTS, reserve_rule)
+from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP, FULL_DEVICE, FULL_DEVICE_COUNTS,
+                                                RESERVE_RULE_ENV, RESERVE_RULES, STEADY_PEAK, STEADY_PEAK_COUNTS,
+                                                reserve_rule)
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
                                                   largest_loss_tensor_bytes)
@@ -86,6 +87,13 @@ ALLOCATOR_RESERVE_SHARE = 0.0095
 # at fraction 1 died at NCCL's allocation in step 1, where PyTorch creates three communicators after its cache has
 # grown (docs/benchmarks/alloc-tight/, NCCL's log). So the plan counts it all.
 EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
+# The full-device rule's reserve beside the steady peak (facts/reserve_rule.py; expandable segments only). Before it
+# fails an allocation, PyTorch unmaps every whole 20 MiB page of its free blocks; what a full device keeps is the
+# free gaps smaller than a page (docs/benchmarks/reserve-snapshot/, smallest-trains/). The largest measured beside a
+# peak: Qwen3-4B at 6144 tokens, 0.52-0.54 GiB in 90 gaps (reserve-snapshot-steady; 0.53 GiB at its out-of-memory
+# error in planner-auto-5/); the other dense configurations measured kept 0.04-0.13 GiB. Rounded up. It is not a
+# bound: the gaps are remainders of each configuration's tensor sizes, which the plan does not model yet.
+SUB_PAGE_GAPS_BYTES = int(0.55 * GIB)
 # Either reserve is at least the loss's largest tensor (activations.largest_loss_tensor_bytes: the bf16 logits of a
 # micro batch, or the unfused cross entropy's fp32 copy) plus LOSS_TENSOR_RESERVE_SLACK_BYTES: the allocator can keep
 # the block that tensor freed beyond the peak. Set on the two runs at fraction 1 whose reserve was one bf16 logits
@@ -101,6 +109,10 @@ LOSS_TENSOR_RESERVE_SLACK_BYTES = int(0.02 * GIB)
 # NVML's figure (+0.0 % to +12.1 %; 7 of them are runs its reserve terms were read from); a smaller margin has not
 # been checked by a GPU run of auto. --margin-gib replaces it.
 HELDOUT_UNDERPREDICTION_SHARE = 0.02
+# The full-device rule's margin, as a share of the planned total. Of that plan, PyTorch's peak is the part planned as
+# measured rather than as an upper bound: its largest under-prediction on the held-out runs (HELDOUT and
+# smallest-trains/, 88) is 0.045 % (0.03 GiB on planner-heldout-2's Qwen3-4B at 2048 tokens), rounded up.
+FULL_DEVICE_MARGIN_SHARE = 0.001
 BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process before offload
 # The node's used memory peaks inside the first optimizer step, above the steady state the rest of the host
 # model counts, on the MoE models only. Measured on the H200 (docs/benchmarks/host-peak/): the 7-layer MoE proxy at
@@ -278,9 +290,12 @@ def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib:
                 host_memory_source=host_memory_source, notes=(f"not planned: {why}",), unplanned=why)
 
 
-def _margin_source(margin_gib: float | None) -> str:
+def _margin_source(margin_gib: float | None, full_device: bool = False) -> str:
     if margin_gib is not None:
         return "given (--margin-gib)"
+    if full_device:
+        return (f"{FULL_DEVICE_MARGIN_SHARE:.1%} of the planned total: the largest under-prediction of PyTorch's peak "
+                "on held-out runs (docs/benchmarks/planner-accuracy.md)")
     return (f"{HELDOUT_UNDERPREDICTION_SHARE:.0%} of the planned total: the largest under-prediction measured "
             "on held-out runs of an earlier planner; this one under-plans none of them "
             "(docs/benchmarks/planner-accuracy.md)")
@@ -291,21 +306,22 @@ def base_gpu_bytes(cfg) -> int:
     return BASE_GPU_BYTES + (MOE_EXTRA_GPU_BYTES if cfg.model.num_moe_experts else 0)
 
 
-def reserve_envelope_bytes(allocated: int, expandable: bool) -> int:
-    """The allocator's reserve beyond a PyTorch peak of ``allocated`` bytes, as measured without the loss's block."""
+def reserve_envelope_bytes(allocated: int, expandable: bool, full_device: bool = False) -> int:
+    """The allocator's reserve beyond a PyTorch peak of ``allocated`` bytes, as measured without the loss's block;
+    ``full_device``: what a full device keeps of it (the full-device rule, expandable segments only)."""
     if expandable:
-        return EXPANDABLE_ALLOCATOR_RESERVE_BYTES
+        return SUB_PAGE_GAPS_BYTES if full_device else EXPANDABLE_ALLOCATOR_RESERVE_BYTES
     return ALLOCATOR_RESERVE_BYTES + int(ALLOCATOR_RESERVE_SHARE * allocated)
 
 
 def device_total_bytes(allocated: int, outside: int, expandable: bool, loss_tensor: int = 0,
-                       block_beside: int | None = None) -> tuple[int, int]:
+                       block_beside: int | None = None, full_device: bool = False) -> tuple[int, int]:
     """(the allocator's reserve beyond ``allocated``, the whole device's bytes) for a PyTorch peak of
     ``allocated`` bytes and ``outside`` bytes outside PyTorch, with or without expandable segments, on a stage
     whose largest loss tensor is ``loss_tensor`` bytes (0 before the last stage). PyTorch's reserved bytes at their
     largest are the envelope beside the peak, or the loss's block (its tensor + slack) beside ``block_beside`` bytes
     (the reserve rule's: None, the peak itself). The reserve is the loss's block where it exceeds the envelope."""
-    envelope = reserve_envelope_bytes(allocated, expandable)
+    envelope = reserve_envelope_bytes(allocated, expandable, full_device)
     block = loss_tensor + LOSS_TENSOR_RESERVE_SLACK_BYTES if loss_tensor else 0
     beside = allocated if block_beside is None else block_beside
     reserved = max(allocated + envelope, beside + max(envelope, block))
@@ -328,11 +344,22 @@ def first_step_rule_applies(cfg, stream: bool) -> bool:
     return not (cfg.model.num_moe_experts or stream or cfg.model.pipeline_model_parallel_size > 1)
 
 
-def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve: bool) -> tuple[str, ...]:
-    """What the plan says about the rule its reserve was counted by: steady-peak where it was asked for; where the
-    default cannot apply, only when that was asked for or the loss's block sets the reserve (where the rules differ)."""
+def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve: bool,
+                        full_device: bool = False) -> tuple[str, ...]:
+    """What the plan says about the rule its reserve was counted by: steady-peak and full-device where they were asked
+    for; where the rule cannot apply, only when it was asked for or the loss's block sets the reserve (where the rules
+    differ)."""
     if rule == STEADY_PEAK:
         return (f"{RESERVE_RULE_ENV}={STEADY_PEAK}: the allocator's reserve counts {STEADY_PEAK_COUNTS}",)
+    if full_device:
+        return (f"{RESERVE_RULE_ENV}={FULL_DEVICE}: the allocator's reserve counts {FULL_DEVICE_COUNTS}",)
+    if rule == FULL_DEVICE and applied:
+        return (f"the {FULL_DEVICE} reserve rule needs expandable segments (PyTorch unmaps free pages only there): "
+                f"planned with {FIRST_STEP}",)
+    if rule == FULL_DEVICE:
+        return (f"the {FULL_DEVICE} reserve rule does not apply to this configuration (an MoE model, the stream "
+                f"engine or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
+                f"{STEADY_PEAK_COUNTS}",)
     if not applied and (asked or loss_sets_reserve):
         return ("the first-step reserve rule does not apply to this configuration (an MoE model, the stream engine "
                 f"or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
@@ -377,7 +404,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     rule_asked = run_env(RESERVE_RULE_ENV, env_vars, os.environ) is not None
     rule = reserve_rule(env_vars, os.environ)
     rule = rule if rule in RESERVE_RULES else DEFAULT_RESERVE_RULE  # the validator refuses it (reserve-rule-known)
-    block_at_first_step = rule == FIRST_STEP and first_step_rule_applies(cfg, stream)
+    block_at_first_step = rule in (FIRST_STEP, FULL_DEVICE) and first_step_rule_applies(cfg, stream)
+    full_device = rule == FULL_DEVICE and block_at_first_step and expandable
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:
@@ -422,13 +450,14 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         # the first-step rule: step 1's communicators are made before the first optimizer step creates the GPU
         # part's Adam moments, so a block formed then sits beside the peak without them
         block_beside = allocated - (shard_params - off_params) * moment_bytes if block_at_first_step else None
-        reserve, total = device_total_bytes(allocated, outside, expandable, loss_tensor, block_beside)
+        reserve, total = device_total_bytes(allocated, outside, expandable, loss_tensor, block_beside, full_device)
         stage_plan = StagePlan(stage=stage, params=params, state_bytes_gpu=state, activation_bytes_gpu=activations,
                                total_bytes_gpu=total)
         stages.append(_StageState(stage_plan=stage_plan, allocated_bytes_gpu=allocated,
                                   allocator_reserve_bytes_gpu=reserve,
                                   # the loss's block, not the envelope, set the reserve
-                                  reserve_is_loss_tensor=reserve > reserve_envelope_bytes(allocated, expandable),
+                                  reserve_is_loss_tensor=reserve > reserve_envelope_bytes(allocated, expandable,
+                                                                                          full_device),
                                   optimizer_params=shard_params,
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
@@ -445,7 +474,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     host_peak = host_node + ranks_per_node * (int(first_step * off_params) + loader_transient)
     allocated, reserve, total = (worst.allocated_bytes_gpu, worst.allocator_reserve_bytes_gpu,
                                  worst.stage_plan.total_bytes_gpu)
-    margin = HELDOUT_UNDERPREDICTION_SHARE * total / GIB if margin_gib is None else margin_gib
+    share = FULL_DEVICE_MARGIN_SHARE if full_device else HELDOUT_UNDERPREDICTION_SHARE
+    margin = share * total / GIB if margin_gib is None else margin_gib
     traffic = traffic_of(off_params, stream=stream)
     transfer = traffic["d2h_bytes"] + traffic["h2d_bytes"]
     # The speed model of the offload floor (cost_model.py): links per rank, host memory per node.
@@ -454,7 +484,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     host_margin = host_margin_gib if pinned else 0.0  # the unplanned memory is pinned memory of offload
     return Plan(
         num_gpus=num_gpus, fraction=fraction, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
-        margin_gib=margin, margin_source=_margin_source(margin_gib), host_margin_gib=host_margin,
+        margin_gib=margin, margin_source=_margin_source(margin_gib, full_device), host_margin_gib=host_margin,
         params_per_rank=params,
         optimizer_params_per_rank=worst.optimizer_params, offloaded_params_per_rank=off_params,
         weights_bytes_gpu=2 * params, grads_bytes_gpu=grad_bytes * params,
@@ -462,7 +492,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         activation_bytes_gpu=worst.stage_plan.activation_bytes_gpu, allocated_bytes_gpu=allocated,
         allocator_reserve_bytes_gpu=reserve, allocator_expandable_segments=expandable,
         allocator_reserve_is_loss_tensor=worst.reserve_is_loss_tensor,
-        reserve_rule=FIRST_STEP if block_at_first_step else STEADY_PEAK,
+        reserve_rule=FULL_DEVICE if full_device else FIRST_STEP if block_at_first_step else STEADY_PEAK,
         outside_pytorch_bytes_gpu=outside, nccl_communicators=communicators(cfg),
         nccl_communicator_bytes_gpu=communicator_bytes(env_vars, os.environ), total_bytes_gpu=total,
         offloaded_bytes_host_per_rank=host_off, pinned_bytes_host_per_rank=pinned,
@@ -479,5 +509,6 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         host_memory_source=host_memory_source, offload_engine=engine,
         notes=((("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
                 if not distributed and fraction > 0 else ())
-               + _reserve_rule_notes(rule, block_at_first_step, rule_asked, worst.reserve_is_loss_tensor)),
+               + _reserve_rule_notes(rule, block_at_first_step, rule_asked, worst.reserve_is_loss_tensor,
+                                     full_device)),
         stages=tuple(s.stage_plan for s in stages))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.facts.offload_engine import STREAM
-from mbridge_offload.facts.reserve_rule import FIRST_STEP
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
 from mbridge_offload.planning.memory_plan import Plan
@@ -28,7 +28,7 @@ FIRST_STEP_LOSS_TENSOR_NOTE = ("; the loss's largest tensor of a micro batch bes
 def _loss_tensor_note(p: Plan) -> str:
     if not p.allocator_reserve_is_loss_tensor:
         return ""
-    return FIRST_STEP_LOSS_TENSOR_NOTE if p.reserve_rule == FIRST_STEP else LOSS_TENSOR_RESERVE_NOTE
+    return FIRST_STEP_LOSS_TENSOR_NOTE if p.reserve_rule in (FIRST_STEP, FULL_DEVICE) else LOSS_TENSOR_RESERVE_NOTE
 
 
 def _gib(n: int) -> str:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.reserve_rule import (FIRST_STEP, RESERVE_RULE_ENV, RESERVE_RULE_KEY, RESERVE_RULES,
-                                                STEADY_PEAK, reserve_rule)
+from mbridge_offload.facts.reserve_rule import (FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV, RESERVE_RULE_KEY,
+                                                RESERVE_RULES, STEADY_PEAK, reserve_rule)
 from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
@@ -18,5 +18,6 @@ RULES: tuple[Rule, ...] = guarded(
          text=f"the planner's reserve rule ({RESERVE_RULE_ENV}) is one of {', '.join(RESERVE_RULES)}",
          applies=lambda c: c.env(RESERVE_RULE_ENV) is not None, holds=lambda c: _rule(c) in RESERVE_RULES,
          observed=_rule, fix=fixed(f"++{RESERVE_RULE_KEY}={FIRST_STEP}  (the default; or {STEADY_PEAK}, which "
-                                   "plans more; a value in the shell wins: unset it there)")),
+                                   f"plans more, or {FULL_DEVICE}, which plans less, opt-in; a value in the shell "
+                                   "wins: unset it there)")),
 )

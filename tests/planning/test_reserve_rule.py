@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from overrides import apply_overrides
-from mbridge_offload.facts.reserve_rule import FIRST_STEP, RESERVE_RULE_ENV, STEADY_PEAK
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV, STEADY_PEAK
 from mbridge_offload.planning import GIB, memory_plan, plan
 from mbridge_offload.planning.activations import largest_loss_tensor_bytes
 from mbridge_offload.planning.report import FIRST_STEP_LOSS_TENSOR_NOTE, LOSS_TENSOR_RESERVE_NOTE, format_plan
@@ -86,6 +86,43 @@ def test_where_the_default_cannot_apply_the_plan_says_so_only_when_the_loss_sets
                 expandable=True)
     assert long.allocator_reserve_is_loss_tensor
     assert any("first-step reserve rule does not apply" in note for note in long.notes)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.65, 1.0])
+def test_full_device_counts_first_steps_block_and_only_the_sub_page_gaps_beside_the_steady_peak(built, monkeypatch,
+                                                                                              fraction):
+    cfg = _cfg(built, "qwen3_0p6b_pretrain_config", 8192)
+    _, first = _plans(cfg, monkeypatch, fraction)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    full = plan(cfg, 1, fraction=fraction, expandable=True)
+    assert full.reserve_rule == FULL_DEVICE and full.allocated_bytes_gpu == first.allocated_bytes_gpu
+    block = largest_loss_tensor_bytes(cfg) + memory_plan.LOSS_TENSOR_RESERVE_SLACK_BYTES
+    allocated, outside = full.allocated_bytes_gpu, full.outside_pytorch_bytes_gpu
+    gaps = memory_plan.SUB_PAGE_GAPS_BYTES
+    assert full.total_bytes_gpu == max(allocated + gaps, allocated - _gpu_moments(full) + max(gaps, block)) + outside
+    assert full.total_bytes_gpu <= first.total_bytes_gpu
+    assert full.margin_gib == pytest.approx(memory_plan.FULL_DEVICE_MARGIN_SHARE * full.total_bytes_gpu / GIB)
+    assert "under-prediction of PyTorch's peak" in full.margin_source
+    assert any(f"{RESERVE_RULE_ENV}={FULL_DEVICE}" in note for note in full.notes)
+
+
+def test_full_device_falls_back_where_it_cannot_apply_and_the_plan_says_so(built, monkeypatch):
+    """Without expandable segments PyTorch cannot unmap a free block's pages: first-step plans it. Where first-step
+    itself does not apply (an MoE model), steady-peak does."""
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    fixed = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), 1, fraction=0.65, expandable=False)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
+    fixed_first = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), 1, fraction=0.65, expandable=False)
+    assert fixed.reserve_rule == FIRST_STEP and fixed.total_bytes_gpu == fixed_first.total_bytes_gpu
+    assert fixed.margin_gib == fixed_first.margin_gib
+    assert any("needs expandable segments" in note for note in fixed.notes)
+    moe_cfg = _cfg(built, "qwen3_30b_a3b_proxy_pretrain_config", 8192, "model.num_layers=3")
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    moe = plan(moe_cfg, 1, fraction=0.65, expandable=True)
+    monkeypatch.setenv(RESERVE_RULE_ENV, STEADY_PEAK)
+    moe_steady = plan(moe_cfg, 1, fraction=0.65, expandable=True)
+    assert moe.reserve_rule == STEADY_PEAK and moe.total_bytes_gpu == moe_steady.total_bytes_gpu
+    assert any(f"the {FULL_DEVICE} reserve rule does not apply" in note for note in moe.notes)
 
 
 def test_an_unknown_rule_plans_as_the_default(built, monkeypatch):
