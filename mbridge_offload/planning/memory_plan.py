@@ -119,7 +119,10 @@ BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)  # measured RSS of a training process 
 # fraction 1 (4.98B parameters offloaded, overlap off) held 114.6 GiB of the node (above the 1.4 GiB in use before
 # it started) for ~10 s of its first step, against 92.1 GiB planned between steps (with the thrown-away
 # optimizer's cached bf16 blocks): 22.5 GiB more, 4.85 B per offloaded parameter (rounded up), up to 22 GiB of
-# it outside any process's RSS; the steps after held 94.2 GiB. The 8-layer proxy (5.61B, 102.9 GiB planned
+# it outside any process's RSS. It is not a transient: rerun alone on the node (host-peak/alone-on-the-node/, the
+# twentieth session, 115.0 GiB above launch against 114.89 planned) the node held it through steps 2 and 3 and gave
+# it back only when training ended (the fourth session's 94.2 GiB "after" was sampled then), while the process's
+# step-end RSS stayed at the 92.1 GiB planned between steps. The 8-layer proxy (5.61B, 102.9 GiB planned
 # between steps, 128.5 GiB at this peak) was killed by the 125.8 GiB host in that step. Which allocation makes
 # the transient is not identified, so this is a measured rate. The MoE proxy's held-out runs alone on the node or
 # beside a ballast process, the overlap on (2-6 layers, 1.1-3.3B offloaded: planner-auto-2/, -3/, -4/,
