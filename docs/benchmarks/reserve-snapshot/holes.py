@@ -7,7 +7,9 @@ when no free gap fits the request; the gap left behind is the reserve the run sh
 Of the free bytes, PyTorch can give back on a full device only whole pages: it maps an expandable segment of the
 large pool in pages of 20 MiB (kLargeBuffer), and unmapping a free block keeps the parts of its first and last
 page that it shares with live blocks (CUDACachingAllocator.cpp, ``unmap_block``). The rest stays reserved even at
-an out-of-memory error: ``stuck`` below.
+an out-of-memory error: ``stuck`` below. ``gaps`` counts the free ranges, the one at the segment's mapped end
+(``end_gap_gib``) included; that one is not stuck in fact: the growth maps new pages on after it, and the request
+takes it with them.
 
     python docs/benchmarks/reserve-snapshot/holes.py docs/benchmarks/reserve-snapshot/*.pickle.gz
 """
@@ -67,7 +69,8 @@ def growths(snapshot: dict, least: int = GIB // 4) -> list[dict]:
                                   request_gib=request / GIB, mapped_gib=mapped / GIB,
                                   live_gib=sum(n for _, n in blocks) / GIB, free_gib=sum(sizes) / GIB,
                                   largest_gap_gib=max(sizes) / GIB,
-                                  stuck_gib=sum(stuck_bytes(lo - start, hi - start) for lo, hi in gaps) / GIB))
+                                  stuck_gib=sum(stuck_bytes(lo - start, hi - start) for lo, hi in gaps) / GIB,
+                                  gaps=sum(1 for n in sizes if n), end_gap_gib=sizes[-1] / GIB))
             mapped += event["size"]
         if event["action"] == "alloc":
             live[event["addr"]] = event["size"]
@@ -85,4 +88,5 @@ if __name__ == "__main__":
             print(f"  {g['seconds']:6.2f} s: +{g['grown_gib']:.2f} GiB for a {g['request_gib']:.2f} GiB request; the "
                   f"segment held {g['mapped_gib']:.2f} mapped, {g['live_gib']:.2f} live, {g['free_gib']:.2f} free, "
                   f"largest free gap {g['largest_gap_gib']:.2f}, of it in pages shared with live blocks (stuck) "
-                  f"{g['stuck_gib']:.3f}")
+                  f"{g['stuck_gib']:.3f}; in {g['gaps']} gaps, {g['end_gap_gib'] * 1024:.1f} MiB of it at the mapped "
+                  f"end (the growth extends that one)")
