@@ -73,7 +73,10 @@ def test_the_pinned_memory_beyond_the_offloads_is_the_data_loaders_on_long_seque
     rows = _long_rows((*CALIBRATION, *HELDOUT))
     checked = 0
     for r, cfg in rows:
-        summary = json.loads((Path(r["run"]) / "summary.json").read_text())
+        summary_path = Path(r["run"]) / "summary.json"
+        if not summary_path.exists():  # a run that ran out of memory (smallest-trains/ walks down to one)
+            continue
+        summary = json.loads(summary_path.read_text())
         if summary.get("peak_pinned_host_gib") is None:
             continue
         offload = plan(cfg, 1, fraction=r["fraction"]).pinned_bytes_host_per_rank
