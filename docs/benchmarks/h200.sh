@@ -407,6 +407,13 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
+    delayed-bench)
+      # NOT RUN YET (issue #16, ~6-7 min): the opt-in delayed mode (one-step delayed update) at fraction 1 against its
+      # own baselines, 3 rounds interleaved, 33 steps each: its goal is <= 1.10x, unmeasured since the eighth session's
+      # engine-bench (bench-dense-1/), whose delayed runs ran before the engine's later changes.
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/delayed-bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-delayed --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
     alloc-tight)
       # Fourteenth session (issue #15, docs/benchmarks/alloc-tight/): does a run need the allocator's reserve when the
       # device is only 0.25 GiB above its peak allocated + memory outside PyTorch? Two alloc-conf/ runs, each alone
