@@ -503,28 +503,33 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-5" "$case" "$args")
       done ;;
     planner-auto-6)
-      # NOT RUN YET (issue #15, ~15-18 min; split by CASES over calls, the 8B's runs are the longest): auto with the
-      # opt-in full-device reserve rule (MBRIDGE_OFFLOAD_RESERVE_RULE=full-device: first-step's block, and beside the
-      # steady peak only the 0.55 GiB allowance for the sub-page gaps a full device keeps, with a 0.1 % margin;
-      # smallest-trains/) on six dense configurations never run, each on a device the rule's plan puts between its
-      # picks at two fractions so that auto picks 0.5 (0.6 for the 8B, whose 0.05 step is ~2.9 GiB), and the
-      # 0.6B at micro batch 3 on a device just above its plan at fraction 0, where first-step's block (5.2 GiB of
-      # logits beside step 1's memory) sets the reserve: the first check of that term's size. check_auto's runs: at
-      # auto, 0.05 below and, where that trains, 0.10 below, which decides the step goal. The safety half is the
-      # question for the 4B and 8B cases (larger models, other tensor sizes: more sub-page gaps than 0.55 GiB?).
+      # NOT RUN YET (issue #15, ~20 min; split by CASES over calls, in this order, the 8B's runs the longest): auto with
+      # the opt-in full-device reserve rule (MBRIDGE_OFFLOAD_RESERVE_RULE=full-device: first-step's block, and beside
+      # the steady peak only a 0.55 GiB allowance for the sub-page gaps a full device keeps, with a 0.1 % margin;
+      # smallest-trains/) on seven dense configurations no auto check ran. Each device is the rule's plan + margin at
+      # its pick + 0.05 GiB, so the run at auto's pick tests the allowance itself (a device halfway to the next
+      # fraction would hide up to ~1.4 GiB more gaps). The question is the safety half on the 4B and 8B cases: their
+      # tensor sizes differ from the 4B the allowance was read from, and planner-auto-4's 4B at 8192 tokens held
+      # 0.90-0.92 GiB (planner-auto-3's 4B at 2048 tokens, micro batch 2: 0.61) reserved beyond its peak on devices
+      # with room, how much of it stuck unknown; that case runs first, on planner-auto-4's 100 GiB device (the rule
+      # picks 0.55 there, 99.95 GiB planned). The 0.6B at micro batch 3, on a device just above its plan at fraction
+      # 0, is the first auto check where first-step's block (5.2 GiB of logits beside step 1's memory), not the
+      # allowance, sets the reserve. check_auto's runs: at auto, 0.05 below and, where that trains, 0.10 below.
       mkdir -p "$runs/planner-auto-6"
-      for case in ${CASES:-1b-proxy-sl12288 0p6b-sl6144-mb3 1p7b-sl8192-mb2 4b-sl4096-mb2 4b-sl10240 8b-sl4096}; do
+      for case in ${CASES:-4b-sl8192 0p6b-sl6144-mb3 1b-proxy-sl12288 1p7b-sl8192-mb2 4b-sl4096-mb2 4b-sl10240 8b-sl4096}; do
         case $case in
-          1b-proxy-sl12288) args="42.8 qwen3_1b_proxy_pretrain_config model.seq_length=12288 dataset.seq_length=12288" ;;
-          0p6b-sl6144-mb3) args="51.8 qwen3_0p6b_pretrain_config model.seq_length=6144 dataset.seq_length=6144 \
+          4b-sl8192) args="100 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=8192 \
+            dataset.seq_length=8192" ;;
+          0p6b-sl6144-mb3) args="51.76 qwen3_0p6b_pretrain_config model.seq_length=6144 dataset.seq_length=6144 \
             train.micro_batch_size=3 train.global_batch_size=3" ;;
-          1p7b-sl8192-mb2) args="76.6 qwen3_1p7b_pretrain_config model.seq_length=8192 dataset.seq_length=8192 \
+          1b-proxy-sl12288) args="42.59 qwen3_1b_proxy_pretrain_config model.seq_length=12288 dataset.seq_length=12288" ;;
+          1p7b-sl8192-mb2) args="76.42 qwen3_1p7b_pretrain_config model.seq_length=8192 dataset.seq_length=8192 \
             train.micro_batch_size=2 train.global_batch_size=2" ;;
-          4b-sl4096-mb2) args="102.1 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
+          4b-sl4096-mb2) args="101.37 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
             dataset.seq_length=4096 train.micro_batch_size=2 train.global_batch_size=2" ;;
-          4b-sl10240) args="113.7 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=10240 \
+          4b-sl10240) args="112.98 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=10240 \
             dataset.seq_length=10240" ;;
-          8b-sl4096) args="133.5 qwen3_8b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
+          8b-sl4096) args="132.15 qwen3_8b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
             dataset.seq_length=4096" ;;
           *) echo "unknown case $case"; exit 2 ;;
         esac
@@ -546,8 +551,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       done ;;
     reserve-snapshot-steady)
       # Twentieth session, from the tree of commit 17e0846 (134 s; reserve-snapshot/README.md: the 4B's gaps beside its
-      # steady peak are 90 sub-page remainders, 0.52-0.54 GiB, the 1.1B proxy's 5). Issue #15: what keeps a gap beside the steady peak, the 1.17 GiB envelope the plan counts
-      # with every reserve rule and most of what auto's step goal misses by (planner-auto-5/README.md). Two of
+      # steady peak are 90 sub-page remainders, 0.52 GiB, the 1.1B proxy's 5). Issue #15: what keeps a gap beside the
+      # steady peak, the 1.17 GiB envelope the first-step and steady-peak rules count and most of what auto's step
+      # goal misses by (planner-auto-5/README.md). Two of
       # planner-auto-5's runs again on the whole device, with the allocator's history of steps 1-2: Qwen3-4B at 6144
       # tokens, fraction 0.45, which kept 0.55 GiB beyond its peak (its 0.4 run died with 0.53 GiB reserved and
       # unused), and the 1.1B proxy at 8192 tokens, fraction 0.45, which kept 0.04. Compare each peak_reserved_gib
