@@ -63,9 +63,10 @@ def test_what_the_4b_could_not_give_back_at_its_out_of_memory_error_is_the_sub_p
     step_two_loss = [g for g in growths if g["request_gib"] > 1.7][-1]
     assert step_two_loss["largest_gap_gib"] < holes.PAGE / holes.GIB  # no gap holds a whole page
     assert step_two_loss["stuck_gib"] == pytest.approx(step_two_loss["free_gib"], abs=0.02)
+    inside = step_two_loss["stuck_gib"] - step_two_loss["end_gap_gib"]  # the growth takes the gap at the mapped end
     log = (FOLDER.parent / "planner-auto-5" / "4b-sl6144" / "fraction-0.4" / "log.txt").read_text(errors="replace")
     unallocated_mib = float(re.search(r"([0-9.]+) MiB is reserved by PyTorch but unallocated", log).group(1))
-    assert step_two_loss["stuck_gib"] == pytest.approx(unallocated_mib / 1024, abs=0.03)
+    assert inside == pytest.approx(unallocated_mib / 1024, abs=0.01)
 
 
 def test_the_1b_proxy_keeps_almost_nothing_in_sub_page_gaps_at_the_same_moment():
@@ -73,4 +74,4 @@ def test_the_1b_proxy_keeps_almost_nothing_in_sub_page_gaps_at_the_same_moment()
     the 4B leaves 90 (0.52-0.54 GiB): the stuck memory is a property of the configuration, not a constant."""
     with gzip.open(FOLDER / "1b-proxy-sl8192-fraction-0.45.pickle.gz", "rb") as f:
         growths = holes.growths(pickle.load(f))
-    assert len(growths) == 4 and all(g["stuck_gib"] < 0.05 for g in growths)
+    assert growths and all(g["stuck_gib"] - g["end_gap_gib"] < 0.05 for g in growths)

@@ -1,7 +1,8 @@
 """The smallest fraction that trains (docs/benchmarks/smallest-trains/, twentieth session): planner-auto-5's five
 configurations, each walked on down one 0.05 step per run beside the same ballast until a run did not train. No
-constant of the planner was set on these runs. They hold auto's safety (it never picks a fraction below the smallest
-that trains) and what the plan's whole device is made of on a full device: PyTorch's peak, the memory outside
+constant of the default planner's GPU plan was set on these runs (the opt-in full-device rule's allowance for the
+sub-page gaps was read from the 4B's, and the dense host base was chosen after them: neither is tested here). They
+hold auto's safety (it never picks a fraction below the smallest that trains) and what the plan's whole device is made of on a full device: PyTorch's peak, the memory outside
 PyTorch, and the free gaps smaller than a page that PyTorch cannot give back (reserve-snapshot/README.md)."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from overrides import apply_overrides
-from mbridge_offload.facts.reserve_rule import FULL_DEVICE, RESERVE_RULE_ENV
-from mbridge_offload.planning import GIB, plan
+from mbridge_offload.facts.reserve_rule import RESERVE_RULE_ENV
+from mbridge_offload.planning import GIB, memory_plan, plan
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 WALKS = BENCHMARKS / "smallest-trains"
@@ -53,16 +54,11 @@ def test_every_configuration_was_walked_down_to_a_failure():
         _smallest_that_trains(runs)  # asserts it
 
 
-@pytest.mark.parametrize("rule", [None, FULL_DEVICE])
-def test_auto_never_picks_a_fraction_below_the_smallest_that_trains(built, monkeypatch, rule):
-    """With the default rule (these runs were made after it was set) and with the opt-in full-device rule, whose
-    allowance for the gaps was read from the 4B of this set: a replay, not its held-out check."""
+def test_auto_never_picks_a_fraction_below_the_smallest_that_trains(built, monkeypatch):
+    """With the default rule, which was set before these runs."""
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
-    if rule is None:
-        monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(RESERVE_RULE_ENV, rule)
+    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     for case, (check, runs) in _configurations().items():
         cfg = apply_overrides(built(check["recipe"]), check["overrides"])
         picked, _ = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
@@ -89,16 +85,17 @@ def test_each_failure_is_planned_above_its_device_and_explained_by_its_unrelease
         assert needed > check["device_gib"], (run["folder"], needed)
 
 
-def test_on_a_full_device_a_run_used_its_planned_peak_and_outside_memory_and_little_more(built, monkeypatch):
-    """At the smallest fraction that trains the device was nearly full. There NVML's whole device for the run is
-    PyTorch's planned peak + the memory outside PyTorch, within -0.05 GiB (the plan's PyTorch peak is 0.03 GiB high
-    on these runs) and +0.55 GiB (the largest sub-page gaps measured, Qwen3-4B's 0.52-0.54 GiB:
-    reserve-snapshot-steady): the 1.17 GiB envelope the plan counts beside the steady peak is not what such a run
-    needs."""
+def test_at_the_smallest_fraction_a_run_used_its_planned_peak_and_outside_memory_and_little_more(built, monkeypatch):
+    """At the smallest fraction that trains (0.21-0.69 GiB free; the 4B's 1.14) NVML's whole device for the run is
+    PyTorch's planned peak + the memory outside PyTorch, less at most the PyTorch peak's largest held-out
+    over-prediction (0.3 %), plus at most the sub-page gaps of the 4B's history at its steady peak (another run of its
+    configuration, reserve-snapshot-steady: 0.52 GiB, rounded up to the full-device rule's allowance): the 1.17 GiB
+    envelope the default plan counts beside the steady peak is not what such a run needs."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     for case, (check, runs) in _configurations().items():
         fraction = _smallest_that_trains(runs)
         cfg = apply_overrides(built(check["recipe"]), check["overrides"])
         p = plan(cfg, 1, fraction=fraction, expandable=True)
         planned = (p.allocated_bytes_gpu + p.outside_pytorch_bytes_gpu) / GIB
-        assert -0.05 <= runs[fraction]["device_used_gib"] - planned <= 0.55, (case, fraction, planned)
+        gaps = memory_plan.SUB_PAGE_GAPS_BYTES / GIB
+        assert -0.003 * planned <= runs[fraction]["device_used_gib"] - planned <= gaps, (case, fraction, planned)
