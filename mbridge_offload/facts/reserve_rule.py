@@ -29,10 +29,10 @@ STEADY_PEAK_COUNTS = ("the loss's block beside the steady state's peak, as if a 
                       "first-step rule counts (docs/benchmarks/planner-auto-4/)")
 # What full-device counts, in the words of the plan's note
 FULL_DEVICE_COUNTS = ("the loss's block beside step 1's memory as first-step does, and beside the steady peak only "
-                      "the free gaps smaller than a 20 MiB page that PyTorch cannot give back on a full device "
-                      "(up to 0.54 GiB measured: docs/benchmarks/smallest-trains/), with a margin of the PyTorch "
-                      "peak's largest held-out under-prediction; opt-in: auto has not yet been checked with it on "
-                      "configurations it was not set on")
+                      "an allowance for the free gaps smaller than a 20 MiB page that PyTorch cannot give back on a "
+                      "full device (0.52 GiB measured beside Qwen3-4B's peak: docs/benchmarks/reserve-snapshot/; "
+                      "other configurations' gaps are not predicted); opt-in: auto has not yet been checked with it "
+                      "on configurations it was not set on")
 
 
 def reserve_rule(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:

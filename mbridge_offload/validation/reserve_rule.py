@@ -20,4 +20,12 @@ RULES: tuple[Rule, ...] = guarded(
          observed=_rule, fix=fixed(f"++{RESERVE_RULE_KEY}={FIRST_STEP}  (the default; or {STEADY_PEAK}, which "
                                    f"plans more, or {FULL_DEVICE}, which plans less, opt-in; a value in the shell "
                                    "wins: unset it there)")),
+    Rule(id="planner/reserve-rule-full-device", mechanism=OPTIMIZER, key=RESERVE_RULE_KEY,
+         text=f"the {FULL_DEVICE} reserve rule plans less GPU memory than the rule auto was checked with on the GPU: "
+              "its 0.55 GiB allowance for the sub-page gaps a full device keeps was read from one configuration, "
+              "and no GPU run of auto has checked it on others (docs/benchmarks/smallest-trains/); check a fraction "
+              "it picks with scripts/check_auto.py before a long run",
+         applies=lambda c: _rule(c) == FULL_DEVICE, holds=lambda c: False, observed=_rule,
+         fix=fixed(f"++{RESERVE_RULE_KEY}={FIRST_STEP}  (the default, which auto was checked with; a value in the "
+                   "shell wins: unset it there)"), severity="warning"),
 )
