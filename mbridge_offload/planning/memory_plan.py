@@ -17,8 +17,8 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   allocator; plus the pinned bf16 copies of the HybridDeviceOptimizer Megatron builds on the bf16
   parameters and throws away, which the allocator keeps cached: one block per power of two, the
   embedding's (its walk starts there) the largest (facts/offload_bytes.py ``library_pinned_bytes``, equal to
-  the measured pinned memory within 7 MiB on all 39 offload runs of docs/benchmarks/); plus a fixed base per
-  process; plus the training data loader's pinned batches in flight (data_loader.py: derived from Megatron Core's
+  the measured pinned memory within 7 MiB on all 39 offload runs of docs/benchmarks/); plus a base per
+  process (2.4 GiB dense, 2.6 MoE); plus the training data loader's pinned batches in flight (data_loader.py: derived from Megatron Core's
   dataset and PyTorch's DataLoader, the bool attention mask micro batch x sequence^2 B of each). That is the steady
   state; the process's own peak adds the batch being pinned (data_loader.py). On MoE models the node's memory
   peaks above it inside the first optimizer step, by a measured 4.9 B per offloaded parameter; on dense models no
@@ -121,7 +121,7 @@ FULL_DEVICE_MARGIN_SHARE = 0.001
 # +1.0 % on all 88 held-out runs with the record (HELDOUT, smallest-trains/ among them: -0.4 % to +1.0 %, +1.3 % to
 # +5.6 % with 2.6); on the 21 dense calibration runs it was set on, -2.3 % to +2.6 %
 # (docs/benchmarks/planner-accuracy.md).
-BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)
+MOE_BASE_HOST_BYTES_PER_RANK = int(2.6 * GIB)
 DENSE_BASE_HOST_BYTES_PER_RANK = int(2.4 * GIB)
 # The node's used memory peaks inside the first optimizer step, above the steady state the rest of the host
 # model counts, on the MoE models only. Measured on the H200 (docs/benchmarks/host-peak/): the 7-layer MoE proxy at
@@ -201,8 +201,9 @@ class Plan:
     allocator_expandable_segments: bool  # which of the two measured reserves applies
     # the reserve is the loss's largest tensor (+ slack), not the envelope: kept free on some runs, not on others
     allocator_reserve_is_loss_tensor: bool = False
-    # which memory the loss's block is counted beside (facts/reserve_rule.py): the rule in force for this plan,
-    # steady-peak where first-step, the default, does not apply (first_step_rule_applies)
+    # which memory the loss's block is counted beside, and what beside the steady peak (facts/reserve_rule.py): the
+    # rule in force for this plan; steady-peak where first-step, the default, does not apply (first_step_rule_applies);
+    # full-device only where it was asked for and its readings were made (one GPU, expandable segments), else first-step
     reserve_rule: str = DEFAULT_RESERVE_RULE
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
@@ -370,8 +371,9 @@ def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve
     if full_device:
         return (f"{RESERVE_RULE_ENV}={FULL_DEVICE}: the allocator's reserve counts {FULL_DEVICE_COUNTS}",)
     if rule == FULL_DEVICE and applied:
-        return (f"the {FULL_DEVICE} reserve rule needs expandable segments (PyTorch unmaps free pages only there): "
-                f"planned with {FIRST_STEP}",)
+        return (f"the {FULL_DEVICE} reserve rule needs one GPU and expandable segments (PyTorch unmaps free pages only "
+                f"there; its gaps were read on one GPU, and sharded tensors leave other remainders): planned with "
+                f"{FIRST_STEP}",)
     if rule == FULL_DEVICE:
         return (f"the {FULL_DEVICE} reserve rule does not apply to this configuration (an MoE model, the stream "
                 f"engine or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
@@ -421,7 +423,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     rule = reserve_rule(env_vars, os.environ)
     rule = rule if rule in RESERVE_RULES else DEFAULT_RESERVE_RULE  # the validator refuses it (reserve-rule-known)
     block_at_first_step = rule in (FIRST_STEP, FULL_DEVICE) and first_step_rule_applies(cfg, stream)
-    full_device = rule == FULL_DEVICE and block_at_first_step and expandable
+    # the gaps were read on one GPU with expandable segments only: sharded tensors leave other remainders
+    full_device = rule == FULL_DEVICE and block_at_first_step and expandable and num_gpus == 1
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:
@@ -485,7 +488,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     # the data loader's pinned batches in flight (between steps) and the batch being pinned (the process's peak):
     # data_loader.py, from Megatron Core's dataset and PyTorch's DataLoader; every rank runs its own loader
     loader_pinned, loader_transient = data_loader_pinned_bytes(cfg), data_loader_transient_bytes(cfg)
-    base = BASE_HOST_BYTES_PER_RANK if m.num_moe_experts else DENSE_BASE_HOST_BYTES_PER_RANK
+    base = MOE_BASE_HOST_BYTES_PER_RANK if m.num_moe_experts else DENSE_BASE_HOST_BYTES_PER_RANK
     host_node = ranks_per_node * (host_off + base + loader_pinned)
     first_step = first_step_host_bytes_per_offloaded_param(cfg, stream)
     host_peak = host_node + ranks_per_node * (int(first_step * off_params) + loader_transient)

@@ -92,8 +92,8 @@ def _host_peak_text(p: Plan) -> str:
                 f"(the data loader's batch being pinned; no first-step transient planned: measured on MoE models "
                 f"with a CPU optimizer only)")
     return (f"{_gib(p.host_bytes_per_node)} between steps, {_gib(p.host_peak_bytes_per_node)} at the first optimizer "
-            f"step's peak (the MoE models' first-step transient, which the node then holds until training ends "
-            f"outside the processes' RSS, and the data loader's batch being pinned)")
+            f"step's peak (the MoE models' first-step growth, which the node held outside the processes' RSS until "
+            f"training ended where it was measured, and the data loader's batch being pinned)")
 
 
 def _host_fit_fix(p: Plan) -> str:

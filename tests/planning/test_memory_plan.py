@@ -77,7 +77,6 @@ def test_host_guard_takes_the_first_step_peak_that_killed_the_8_layer_moe_proxy(
             + seven.data_loader_transient_bytes_host_per_rank)
 
 
-
 def test_first_step_peak_of_the_moe_proxy_rerun_alone_on_the_node(built):
     """docs/benchmarks/host-peak/alone-on-the-node/ (2026-12-04, the tree of 17e0846, nothing else on the node):
     h200.sh host-peak again. The 7-layer run is the configuration the first-step rate was set on (the fourth
@@ -110,6 +109,7 @@ def test_first_step_peak_of_the_moe_proxy_rerun_alone_on_the_node(built):
     assert not eight.fits_host
     assert json.loads((runs / "trace8" / "failure.json").read_text())["reason"].startswith(
         "refused before launch: [memory/host-fit]")
+
 
 @pytest.mark.parametrize("ranks", [1, 8])
 def test_the_first_step_transient_is_the_moe_models_only(built, ranks):
@@ -148,7 +148,7 @@ def test_the_plan_of_a_dense_model_says_its_peak_is_its_steady_state(built):
             "(no first-step transient planned") in format_plan(no_workers)
     moe = plan(built("qwen3_30b_a3b_proxy_pretrain_config"), 1, fraction=0.5, host_memory_gib=125)
     assert (f"{moe.host_bytes_per_node / GIB:.2f} GiB between steps, {moe.host_peak_bytes_per_node / GIB:.2f} GiB "
-            "at the first optimizer step's peak (the MoE models' first-step transient") in format_plan(moe)
+            "at the first optimizer step's peak (the MoE models' first-step growth") in format_plan(moe)
 
 
 def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(built):

@@ -1,6 +1,8 @@
 """The planner's reserve rules (facts/reserve_rule.py): first-step, the default, counts the loss's block beside step 1's
 memory before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/), on the configurations whose
-reading was made; steady-peak counts it beside the steady state's peak. The plan says when it used steady-peak."""
+reading was made; steady-peak counts it beside the steady state's peak; full-device (opt-in) counts first-step's
+block and, beside the steady peak, only an allowance for the sub-page gaps a full device keeps (smallest-trains/),
+on one GPU with expandable segments, else first-step. The plan says which rule it used where it is not the default."""
 
 from __future__ import annotations
 
@@ -107,15 +109,19 @@ def test_full_device_counts_first_steps_block_and_only_the_sub_page_gaps_beside_
 
 
 def test_full_device_falls_back_where_it_cannot_apply_and_the_plan_says_so(built, monkeypatch):
-    """Without expandable segments PyTorch cannot unmap a free block's pages: first-step plans it. Where first-step
-    itself does not apply (an MoE model), steady-peak does."""
+    """Without expandable segments PyTorch cannot unmap a free block's pages, and on several GPUs the gaps were not
+    read: first-step plans those. Where first-step itself does not apply (an MoE model), steady-peak does."""
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
     fixed = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), 1, fraction=0.65, expandable=False)
     monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
     fixed_first = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), 1, fraction=0.65, expandable=False)
     assert fixed.reserve_rule == FIRST_STEP and fixed.total_bytes_gpu == fixed_first.total_bytes_gpu
     assert fixed.margin_gib == fixed_first.margin_gib
-    assert any("needs expandable segments" in note for note in fixed.notes)
+    assert any("needs one GPU and expandable segments" in note for note in fixed.notes)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    two_gpus = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), 2, fraction=0.65, expandable=True)
+    assert two_gpus.reserve_rule == FIRST_STEP
+    assert any("needs one GPU and expandable segments" in note for note in two_gpus.notes)
     moe_cfg = _cfg(built, "qwen3_30b_a3b_proxy_pretrain_config", 8192, "model.num_layers=3")
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
     moe = plan(moe_cfg, 1, fraction=0.65, expandable=True)
