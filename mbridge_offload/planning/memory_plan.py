@@ -90,9 +90,11 @@ EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # The full-device rule's reserve beside the steady peak (facts/reserve_rule.py; expandable segments only). Before it
 # fails an allocation, PyTorch unmaps every whole 20 MiB page of its free blocks; what a full device keeps is the
 # free gaps smaller than a page (docs/benchmarks/reserve-snapshot/, smallest-trains/). The largest measured beside a
-# peak: Qwen3-4B at 6144 tokens, 0.52-0.54 GiB in 90 gaps (reserve-snapshot-steady; 0.53 GiB at its out-of-memory
-# error in planner-auto-5/); the other dense configurations measured kept 0.04-0.13 GiB. Rounded up. It is not a
-# bound: the gaps are remainders of each configuration's tensor sizes, which the plan does not model yet.
+# peak: Qwen3-4B at 6144 tokens, 0.52 GiB in 90 gaps (reserve-snapshot-steady; 0.53 GiB at its out-of-memory error
+# in planner-auto-5/); the other dense configurations measured kept 0.02-0.13 GiB. Rounded up. It is not a bound: the
+# gaps are remainders of each configuration's tensor sizes, which the plan does not model yet, and two other 4B runs
+# held more beyond their peaks on devices with room (planner-auto-3/'s 4B at 2048 tokens 0.61 GiB, planner-auto-4/'s
+# at 8192 tokens 0.90-0.92), how much of it stuck not known: h200.sh's planner-auto-6 runs the latter first.
 SUB_PAGE_GAPS_BYTES = int(0.55 * GIB)
 # Either reserve is at least the loss's largest tensor (activations.largest_loss_tensor_bytes: the bf16 logits of a
 # micro batch, or the unfused cross entropy's fp32 copy) plus LOSS_TENSOR_RESERVE_SLACK_BYTES: the allocator can keep
