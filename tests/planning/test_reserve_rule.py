@@ -131,6 +131,16 @@ def test_full_device_falls_back_where_it_cannot_apply_and_the_plan_says_so(built
     assert any(f"the {FULL_DEVICE} reserve rule does not apply" in note for note in moe.notes)
 
 
+def test_full_device_keeps_a_given_margin_and_falls_back_on_several_pipeline_stages(built, monkeypatch):
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    cfg = _cfg(built, "qwen3_0p6b_pretrain_config", 8192)
+    given = plan(cfg, 1, fraction=0.65, expandable=True, margin_gib=1.0)
+    assert given.reserve_rule == FULL_DEVICE and given.margin_gib == 1.0 and given.margin_source == "given (--margin-gib)"
+    staged = plan(apply_overrides(cfg, ["model.pipeline_model_parallel_size=2"]), 2, fraction=0.65, expandable=True)
+    assert staged.reserve_rule == STEADY_PEAK
+    assert any(f"the {FULL_DEVICE} reserve rule does not apply" in note for note in staged.notes)
+
+
 def test_an_unknown_rule_plans_as_the_default(built, monkeypatch):
     """The validator refuses it (planner/reserve-rule-known); a plan made without the validator uses the default."""
     cfg = _cfg(built, "qwen3_0p6b_pretrain_config", 8192)
