@@ -18,6 +18,9 @@ FIRST_STEP = "first-step"
 # first-step's block, and beside the steady peak only the free gaps smaller than a 20 MiB page, which a full device
 # cannot give back (docs/benchmarks/smallest-trains/): opt-in until auto has been checked with it on the GPU
 FULL_DEVICE = "full-device"
+# full-device's allowance for those gaps beside the steady peak, in GiB (why this figure: planning/memory_plan.py's
+# SUB_PAGE_GAPS_BYTES)
+SUB_PAGE_GAPS_GIB = 0.55
 DEFAULT_RESERVE_RULE = FIRST_STEP
 RESERVE_RULES = (FIRST_STEP, STEADY_PEAK, FULL_DEVICE)
 # What steady-peak counts, in the words of the plan's note where it is used. first-step counts the loss's block

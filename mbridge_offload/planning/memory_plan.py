@@ -53,7 +53,7 @@ from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, 
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP, FULL_DEVICE, FULL_DEVICE_COUNTS,
                                                 RESERVE_RULE_ENV, RESERVE_RULES, STEADY_PEAK, STEADY_PEAK_COUNTS,
-                                                reserve_rule)
+                                                SUB_PAGE_GAPS_GIB, reserve_rule)
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
                                                   largest_loss_tensor_bytes)
@@ -87,15 +87,15 @@ ALLOCATOR_RESERVE_SHARE = 0.0095
 # at fraction 1 died at NCCL's allocation in step 1, where PyTorch creates three communicators after its cache has
 # grown (docs/benchmarks/alloc-tight/, NCCL's log). So the plan counts it all.
 EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
-# The full-device rule's reserve beside the steady peak (facts/reserve_rule.py; expandable segments only). Before it
-# fails an allocation, PyTorch unmaps every whole 20 MiB page of its free blocks; what a full device keeps is the
+# The full-device rule's reserve beside the steady peak (facts/reserve_rule.py's SUB_PAGE_GAPS_GIB, which the
+# validator's warning names too; expandable segments only). Before it fails an allocation, PyTorch unmaps every whole 20 MiB page of its free blocks; what a full device keeps is the
 # free gaps smaller than a page (docs/benchmarks/reserve-snapshot/, smallest-trains/). The largest measured beside a
 # peak: Qwen3-4B at 6144 tokens, 0.52 GiB in 90 gaps (reserve-snapshot-steady; 0.53 GiB at its out-of-memory error
 # in planner-auto-5/); the other dense configurations measured kept 0.02-0.13 GiB. Rounded up. It is not a bound: the
 # gaps are remainders of each configuration's tensor sizes, which the plan does not model yet, and two other 4B runs
 # held more beyond their peaks on devices with room (planner-auto-3/'s 4B at 2048 tokens 0.61 GiB, planner-auto-4/'s
 # at 8192 tokens 0.90-0.92), how much of it stuck not known: h200.sh's planner-auto-6 runs the latter first.
-SUB_PAGE_GAPS_BYTES = int(0.55 * GIB)
+SUB_PAGE_GAPS_BYTES = int(SUB_PAGE_GAPS_GIB * GIB)
 # Either reserve is at least the loss's largest tensor (activations.largest_loss_tensor_bytes: the bf16 logits of a
 # micro batch, or the unfused cross entropy's fp32 copy) plus LOSS_TENSOR_RESERVE_SLACK_BYTES: the allocator can keep
 # the block that tensor freed beyond the peak. Set on the two runs at fraction 1 whose reserve was one bf16 logits
@@ -376,12 +376,8 @@ def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve
         return (f"the {FULL_DEVICE} reserve rule needs one GPU and expandable segments (PyTorch unmaps free pages only "
                 f"there; its gaps were read on one GPU, and sharded tensors leave other remainders): planned with "
                 f"{FIRST_STEP}",)
-    if rule == FULL_DEVICE:
-        return (f"the {FULL_DEVICE} reserve rule does not apply to this configuration (an MoE model, the stream "
-                f"engine or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
-                f"{STEADY_PEAK_COUNTS}",)
-    if not applied and (asked or loss_sets_reserve):
-        return ("the first-step reserve rule does not apply to this configuration (an MoE model, the stream engine "
+    if not applied and (asked or loss_sets_reserve):  # full-device is only ever asked for
+        return (f"the {rule} reserve rule does not apply to this configuration (an MoE model, the stream engine "
                 f"or several pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
                 f"{STEADY_PEAK_COUNTS}",)
     return ()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.reserve_rule import (FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV, RESERVE_RULE_KEY,
-                                                RESERVE_RULES, STEADY_PEAK, reserve_rule)
+                                                RESERVE_RULES, STEADY_PEAK, SUB_PAGE_GAPS_GIB, reserve_rule)
 from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
@@ -22,9 +22,9 @@ RULES: tuple[Rule, ...] = guarded(
                                    "wins: unset it there)")),
     Rule(id="planner/reserve-rule-full-device", mechanism=OPTIMIZER, key=RESERVE_RULE_KEY,
          text=f"the {FULL_DEVICE} reserve rule plans less GPU memory than the rule auto was checked with on the GPU: "
-              "its 0.55 GiB allowance for the sub-page gaps a full device keeps was read from one configuration, "
-              "and no GPU run of auto has checked it on others (docs/benchmarks/smallest-trains/); check a fraction "
-              "it picks with scripts/check_auto.py before a long run",
+              f"its {SUB_PAGE_GAPS_GIB:g} GiB allowance for the sub-page gaps a full device keeps was read from one "
+              "configuration, and no GPU run of auto has checked it on others (docs/benchmarks/smallest-trains/); "
+              "check a fraction it picks with scripts/check_auto.py before a long run",
          applies=lambda c: _rule(c) == FULL_DEVICE, holds=lambda c: False, observed=_rule,
          fix=fixed(f"++{RESERVE_RULE_KEY}={FIRST_STEP}  (the default, which auto was checked with; a value in the "
                    "shell wins: unset it there)"), severity="warning"),
