@@ -327,6 +327,23 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --out "$runs/stream-moe-bench${DETERMINISTIC:+-deterministic}" ${DETERMINISTIC:+--deterministic} --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
+    stream-moe-profile)
+      # NOT RUN YET (issue #16, ~4 min): where the MoE proxy's stream step loses ~0.6 s (bench-stream-moe-deterministic/:
+      # 1.45x at fraction 1; its plan puts the moments' copies at >= 0.5 s a step, which the forward should partly
+      # hide). PyTorch's profiler on steps 10-12 of the 4-layer proxy (as stream-profile), deterministic (the same routing in both runs),
+      # without offload and with stream at fraction 1, one after the other; mbridge_offload.bench.gpu_trace reads each
+      # trace (each stream's busy time, the copies' rates while copying, the training stream's idle gaps and what
+      # surrounds them). The traces themselves are not kept (tens of MB).
+      d="$runs/stream-moe-profile"; mkdir -p "$d"
+      for name in baseline stream-1; do
+        if [ $name = baseline ]; then extra="optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0"
+        else extra="--offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"; fi
+        $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_pretrain_config --deterministic --out "$d/$name" \
+          model.num_layers=4 train.train_iters=13 profiling.use_pytorch_profiler=True profiling.profile_step_start=10 \
+          profiling.profile_step_end=12 $extra > "$d/$name.log" 2>&1; echo "$name: exit $?"
+        $py -m mbridge_offload.bench.gpu_trace "$d/$name/torch_profile/rank-0.json.gz" --out "$d/$name-gpu_trace.md"
+        rm -rf "$d/$name/torch_profile"
+      done ;;
     stream-moe-parity-50)
       # Eighteenth session (issue #16, docs/benchmarks/offload-engine/stream-moe-parity-50/, from the tree of commit
       # dda1b64, right after stream-moe-bench with DETERMINISTIC=1; 157 s + 206 s): the 4-layer MoE proxy's loss
