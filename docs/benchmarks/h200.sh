@@ -53,7 +53,10 @@ snapshot_run() {  # PHASE NAME RECIPE TOKENS MICRO_BATCH FRACTION [OVERRIDES...]
   local phase=$1 name=$2 recipe=$3 tokens=$4 micro=$5 fraction=$6 d=$runs/$1 history
   shift 6
   mkdir -p "$d"
-  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT $py scripts/run_recipe.py --recipe "$recipe" --num-gpus 1 \
+  # NCCL's lines carry the epoch time to the microsecond (since the twenty-first session): reserve-snapshot/holes.py
+  # places each communicator's creation on the history's clock with it
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_TIMESTAMP_LEVELS=INFO,WARN NCCL_DEBUG_TIMESTAMP_FORMAT='[%s.%6f] ' \
+    $py scripts/run_recipe.py --recipe "$recipe" --num-gpus 1 \
     --out "$d/$name" --memory-snapshot 2 model.seq_length=$tokens dataset.seq_length=$tokens \
     train.micro_batch_size=$micro train.global_batch_size=$micro optimizer.optimizer_cpu_offload=True \
     optimizer.optimizer_offload_fraction=$fraction train.train_iters=3 "$@" > "$d/$name.log" 2>&1
@@ -579,6 +582,22 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       for run in "4b-sl6144-fraction-0.45 qwen3_4b_pretrain_config 6144 1 0.45 model.tensor_model_parallel_size=1" \
                  "1b-proxy-sl8192-fraction-0.45 qwen3_1b_proxy_pretrain_config 8192 1 0.45"; do
         snapshot_run reserve-snapshot-steady $run
+      done ;;
+    reserve-snapshot-order)
+      # NOT RUN YET (issue #15, ~3 min): when each NCCL communicator is made, against the allocator's history (NCCL's
+      # INIT lines timestamped on the history's clock, snapshot_run). Two open questions of reserve-snapshot/README.md:
+      # - the dense first-step rule assumes the step-1 communicators come before the GPU part's Adam moments; the logs
+      #   so far had no times to show it (the 1.1B proxy at 8192 tokens, fraction 0.45, as reserve-snapshot-steady);
+      # - the MoE proxy makes two more communicators in step 2 (alloc-tight/, by their size). If they come before
+      #   step 2's loss grows the segment, the hole that growth leaves costs no device memory and the first-step and
+      #   full-device rules can apply to MoE models, whose plans count the loss's block beside the steady peak today
+      #   (+3.0 % to +7.1 % on the whole device of planner-accuracy.md's MoE rows). The 3-layer proxy at 8192 tokens,
+      #   fraction 0.7, is planner-auto-4's auto run (moe-proxy-3-sl8192/auto).
+      # Read them with: python docs/benchmarks/reserve-snapshot/holes.py reserve-snapshot-order-*.pickle.gz (each
+      # beside its NAME.log, copied from $RUNS/reserve-snapshot-order/).
+      for run in "moe-proxy-3-sl8192-fraction-0.7 qwen3_30b_a3b_proxy_pretrain_config 8192 1 0.7 model.num_layers=3" \
+                 "1b-proxy-sl8192-fraction-0.45 qwen3_1b_proxy_pretrain_config 8192 1 0.45"; do
+        snapshot_run reserve-snapshot-order $run
       done ;;
     smallest-trains)
       # Twentieth session (issue #15, docs/benchmarks/smallest-trains/, from the tree of commit 17e0846): planner-auto-5's

@@ -75,3 +75,37 @@ def test_the_1b_proxy_keeps_almost_nothing_in_sub_page_gaps_at_the_same_moment()
     with gzip.open(FOLDER / "1b-proxy-sl8192-fraction-0.45.pickle.gz", "rb") as f:
         growths = holes.growths(pickle.load(f))
     assert growths and all(g["stuck_gib"] - g["end_gap_gib"] < 0.05 for g in growths)
+
+
+def test_communicators_are_placed_on_the_history_clock_between_the_moments_and_the_growths():
+    """holes.order_of_events puts NCCL's timestamped INIT lines (NCCL_DEBUG_TIMESTAMP_FORMAT='[%s.%6f] ', as
+    snapshot_run sets it) on the allocator history's clock. The history is the 1.1B proxy's at fraction 0.45; the two
+    communicators below are written at times chosen inside it: one before step 1's first growth, one between the GPU
+    part's Adam moments (step 1's optimizer step) and step 2's first growth."""
+    with gzip.open(FOLDER / "1b-proxy-sl8192-fraction-0.45.pickle.gz", "rb") as f:
+        snapshot = pickle.load(f)
+    origin = snapshot["device_traces"][0][0]["time_us"] / 1e6
+    growths = holes.growths(snapshot)
+    first_moment, last_moment = holes.first_moments_alloc_us(snapshot)
+    # the moments are made between the two steps: after step 1's loss grew the segment, before step 2's did
+    assert growths[1]["seconds"] < (first_moment / 1e6 - origin) < (last_moment / 1e6 - origin) < growths[2]["seconds"]
+    early = origin + growths[0]["seconds"] / 2
+    late = (last_moment / 1e6 + origin + growths[2]["seconds"]) / 2
+    log = "\n".join([
+        "vm:1205:1205 [0] NCCL INFO ncclCommInitRankConfig comm 0x1111 rank 0 nranks 1 cudaDev 0 - Init START",  # no time
+        f"[{early:.6f}] vm:1205:1205 [0] NCCL INFO ncclCommInitRankConfig comm 0x3593f000 rank 0 nranks 1 cudaDev 0 "
+        "nvmlDev 0 busId 60 commId 0xd47907d6b2ee5a64 - Init START",
+        f"[{early + 0.5:.6f}] vm:1205:1205 [0] NCCL INFO ncclCommInitRankConfig comm 0x3593f000 rank 0 nranks 1 "
+        "cudaDev 0 nvmlDev 0 busId 60 commId 0xd47907d6b2ee5a64 - Init COMPLETE",
+        f"[{late:.6f}] vm:1205:1205 [0] NCCL INFO ncclCommInitRankConfig comm 0x5bc930d0 rank 0 nranks 1 cudaDev 0 "
+        "nvmlDev 0 busId 60 commId 0x5c91b14ee08752b0 - Init START",
+    ])
+    comms = holes.communicators(log)
+    assert [c["comm"] for c in comms] == ["0x3593f000", "0x5bc930d0"]  # the untimed line cannot be placed
+    assert comms[1]["complete"] is None
+    order = [what for _, what in holes.order_of_events(snapshot, log)]
+    first_growth = next(i for i, w in enumerate(order) if w.startswith("segment grew"))
+    moments_last = order.index("the GPU part's Adam moments: last allocation")
+    step_two_growth = [i for i, w in enumerate(order) if w.startswith("segment grew")][2]
+    assert order.index("NCCL communicator 0x3593f000: Init START") < first_growth
+    assert moments_last < order.index("NCCL communicator 0x5bc930d0: Init START") < step_two_growth

@@ -12,11 +12,21 @@ an out-of-memory error: ``stuck`` below. ``gaps`` counts the free ranges, the on
 takes it with them.
 
     python docs/benchmarks/reserve-snapshot/holes.py docs/benchmarks/reserve-snapshot/*.pickle.gz
+
+Where a run's log has NCCL's INIT lines with epoch timestamps (``snapshot_run`` in ../h200.sh sets
+``NCCL_DEBUG_TIMESTAMP_LEVELS`` and ``NCCL_DEBUG_TIMESTAMP_FORMAT`` since the twenty-first session), the log beside
+the history (``NAME.log`` for ``NAME.pickle.gz``) places each communicator's creation on the history's clock
+(``time_us``, microseconds since the epoch): before or after the first-step Adam moments of the GPU part, and before
+or after each growth of the segment. A communicator's memory is NCCL's own (cuMem), which PyTorch's cached memory
+cannot become: a gap that forms before a communicator is made costs the device, one that forms after does not
+(../alloc-tight/README.md).
 """
 
 import gzip
 import pickle
+import re
 import sys
+from pathlib import Path
 
 GIB = 2**30
 PAGE = 20 * 2**20  # the large pool's expandable segment page (PyTorch's kLargeBuffer)
@@ -79,6 +89,53 @@ def growths(snapshot: dict, least: int = GIB // 4) -> list[dict]:
     return found
 
 
+# NCCL's INIT line for a communicator, with the epoch timestamp NCCL_DEBUG_TIMESTAMP_FORMAT='[%s.%6f] ' prepends
+NCCL_INIT = re.compile(r"\[(?P<epoch>\d{9,}\.\d+)\]\s+\S+:\d+:\d+\s+\[\d+\]\s+NCCL INFO (?:ncclCommInit\w*|ncclCommSplit\w*)"
+                       r"(?:\s+comm)?\s+(?P<comm>0x[0-9a-f]+)\b.*?Init (?P<stage>START|COMPLETE)")
+
+
+def communicators(log_text: str) -> list[dict]:
+    """Each communicator the log shows made: its address and the epoch seconds of its Init START and COMPLETE
+    lines (None where the log lacks one). Lines without NCCL's timestamp are not counted: they cannot be placed."""
+    found: dict[str, dict] = {}
+    for match in NCCL_INIT.finditer(log_text):
+        entry = found.setdefault(match["comm"], {"comm": match["comm"], "start": None, "complete": None})
+        entry["start" if match["stage"] == "START" else "complete"] = float(match["epoch"])
+    return sorted(found.values(), key=lambda c: c["start"] if c["start"] is not None else c["complete"])
+
+
+def first_moments_alloc_us(snapshot: dict) -> tuple[int, int] | None:
+    """(first, last) ``time_us`` of the allocations made under the optimizer's ``_initialize_state``: the GPU part's
+    Adam moments, made in step 1's optimizer step. None where the history has none (everything offloaded)."""
+    times = [e["time_us"] for e in snapshot["device_traces"][0] if e["action"] == "alloc"
+             and any("_initialize_state" in frame["name"] for frame in e.get("frames", []))]
+    return (times[0], times[-1]) if times else None
+
+
+def order_of_events(snapshot: dict, log_text: str, least: int = GIB // 4) -> list[tuple[float, str]]:
+    """(seconds from the history's first event, what happened) for the segment's growths of at least ``least``
+    bytes, the GPU part's Adam moments and each communicator's creation, in time order. A communicator made before
+    the history began has a negative time."""
+    trace = snapshot["device_traces"][0]
+    origin = trace[0]["time_us"]
+    events = [(g["seconds"], f"segment grew by {g['grown_gib']:.2f} GiB for a {g['request_gib']:.2f} GiB request "
+                             f"({g['free_gib']:.2f} GiB free in it, {g['stuck_gib']:.3f} of it in partial pages)")
+              for g in growths(snapshot, least)]
+    moments = first_moments_alloc_us(snapshot)
+    if moments is not None:
+        events.append(((moments[0] - origin) / 1e6, "the GPU part's Adam moments: first allocation"))
+        events.append(((moments[1] - origin) / 1e6, "the GPU part's Adam moments: last allocation"))
+    for c in communicators(log_text):
+        for stage in ("start", "complete"):
+            if c[stage] is not None:
+                events.append((c[stage] - origin / 1e6, f"NCCL communicator {c['comm']}: Init {stage.upper()}"))
+    return sorted(events)
+
+
+def _log_beside(history: str) -> Path:
+    return Path(re.sub(r"\.pickle(\.gz)?$", ".log", history))
+
+
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
@@ -90,3 +147,8 @@ if __name__ == "__main__":
                   f"largest free gap {g['largest_gap_gib']:.2f}, of it in pages shared with live blocks (stuck) "
                   f"{g['stuck_gib']:.3f}; in {g['gaps']} gaps, {g['end_gap_gib'] * 1024:.1f} MiB of it at the mapped "
                   f"end (the growth extends that one)")
+        log = _log_beside(path)
+        if log.exists() and communicators(log.read_text(errors="replace")):
+            print("  in time order, from the history's first event:")
+            for seconds, what in order_of_events(snapshot, log.read_text(errors="replace")):
+                print(f"  {seconds:8.3f} s  {what}")
