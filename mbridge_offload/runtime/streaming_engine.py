@@ -30,10 +30,16 @@ A parameter that a parent module reads without calling its own module (a convolu
 layer that holds it) has no hook of its own: the first step records which offloaded parameters' modules ran,
 and exact mode waits for the others' chunks before the model's forward starts.
 
-Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): exact and delayed need every
-optimizer shard to be its whole parameter (one data-parallel rank, one expert-data-parallel rank: with
-several, exact's all-gather would run before the update and delayed's applied update would need its own
-all-gather; neither is built), the D2H/H2D overlap streams, and bf16/fp32 parameters (no fp8/fp4 parameter
+With several data-parallel ranks, exact mode makes each bucket group's parameter all-gather wait for this rank's
+update of its shards in the group (``gate_param_gather``): with the all-gather overlapped with the forward
+(``ddp.overlap_param_gather``) the CPU Adam stays under the forward, which Megatron's prefetch of the next group's
+all-gather keeps about one bucket group behind the worker; without it the all-gather runs at the end of the step
+and waits for the whole update. tests/runtime/test_exact_ranks.py runs this path on 2 gloo ranks; no GPU has.
+
+Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): delayed needs one data-parallel
+and one expert-data-parallel rank (a drain that applies its pending update outside a step, at a save or an
+evaluation, would have to all-gather the applied shards in a collective every rank reaches in the same order:
+not built); both modes need the D2H/H2D overlap streams, and bf16/fp32 parameters (no fp8/fp4 parameter
 gather, no precision-aware optimizer, no Megatron FSDP); ``delayed`` needs bf16/fp16 model weights (an fp32
 weight is its own fp32 copy, which the delayed update would overwrite mid-step: refused at start-up too).
 ``logger.log_params_norm`` reads the fp32 weights after every step, so the engine then waits each step (warned).
@@ -130,6 +136,7 @@ class StreamingEngine:
                     self.casts[chunk].append((main, _model_shard_view(owner, model_param)))
             self.library_groups[model_name], self.library_groups[main_name] = kept_model, kept_main
         self._maps_for = hdo.cpu_optimizers
+        self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for (exact, several ranks)
         fp32_owned = sum(1 for group in owner.shard_fp32_groups for main in group if main in chunk_of_main)
         if self.mode == DELAYED and fp32_owned:
             raise EngineError(
@@ -240,8 +247,20 @@ class StreamingEngine:
             job.waited.add(chunk)
 
     def gate_param_gather(self, bucket_group) -> None:
-        """Before a bucket group's parameter all-gather: nothing here (exact and delayed run on one rank only);
-        the stream engine waits for its update there."""
+        """Before a bucket group's parameter all-gather (several data-parallel ranks): in exact mode the all-gather
+        sends this rank's shards, cast by the worker, so it waits for the chunks that hold them (the training thread
+        until the worker has stepped them, the training stream for their copies). The delayed mode sends the
+        weights before its pending update by design: nothing to wait for."""
+        job = self.job
+        if (job is None or self.mode != EXACT
+                or getattr(bucket_group, "intra_distributed_optimizer_instance_size", None) == 1):
+            return  # one rank: nothing is sent, and each module's forward waits for its own chunks
+        self._maps()
+        chunks = self._gather_chunks.get(bucket_group)
+        if chunks is None:
+            chunks = self._gather_chunks[bucket_group] = frozenset(
+                self.chunk_of_model[p] for p in bucket_group.params if p in self.chunk_of_model)
+        self._wait_chunks(job, chunks)
 
     def gate_unseen(self) -> None:
         """Before the model's forward (exact mode): wait for the chunks of parameters whose own module's forward
@@ -492,7 +511,7 @@ def install(mode: str) -> None:
 
     bridge_train.train_step = train_step
     _install_grad_zeroing(DistributedDataParallel)
-    if mode == STREAM:
+    if mode in (EXACT, STREAM):
         _install_param_gather_gate()
 
 
@@ -524,7 +543,7 @@ def _install_stream_selection(hdo_class) -> None:
 
 def _install_param_gather_gate() -> None:
     """With several data-parallel ranks, a bucket group's parameter all-gather sends this rank's shards: it waits
-    (on the GPU) for the stream engine's update of them."""
+    for the exact or stream engine's update of them (``gate_param_gather``)."""
     from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
 
     library_start = _ParamAndGradBucketGroup.start_param_sync

@@ -47,8 +47,10 @@ import torch.distributed as dist  # noqa: E402
 from mbridge_offload.runtime import streamed_states, streaming_engine  # noqa: E402
 from mbridge_offload.runtime.resume_fix import install_resume_fix  # noqa: E402
 
+# the engine under check: stream (ranks, resume) unless stream_cpu_check.py was asked for another's scenarios
+ENGINE_UNDER_CHECK = os.environ.get("MBRIDGE_CPU_CHECK_ENGINE", "stream")
 install_resume_fix()  # what launch.py installs with optimizer offload, in this order
-streaming_engine.install("stream")
+streaming_engine.install(ENGINE_UNDER_CHECK)
 
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
@@ -168,13 +170,14 @@ class Run:
         self.names = {layer.weight: layer.name for layer in self.model.module.layers}
         self.params = {name: param for param, name in self.names.items()}
         self.enqueued: list[int] = []
-        library_enqueue = self.engine._enqueue
+        if ENGINE_UNDER_CHECK == "stream":
+            library_enqueue = self.engine._enqueue
 
-        def enqueue(index: int) -> None:  # records the order the engine's chunks are enqueued in
-            self.enqueued.append(index)
-            library_enqueue(index)
+            def enqueue(index: int) -> None:  # records the order the engine's chunks are enqueued in
+                self.enqueued.append(index)
+                library_enqueue(index)
 
-        self.engine._enqueue = enqueue
+            self.engine._enqueue = enqueue
 
     def hyper(self) -> dict:
         """Each tensor's lr and weight decay as the DistributedOptimizer groups them, from every rank."""
@@ -417,6 +420,67 @@ def ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_
     check_states(run, reference)
 
 
+def check_library_states(run: Run, reference: Reference) -> None:
+    """exact mode, after a drain: every fp32 shard of this rank equals the reference's; each offloaded one's host
+    copy (what a checkpoint saves) equals it, and its CPU optimizer's moments equal the reference's."""
+    check(run.engine.job is None, "drain", "the update is still pending after drain_all")
+    models_of = streamed_states.main_to_model(run.distopt)
+    host_copies = run.hdo.gpu_params_map_cpu_copy
+    state_of = {cpu: opt.state[cpu] for opt in run.hdo.cpu_optimizers for cpu in streaming_engine._params_of(opt)}
+    offloaded = 0
+    for main in (p for g in run.hdo.param_groups for p in g["params"]):
+        model = models_of[main]
+        name, r = run.names[model], run.shard_range(model)
+        bad, worst = _close(main, reference.params[name].reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-6)
+        check(bad == 0, "main-weights", f"rank {run.rank} {name}: {bad} elements off (max {worst:.3g})")
+        if main not in host_copies:
+            continue
+        offloaded += 1
+        cpu = host_copies[main]
+        check(torch.equal(cpu.reshape(-1), main.reshape(-1)), "host-copy", f"rank {run.rank} {name}")
+        for key, want in zip(("exp_avg", "exp_avg_sq"), reference.moments(name)):
+            bad, worst = _close(state_of[cpu][key], want.reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-9)
+            check(bad == 0, "moments", f"rank {run.rank} {name} {key}: {bad} elements off (max {worst:.3g})")
+    check(offloaded > 0, "setup", f"rank {run.rank}: nothing offloaded")
+
+
+def check_exact_gather_gates(run: Run) -> None:
+    """Each bucket group's all-gather waited for the exact engine's chunks holding this rank's offloaded shards of
+    its parameters (and a group with none of them for none)."""
+    engine = run.engine
+    groups = run.model.bucket_groups
+    check(len(groups) > 1, "gather-gate", f"{len(groups)} bucket group(s): the model should make several")
+    waited_for_some = False
+    for group in groups:
+        expected = {engine.chunk_of_model[p] for p in group.params if p in engine.chunk_of_model}
+        got = engine._gather_chunks.get(group)
+        check(got is not None and set(got) == expected, "gather-gate",
+              f"rank {run.rank}: a bucket group's all-gather waited for {got}, its chunks are {sorted(expected)}")
+        waited_for_some |= bool(expected)
+    check(waited_for_some, "gather-gate", f"rank {run.rank}: no all-gather waited for any chunk")
+
+
+def exact_ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool) -> None:
+    """The exact engine (CPU Adam on a worker thread, each forward waiting for its own chunks) on several
+    data-parallel ranks: every forward on every rank uses the weights after all earlier updates (the other ranks'
+    shards came through Megatron's all-gather, which waited for their update), and after a drain every shard, host
+    copy and moment equals torch AdamW's on the full tensors."""
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h=True)
+    check(run.engine.mode == "exact" and run.model.bucket_groups[0].intra_distributed_optimizer_instance_size
+          == world, "setup", "not the exact engine over the data-parallel ranks")
+    reference = Reference(run.weights(), run.hyper(), world)
+    for step in range(1, RANKS_STEPS + 1):
+        run.train_step(step)
+        check_seen_weights(run, reference, step - 1)
+        check(run.engine.job is not None, "pending", "the step did not leave its update to the worker")
+        reference.step(step)
+    run.forward_only()  # the forward after the last update
+    check_seen_weights(run, reference, RANKS_STEPS)
+    check_exact_gather_gates(run)
+    streaming_engine.drain_all(apply_delayed=True)
+    check_library_states(run, reference)
+
+
 RESUME_SAVE_AT, RESUME_STEPS = 2, 2
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
             "chained_optim_avoid_prefix": True}  # what Megatron Bridge's checkpointing asks for (its default)
@@ -583,10 +647,32 @@ def outcome(results: list) -> str:
     return "failed: " + " | ".join(failed)
 
 
+def _slow_worker_without_gather_gate() -> None:
+    """exact: the all-gathers no longer wait, and each of the worker's CPU optimizer steps starts 0.2 s late, so
+    that an all-gather that does not wait surely sends shards before their update (without the delay whether it
+    does would depend on timing)."""
+    import time
+
+    streaming_engine.StreamingEngine.gate_param_gather = lambda self, bucket_group: None
+    library_run = streaming_engine.StreamingEngine.run
+
+    def run(self, job):
+        for optimizer in self.hdo.cpu_optimizers:
+            if "step" not in optimizer.__dict__:
+                def slow_step(*args, _step=optimizer.step, **kwargs):
+                    time.sleep(0.2)
+                    return _step(*args, **kwargs)
+                optimizer.step = slow_step
+        library_run(self, job)
+
+    streaming_engine.StreamingEngine.run = run
+
+
 BREAKS = {
     # the all-gather of a bucket group no longer waits for this rank's update of its shards
     "no-gather-gate": lambda: setattr(streamed_states.StateStreamingEngine, "gate_param_gather",
                                       lambda self, bucket_group: None),
+    "exact-no-gather-gate": _slow_worker_without_gather_gate,
 }
 
 
@@ -610,6 +696,18 @@ def main(argv: list[str]) -> int:
         for label, world, args, broken, expected in scenarios:
             started = time.time()
             target = _broken(broken, ranks_case) if broken else ranks_case
+            result = outcome(run_ranks(target, world, args))
+            good = result == "passed" if broken is None else (result != "passed" and f"{expected}:" in result)
+            ok &= good
+            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+    if what == "exact-ranks":
+        scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
+                     ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),
+                     ("2 ranks, broken: no-gather-gate, slow worker", 2, (1.0, True), "exact-no-gather-gate",
+                      "forward-weights")]
+        for label, world, args, broken, expected in scenarios:
+            started = time.time()
+            target = _broken(broken, exact_ranks_case) if broken else exact_ranks_case
             result = outcome(run_ranks(target, world, args))
             good = result == "passed" if broken is None else (result != "passed" and f"{expected}:" in result)
             ok &= good
