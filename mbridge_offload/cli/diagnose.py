@@ -18,9 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diagnose.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="*", type=Path, metavar="LOG",
-                        help="a rank's log, torchrun/Slurm output, a failure.json, or a run folder (DIR with "
-                             "log.txt / failure.json / summary.json); several: one report each, and a run without "
-                             "offload among them is the baseline of the slowdown check")
+                        help="a rank's log, torchrun/Slurm output (plain, .gz, .bz2 or .xz), a failure.json, a run "
+                             "folder (DIR with log.txt / failure.json / summary.json), or - for a log pasted on "
+                             "standard input; several: one report each, and a run without offload among them is "
+                             "the baseline of the slowdown check")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--no-build", action="store_true",
                         help="never build the recipe of the log's command (no Megatron import): fixes then come "
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.logs:
         parser.error("give at least one LOG (or --list)")
     for path in args.logs:  # before anything is read: one clear line for a missing file
-        if not path.exists():
+        if str(path) != "-" and not path.exists():
             print(f"diagnose.py: no such file: {path}", file=sys.stderr)
             return EXIT_UNREADABLE
 

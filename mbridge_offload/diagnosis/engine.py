@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbridge_offload.diagnosis.config_source import RunConfig, run_config
-from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder
+from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
-from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM, is_this_cause, near
+from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, JOB_STOPPED,
+                                                         OOM_KILLER, PINNED_ALLOCATION_NEAR, is_this_cause, near)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
@@ -29,6 +30,11 @@ MAX_EVIDENCE = 3
 _TORCH_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
 # the rules whose fix is the planner's OOM fix: torch's, and a device allocation outside PyTorch that failed
 _OOM_FIX_IDS = (*_TORCH_OOM_IDS, "runtime/oom-outside-pytorch")
+# the rules whose fix is the planner's host fix: the node's memory ran out, by a kill or a failed allocation
+_HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
+# What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
+# stopping after it. After an earlier error these are its consequences, and the report says so.
+_CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped")
 _VALIDATOR_LINE = re.compile(r"^\s*(ERROR)\s+\[([\w./-]+)\]")  # a refusal of the validator (its warnings ran)
 _EXCEPTION_LINE = re.compile(r"^\s*(AssertionError|ValueError)\b:?\s*(.*)")
 _RAISED = re.compile(r"\b\w*(Error|Exception)\b|upstream|\bassert\b")
@@ -45,13 +51,16 @@ class Finding:
     what: str
     evidence: list[Line] = field(default_factory=list)
     ranks: set[int] = field(default_factory=set)
+    first_index: int = 0  # where in the log's lines its first evidence stands (the order the failures came in)
     measured: str = ""
     confirm: str = ""
     fix: str = ""
     fix_basis: str = ""  # how the fix was computed, or why it is the generic one
+    consequence_of: str = ""  # the earlier failure this one most likely follows from, in words
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["first_index"]
         data["evidence"] = [{"file": str(l.path), "line": l.number, "rank": l.rank, "text": l.text}
                             for l in self.evidence]
         data["ranks"] = sorted(self.ranks)
@@ -65,9 +74,17 @@ class Diagnosis:
     findings: list[Finding]
     config_source: str = ""
 
+    @property
+    def first_failure(self) -> Finding | None:
+        """The error that came first in the output: the one to fix, where the others follow from it."""
+        errors = [f for f in self.findings if f.severity == "error" and f.evidence]
+        return min(errors, key=lambda f: f.first_index) if errors else None
+
     def to_json(self) -> dict[str, Any]:
+        first = self.first_failure
         return {"log": str(self.log), "lines": self.lines, "config": self.config_source or None,
-                "recognised": bool(self.findings), "findings": [f.to_json() for f in self.findings]}
+                "recognised": bool(self.findings), "first_failure": first.rule_id or first.key if first else None,
+                "findings": [f.to_json() for f in self.findings]}
 
 
 def _raised(lines: list[Line], index: int) -> bool:
@@ -83,6 +100,8 @@ class _Run:
         self.lines = read_lines(path)
         self.texts = [line.text for line in self.lines]
         self.facts: RunFacts = run_facts(self.lines, run_folder(path))
+        stops = (i for i, text in enumerate(self.texts) if any(re.search(p, text) for p in JOB_STOPPED))
+        self.first_stop: int | None = next(stops, None)
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
 
@@ -133,9 +152,22 @@ def _oom_variant(run: _Run) -> str:
 
 # Signatures that alone do not tell the cause: what else the log (or the run) must show, besides what the rule's
 # own log_not_near rules out
+def _stopped_before(run: _Run, index: int) -> bool:
+    """Whether the job was stopped from outside (time limit, preemption, scancel) before ``lines[index]``."""
+    return run.first_stop is not None and run.first_stop < index
+
+
 _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
-    ("runtime/pinned-host-memory", r"CUDA error: out of memory"):
-        lambda run, i: near(run.texts, i, r"pin_memory|pinned|[Hh]ostAlloc|pin_cpu"),
+    # the CUDA runtime's out-of-memory is pinned host memory where a pinned allocation is near, else the device's
+    **{("runtime/pinned-host-memory", pattern): lambda run, i: near(run.texts, i, PINNED_ALLOCATION_NEAR)
+       for pattern in (r"CUDA (error|Error|driver error): out of memory", r"cudaErrorMemoryAllocation")},
+    # a full shared-memory folder (DataLoader workers' tensors) is not the checkpoint's disk
+    ("runtime/checkpoint-write-failed", r"No space left on device"):
+        lambda run, i: not re.search(r"</?torch_\d|/dev/shm|shared memory", run.texts[i]),
+    # a SIGKILL is the host's out-of-memory killer unless the job had been stopped from outside before it (a
+    # scheduler sends SIGKILL to what is left after its stop signal); the kernel's own words are the killer anyway
+    **{("runtime/host-memory-killed", pattern): lambda run, i: not _stopped_before(run, i)
+       for pattern in RULES_BY_ID["runtime/host-memory-killed"].log_signatures if pattern not in OOM_KILLER},
     ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
         lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer"),
     ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
@@ -205,13 +237,14 @@ def _step_findings(run: _Run, baseline_s: float | None) -> list[Finding]:
     iteration_lines = [l for l in run.lines if "elapsed time per iteration (ms)" in l.text and l.rank in (None, 0)]
     for finding in found:
         finding.evidence = iteration_lines[:2]
+        finding.first_index = run.lines.index(iteration_lines[0]) if iteration_lines else 0
     return found
 
 
 def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
     from mbridge_offload.diagnosis import fixes  # the planner: only once a fix is computed
 
-    if finding.rule_id not in (*_OOM_FIX_IDS, "runtime/host-memory-killed", "runtime/full-offload-slowdown"):
+    if finding.rule_id not in (*_OOM_FIX_IDS, *_HOST_FIX_IDS, "runtime/full-offload-slowdown"):
         return
     config = run.config
     if config is None:
@@ -234,7 +267,7 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
             channels = fixes.fewer_nccl_channels(cfg) if finding.rule_id == "runtime/oom-outside-pytorch" else None
             if channels is not None:
                 computed = (f"{computed[0]}; or {channels[0]}", f"{computed[1]}; {channels[1]}")
-        elif finding.rule_id == "runtime/host-memory-killed":
+        elif finding.rule_id in _HOST_FIX_IDS:
             if run.facts.host_memory_gib is None:
                 finding.fix_basis = ("generic: the log does not say the node's memory (run_recipe.py prints it in "
                                      "its plan: 'host: per node ... of N GiB'); plan_offload.py --host-memory-gib N "
@@ -298,8 +331,9 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
             else:
                 by_rule[rule_id] = _finding(rule_id)
         finding = by_rule[rule_id]
-        if line.rank is not None:
-            finding.ranks.add(line.rank)
+        if not finding.evidence:
+            finding.first_index = i
+        finding.ranks.update(stated_ranks(run.lines, i))
         if len(finding.evidence) < MAX_EVIDENCE and all(e.text != line.text for e in finding.evidence):
             finding.evidence.append(line)
     findings = list(by_rule.values()) + _step_findings(run, baseline_s)
@@ -307,10 +341,34 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
         _compute_fix(run, finding, oom)
-    findings.sort(key=lambda f: (f.severity != "error", min((e.number for e in f.evidence), default=0)))
+    findings.sort(key=lambda f: (f.severity != "error", f.first_index))
+    _mark_consequences(findings)
     config = run._config if isinstance(run._config, RunConfig) else None
-    return Diagnosis(log=run.path, lines=len(run.lines), findings=findings,
+    return Diagnosis(log=run.path, lines=max((line.number for line in run.lines), default=0), findings=findings,
                      config_source=config.source if config else "")
+
+
+def _rank_words(ranks: set[int]) -> str:
+    if not ranks:
+        return ""
+    return f"rank {min(ranks)}" if len(ranks) == 1 else f"ranks {', '.join(map(str, sorted(ranks)))}"
+
+
+def _mark_consequences(findings: list[Finding]) -> None:
+    """A timeout, a lost NCCL peer or the launcher's stop that came after another error: most likely that error's
+    consequence (torchrun and NCCL stop the other ranks once one fails). The first error stays the one to fix."""
+    errors = [f for f in findings if f.severity == "error" and f.evidence]
+    for finding in findings:
+        if finding.rule_id not in _CONSEQUENCE_IDS or not finding.evidence:
+            continue
+        earlier = [f for f in errors if f.first_index < finding.first_index and f.rule_id not in _CONSEQUENCE_IDS]
+        if earlier:
+            cause = min(earlier, key=lambda f: f.first_index)
+            where = _rank_words(cause.ranks)
+            finding.consequence_of = (f"most likely a consequence of [{cause.rule_id or 'upstream'}]"
+                                      + (f" on {where}" if where else "")
+                                      + f", which failed first ({cause.evidence[0].path.name}:"
+                                      f"{cause.evidence[0].number}): fix that one")
 
 
 def diagnose(paths: list[Path], build_config: bool = True) -> list[Diagnosis]:
@@ -326,11 +384,20 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     if not diagnosis.findings:
         return (f"{head}: nothing recognised. No line matches a failure of the rule table; nothing is guessed. "
                 "(diagnose.py --list shows what it recognises.)")
-    out = [f"{head}: {len(diagnosis.findings)} finding{'s' if len(diagnosis.findings) != 1 else ''}"]
+    count = len(diagnosis.findings)
+    first = diagnosis.first_failure
+    first_words = ""
+    if first is not None and count > 1:
+        where = _rank_words(first.ranks)
+        first_words = (f"; the first failure: [{first.rule_id or 'upstream'}]" + (f" on {where}" if where else "")
+                       + f" at {first.evidence[0].path.name}:{first.evidence[0].number}")
+    out = [f"{head}: {count} finding{'s' if count != 1 else ''}{first_words}"]
     for f in diagnosis.findings:
-        ranks = f" (ranks {', '.join(map(str, sorted(f.ranks)))})" if f.ranks else ""
+        ranks = f" ({_rank_words(f.ranks)})" if f.ranks else ""
         out.append(f"  {f.severity.upper():7} [{f.rule_id or 'upstream'}] {f.key}{ranks}")
         out.append(f"        what:     {f.what}")
+        if f.consequence_of:
+            out.append(f"        after:    {f.consequence_of}")
         for line in f.evidence:
             text = line.text.strip()
             out.append(f"        evidence: {line.path.name}:{line.number}: {text[:240]}{'...' if len(text) > 240 else ''}")

@@ -31,12 +31,14 @@ def _cheapest(options: list[str]) -> list[str]:
     return sorted(options, key=lambda option: "--num-gpus" in option)
 
 
-def _why_less_free(oom: OutOfMemory | None) -> str:
+def _why_less_free(oom: OutOfMemory | None, expandable: bool) -> str:
     if oom is not None and oom.other_processes_gib:
         return f"other processes held {oom.other_processes_gib:.2f} GiB of it (torch's message)"
     if oom is not None and oom.reserved_unallocated_gib and oom.reserved_unallocated_gib >= oom.requested_gib:
+        # the remedy for fragmentation is expandable segments; a run that had them already needs no such advice
         return (f"PyTorch held {oom.reserved_unallocated_gib:.2f} GiB reserved but unallocated, more than the failed "
-                "request: fragmentation (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy)")
+                "request: fragmentation" + (" despite expandable segments" if expandable else
+                                            " (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy)"))
     return "another process on it (nvidia-smi), or memory outside PyTorch above the plan's"
 
 
@@ -65,7 +67,7 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool,
         planned = at_failure.total_bytes_gpu / GIB
         less_free = (f"the planner fits fraction {failed:g} on {gpu_gib:.2f} GiB ({planned:.1f} "
                      f"GiB planned, {at_failure.margin_gib:.2f} GiB margin), so the GPU had less free than planned: "
-                     + _why_less_free(oom))
+                     + _why_less_free(oom, expandable))
         if shortfall is None:
             return _free_the_gpu(larger_fraction=failed < 1.0), less_free
     lacked = (f"the failed allocation lacked {shortfall:.2f} GiB" if shortfall is not None

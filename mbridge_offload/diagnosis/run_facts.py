@@ -14,8 +14,9 @@ from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
 from mbridge_offload.facts.environment import expandable_in_allocator_line
 from mbridge_offload.facts.run_records import recorded_expandable_segments, step_records_file
 
-_SIZE = r"([\d.]+) (GiB|MiB|KiB|B)\b"
-_UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "B": 1 / 1024 ** 3}
+# torch's sizes (c10's format_size): "512 bytes", "12.50 KiB", "896.00 MiB", "2.32 GiB"; older releases "B"
+_SIZE = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)\b"
+_UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "bytes": 1 / 1024 ** 3, "B": 1 / 1024 ** 3}
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+)")
 _GPUS_IN_HEADER = re.compile(r"^(?:Recipe|Training) \S+ \((\d+) GPUs?: ")
 _COMMAND = re.compile(r"(?:run_recipe(?:\.py)?|mbridge-run-recipe)\s+(.*)$")
@@ -25,9 +26,28 @@ def _gib(number: str, unit: str) -> float:
     return float(number) * _UNIT[unit]
 
 
+def size_words(gib: float) -> str:
+    """A size as torch writes it: in the largest unit that keeps it at 1 or more (a 512 KiB request is not
+    '0.00 GiB')."""
+    for unit, scale in (("GiB", 1.0), ("MiB", 1024.0), ("KiB", 1024.0 ** 2)):
+        if gib * scale >= 1:
+            return f"{gib * scale:.2f} {unit}"
+    return f"{round(gib * 1024 ** 3)} bytes"
+
+
+def _size(pattern: str, text: str) -> float | None:
+    """The size ``pattern`` (holding SIZE where the size stands) finds in ``text``, in GiB."""
+    match = re.search(pattern.replace("SIZE", _SIZE), text)
+    return _gib(*match.groups()[-2:]) if match else None
+
+
 @dataclass(frozen=True)
 class OutOfMemory:
-    """The numbers of torch's ``CUDA out of memory`` message, in GiB (None where the message lacks them)."""
+    """The numbers of torch's ``CUDA out of memory`` message, in GiB (None where the message lacks them). Read from
+    each spelling torch has had: 2.2 on ("GPU 0 has a total capacity of ... of which ... is free ... Of the allocated
+    memory ... is allocated by PyTorch, and ... is reserved by PyTorch but unallocated"), 2.1's ("total capacty"),
+    and 1.x's parenthesis ("(GPU 0; 79.35 GiB total capacity; 76.51 GiB already allocated; 13.19 MiB free;
+    77.20 GiB reserved in total by PyTorch)")."""
 
     requested_gib: float
     capacity_gib: float | None = None
@@ -35,22 +55,33 @@ class OutOfMemory:
     allocated_gib: float | None = None  # by PyTorch
     reserved_unallocated_gib: float | None = None
     other_processes_gib: float | None = None  # what the other processes on the GPU held ("Process N has ...")
+    device: int | None = None  # the GPU index the message names (local to its node, not a rank)
 
     @classmethod
     def parse(cls, text: str) -> "OutOfMemory | None":
-        requested = re.search(r"Tried to allocate " + _SIZE, text)
-        if not requested:
+        requested = _size(r"Tried to allocate SIZE", text)
+        if requested is None:
             return None
-        capacity = re.search(r"total capacity of " + _SIZE + r" of which " + _SIZE + " is free", text)
-        allocated = re.search(r"Of the allocated memory " + _SIZE + " is allocated by PyTorch", text)
-        reserved = re.search(_SIZE + " is reserved by PyTorch but unallocated", text)
-        others = [_gib(*m) for m in re.findall(r"Process \d+ has " + _SIZE + " memory in use", text)]
-        return cls(requested_gib=_gib(*requested.groups()),
-                   capacity_gib=_gib(*capacity.groups()[:2]) if capacity else None,
-                   free_gib=_gib(*capacity.groups()[2:]) if capacity else None,
-                   allocated_gib=_gib(*allocated.groups()) if allocated else None,
-                   reserved_unallocated_gib=_gib(*reserved.groups()) if reserved else None,
-                   other_processes_gib=sum(others) if others else None)
+        capacity = _size(r"total capaci?ty of SIZE", text) or _size(r"SIZE total capacity", text)
+        free = _size(r"of which SIZE is free", text)
+        if free is None:
+            free = _size(r"already allocated; SIZE free", text)
+        allocated = _size(r"Of the allocated memory SIZE is allocated by PyTorch", text)
+        if allocated is None:
+            allocated = _size(r"SIZE already allocated", text)
+        reserved = _size(r"SIZE is reserved by PyTorch but unallocated", text)
+        reserved_in_total = _size(r"SIZE reserved in total by PyTorch", text)
+        if reserved is None and reserved_in_total is not None and allocated is not None:
+            reserved = max(0.0, reserved_in_total - allocated)
+        # "Process N has ..." lists other processes only where the message names this one apart ("this process
+        # has", torch 2.2 on); torch 2.1 listed every process so, this one among them
+        others = ([_gib(*m) for m in re.findall(r"Process \d+ has " + _SIZE + " memory in use", text)]
+                  if re.search(r"this process has", text) else [])
+        device = re.search(r"\bGPU (\d+)\b", text)
+        return cls(requested_gib=requested, capacity_gib=capacity, free_gib=free if capacity is not None else None,
+                   allocated_gib=allocated, reserved_unallocated_gib=reserved,
+                   other_processes_gib=sum(others) if others else None,
+                   device=int(device.group(1)) if device else None)
 
     @property
     def shortfall_gib(self) -> float | None:
@@ -58,15 +89,17 @@ class OutOfMemory:
         return None if self.free_gib is None else max(0.0, self.requested_gib - self.free_gib)
 
     def words(self) -> str:
-        parts = [f"tried to allocate {self.requested_gib:.2f} GiB"]
+        parts = [f"tried to allocate {size_words(self.requested_gib)}"]
         if self.capacity_gib is not None:
-            parts.append(f"{self.free_gib:.2f} GiB free of {self.capacity_gib:.2f} GiB")
+            parts.append(f"{size_words(self.free_gib or 0.0)} free of {self.capacity_gib:.2f} GiB")
         if self.allocated_gib is not None:
             held = f"PyTorch held {self.allocated_gib:.2f} GiB"
             if self.reserved_unallocated_gib is not None:
-                held += f" (+{self.reserved_unallocated_gib:.2f} GiB reserved, unused)"
+                held += f" (+{size_words(self.reserved_unallocated_gib)} reserved, unused)"
             parts.append(held)
-        return ", ".join(parts)
+        if self.other_processes_gib:
+            parts.append(f"other processes {self.other_processes_gib:.2f} GiB")
+        return ", ".join(parts) + ("" if self.device is None else f" (GPU {self.device})")
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,38 @@ from collections.abc import Sequence
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
-_OOM = (r"CUDA out of memory\. Tried to allocate", r"torch\.(cuda\.)?OutOfMemoryError")
+# torch's caching allocator's out-of-memory: its message (every torch release), and the exception's name where
+# a message follows it (a mention of the class, e.g. in a warning or an except clause, is no failure)
+_OOM = (r"CUDA out of memory\. Tried to allocate", r"\b(torch\.(cuda\.)?)?OutOfMemoryError: \S")
+# What shows a pinned (page-locked) host allocation near a failed CUDA allocation: the call in the traceback above
+# it (a tensor's .pin_memory(), the DataLoader's pinning thread), the allocator in the C++ trace below it, NCCL's
+# host-alloc warning. Not the settings a config dump or the run's header prints on every run (pin_memory=True,
+# pin_cpu_grads, "pinned grads/params").
+PINNED_ALLOCATION_NEAR = (r"\.pin_memory\(|_utils/pin_memory\.py|[Hh]ostAlloc|host alloc|CachingHostAllocator|"
+                          r"cudaHostRegister|pinned (host )?memory")
 # Messages that say a device allocation outside PyTorch failed: NCCL's allocation warnings (also what torch
 # prints under "Last error:" of an "unhandled cuda error"), NCCL's CUDA-call warning with the out-of-memory
-# error, and cuBLAS's / cuDNN's allocation statuses. A bare "unhandled cuda error" has other causes.
+# error, cuBLAS's / cuDNN's allocation statuses, and the CUDA runtime's / driver's out-of-memory error as torch,
+# Transformer Engine and the driver API print it (PyTorch's own allocator raises OutOfMemoryError instead).
+# A bare "unhandled cuda error" has other causes.
 OOM_OUTSIDE_PYTORCH = (r"Failed to CUDA (calloc|malloc)\b", r"Cuda failure (\d+ )?'out of memory'",
-                       r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED")
-# ... and what near them says otherwise: NCCL prints the same "Cuda failure 2 'out of memory'" before "Failed to
-# CUDA host alloc" (pinned host memory), and "Failed to CUDA calloc" after any earlier fault left it without memory
-OOM_OUTSIDE_PYTORCH_NOT_NEAR = (r"host alloc|[Hh]ostAlloc",
-                                r"illegal memory access|misaligned address|device-side assert|unspecified launch failure")
+                       r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED",
+                       r"CUDA (error|Error|driver error): out of memory", r"cudaErrorMemoryAllocation",
+                       r"CUDA_ERROR_OUT_OF_MEMORY")
+# ... and what near them says otherwise: a pinned host allocation (NCCL prints the same "Cuda failure 2 'out of
+# memory'" before "Failed to CUDA host alloc"; torch's "CUDA error: out of memory" under pin_memory()), and an
+# earlier fault that left CUDA without memory ("Failed to CUDA calloc" follows any)
+OOM_OUTSIDE_PYTORCH_NOT_NEAR = (PINNED_ALLOCATION_NEAR,
+                                r"illegal memory access|misaligned address|device-side assert triggered|unspecified launch failure")
+# The stop a scheduler or a person sends to the whole job: Slurm's time limit, preemption or scancel, the stop
+# signal torchrun's agent received, Megatron's exit after a SIGTERM. (A step Slurm cancels after one of its tasks
+# failed, "*** STEP ... CANCELLED AT ... ***" without a reason, is that failure's consequence, not a stop.)
+JOB_STOPPED = (r"CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)", r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ (BY \S+ )?\*\*\*",
+               r"Received Signals\.SIG(TERM|INT|HUP) death signal", r"SignalException: Process \d+ got signal: (15|2|1)\b",
+               r"exiting program after receiving SIGTERM")
+# A kill that names the out-of-memory killer (unlike a bare SIGKILL, which a scheduler's stop also ends with)
+OOM_KILLER = (r"Out of memory: Kill(ed)? process", r"invoked oom-killer", r"oom[-_]kill event", r"Memory cgroup out of memory",
+              r"srun: error: .*: tasks? [\d,\-]+: Out Of Memory", r"DataLoader worker .* is killed by signal: Killed")
 LOG_NEAR_LINES = 40  # lines either side of a signature's match searched for what tells its causes apart
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
@@ -81,16 +103,27 @@ RULES: tuple[Rule, ...] = (
           "optimizer states and pinned buffers live there, and the node's use peaks inside the first optimizer step",
           "a smaller optimizer.optimizer_offload_fraction (the largest the host holds), fewer ranks per node or more "
           "nodes; plan with more headroom: --host-margin-gib",
-          (r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)", r"Signals\.SIGKILL", r"killed by signal 9\b",
-           r"^Killed\s*$", r"Out of memory: Killed process", r"invoked oom-killer", r"oom[-_]kill event",
-           r"srun: error: .*Killed")),
+          (*OOM_KILLER, r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)", r"Signals\.SIGKILL", r"killed by signal 9\b",
+           r"^Killed\s*$", r":\s*line \d+:\s+\d+ Killed\b", r"srun: error: .*: tasks? [\d,\-]+: Killed")),
+    _rule("runtime/host-allocation-failed", "optimizer.optimizer_offload_fraction",
+          "a host memory allocation failed (ENOMEM: the node, or the job's cgroup or container limit, had no memory "
+          "left): offloaded optimizer states and pinned buffers live in host memory, and the node's use peaks inside "
+          "the first optimizer step",
+          "a smaller optimizer.optimizer_offload_fraction (the largest the host holds), fewer ranks per node or more "
+          "nodes, or a larger job memory limit (Slurm --mem, the container's); plan with more headroom: "
+          "--host-margin-gib",
+          (r"Cannot allocate memory", r"DefaultCPUAllocator: (not enough memory|can't allocate memory)",
+           r"std::bad_alloc", r"^\s*MemoryError\b"),
+          not_near=(r"ibv_reg_mr|ibv_\w+ failed",)),
     _rule("runtime/pinned-host-memory", "optimizer.pin_cpu_grads",
           "allocating pinned (page-locked) host memory failed: the offload copies use pinned buffers, bounded by the "
           "node's free memory and the memlock limit (ulimit -l)",
           "a smaller optimizer.optimizer_offload_fraction, or optimizer.pin_cpu_grads=False "
           "optimizer.pin_cpu_params=False (slower copies); in a container raise memlock (--ulimit memlock=-1)",
           (r"cudaHostAlloc", r"CachingHostAllocator.*(fail|error|out of memory)",
-           r"pin_memory.*(fail|error|out of memory)", r"CUDA error: out of memory", r"Failed to CUDA host alloc")),
+           r"pin_memory.*(fail|error|out of memory)", r"CUDA (error|Error|driver error): out of memory",
+           r"cudaErrorMemoryAllocation", r"Failed to CUDA host alloc",
+           r"ibv_reg_mr.*(Cannot allocate memory|failed)")),
     _rule("runtime/nccl-timeout", "dist.distributed_timeout_minutes",
           "a collective waited past the NCCL timeout: another rank had stopped (killed, out of memory, an exception) "
           "or was far slower (a long CPU optimizer step)",
@@ -98,6 +131,21 @@ RULES: tuple[Rule, ...] = (
           "dist.distributed_timeout_minutes=30",
           (r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL.*[Tt]imeout",
            r"NCCL.*(timed out|Timeout\(ms\)=)")),
+    _rule("runtime/nccl-error", "(launch)",
+          "an NCCL call failed: a peer rank exited in the middle of a collective (its own error, earlier in the "
+          "output, is the cause) or the network between the ranks failed",
+          "fix the first rank that failed (its error comes before this one); if none did: rerun with NCCL_DEBUG=INFO "
+          "and check the network NCCL picked (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)",
+          (r"ncclRemoteError", r"ncclSystemError", r"ncclInternalError",
+           r"remote process exited or there was a network error", r"NCCL error in: .*unhandled system error",
+           r"NCCL communicator was aborted")),
+    _rule("runtime/job-stopped", "checkpoint.save",
+          "the job was stopped from outside (Slurm's time limit, a preemption, scancel, or a stop signal to the "
+          "launcher): the run itself did not fail, and ranks killed after the stop are its consequence",
+          "resume it: checkpoint.save=<dir> checkpoint.save_interval=<steps> now, and checkpoint.load=<dir> when "
+          "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
+          "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
+          severity="warning"),
     _rule("runtime/dataset-helper-makefile", "(launch)",
           "Megatron's initialisation ran make to build the dataset helper, and the pip wheel ships no Makefile",
           "launch through scripts/run_recipe.py: it uses the wheel's compiled helper instead of make",
@@ -159,6 +207,12 @@ CONFIRM: dict[str, str] = {
                                    "device' line counts both against the GPU",
     "runtime/host-memory-killed": "dmesg | grep -i -E 'killed process|oom' on the node, or Slurm's 'oom-kill event'; "
                                   "summary.json/metrics: peak_node_host_used_gib near the node's memory",
+    "runtime/host-allocation-failed": "free -g on the node and the job's memory limit (sacct -j JOBID -o MaxRSS,ReqMem; "
+                                      "a container's --memory); summary.json/metrics: peak_node_host_used_gib",
+    "runtime/nccl-error": "search every rank's output for the first error before this one; with none, rerun with "
+                          "NCCL_DEBUG=INFO: its WARN lines name the connection that failed",
+    "runtime/job-stopped": "sacct -j JOBID -o State,Elapsed,Timelimit (TIMEOUT, PREEMPTED, CANCELLED); the last "
+                           "iteration line before the stop",
     "runtime/pinned-host-memory": "ulimit -l (memlock) and free -g on the node; the run's pinned_host_gib in "
                                   "metrics.rank*.jsonl",
     "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
@@ -182,9 +236,11 @@ CONFIRM: dict[str, str] = {
 # an import a setting needs, failing inside the run.
 CONFIG_RULE_LOG_SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"gradient_accumulation_fusion set to True but the custom CUDA extension fused_weight_gradient_mlp_cuda|"
-     r"(ModuleNotFoundError|ImportError): No module named '(apex|fused_weight_gradient_mlp_cuda)'",
+     r"(ModuleNotFoundError|ImportError): No module named '(apex|fused_weight_gradient_mlp_cuda)[.']",
      "env/apex-gradient-accumulation-fusion"),
     (r"(ModuleNotFoundError|ImportError): No module named 'nvidia_resiliency_ext'", "env/nvidia-resiliency-ext"),
     (r"(ModuleNotFoundError|ImportError): No module named 'fast_hadamard_transform'", "env/fast-hadamard-transform"),
-    (r"(ModuleNotFoundError|ImportError): No module named 'transformer_engine'", "env/transformer-engine"),
+    # Transformer Engine absent, its compiled part absent, or built against another torch (an undefined symbol)
+    (r"(ModuleNotFoundError|ImportError): No module named 'transformer_engine(_torch)?[.']|"
+     r"ImportError: .*transformer_engine\S*: (undefined symbol|cannot open shared object)", "env/transformer-engine"),
 )

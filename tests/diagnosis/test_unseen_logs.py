@@ -1,0 +1,378 @@
+"""diagnose.py on logs as users paste them, each written here for a failure the earlier tests did not show: the
+formats a log arrives in (colours, CRLF, progress bars, compressed, UTF-16, pasted on stdin, cut short, empty or
+not text), the spellings of torch's out-of-memory message across releases, failures outside PyTorch's allocator and
+on the host, a scheduler's stop, NCCL's errors, and multi-rank logs where one rank failed first and the others
+followed."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from mbridge_offload.cli.diagnose import main
+from mbridge_offload.diagnosis import diagnose, format_diagnosis
+from mbridge_offload.diagnosis import log_text
+from mbridge_offload.diagnosis.logs import read_lines, strip_rank
+from mbridge_offload.diagnosis.run_facts import OutOfMemory
+from mbridge_offload.facts.environment import ALLOC_CONF_ENV, allocator_line
+from mbridge_offload.planning import plan
+
+REPO = Path(__file__).resolve().parents[2]
+SAVED_CONFIG = REPO / "docs" / "benchmarks" / "resume-parity" / "saved-run_config.yaml"
+
+TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/opt/venv/lib/python3.12/site-packages/megatron/bridge/training/train.py", line 268, in train',
+    "    ) = train_step(",
+    '  File "/opt/venv/lib/python3.12/site-packages/megatron/core/pipeline_parallel/schedules.py", line 417, in '
+    "forward_step",
+    "    output_tensor, loss_func = forward_step_func(data_iterator, model)",
+]
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 3 has a total capacity of "
+       "79.10 GiB of which 412.50 MiB is free. Including non-PyTorch memory, this process has 78.68 GiB memory in use. "
+       "Of the allocated memory 74.21 GiB is allocated by PyTorch, and 2.93 GiB is reserved by PyTorch but "
+       "unallocated. If reserved but unallocated memory is large try setting "
+       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+CUDA_ERROR_TAIL = [
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+]
+HEADER = [
+    "/opt/venv/bin/python scripts/run_recipe.py --recipe qwen3_8b_pretrain_config --num-gpus 8 "
+    "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=0.5",
+    "Training qwen3_8b_pretrain_config (8 GPUs: TP1 PP1 CP1 DP8 EP1 ETP1), 100 steps, global batch 64, micro batch 2",
+    "  optimizer offload: ON, 50% of optimizer states on the CPU, D2H/H2D overlap on, pinned grads/params on/on",
+    "  activation offload (layer-level): off",
+    "  fine-grained activation offload: off",
+    "  speed: optimizer.pin_cpu_grads=True (already)",
+    "Starting training loop at iteration 0",
+]
+
+
+def write(tmp_path: Path, lines: list[str], name: str = "log.txt") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def findings(path: Path):
+    [diagnosis] = diagnose([path], build_config=False)
+    return diagnosis.findings
+
+
+def ids(path: Path) -> list[str]:
+    return [f.rule_id for f in findings(path)]
+
+
+# --- the formats a log arrives in -----------------------------------------------------------------------------
+
+def _oom_log() -> list[str]:
+    return [f"[rank2]: {line}" for line in (*TRACEBACK, OOM)]
+
+
+def _as_plain(lines: list[str]) -> bytes:
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _with_colours(lines: list[str]) -> bytes:  # a logger's colours around the whole line, prefix included
+    return ("\n".join(f"\x1b[31m{line}\x1b[0m" for line in lines) + "\n").encode()
+
+
+def _with_crlf(lines: list[str]) -> bytes:
+    return ("\r\n".join(lines) + "\r\n").encode()
+
+
+def _with_progress_bar(lines: list[str]) -> bytes:  # tqdm redraws its line with carriage returns
+    return ("Loading checkpoint shards:  10%\rLoading checkpoint shards: 100%\n" + "\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("name, encode, offset", [
+    ("log.txt", _as_plain, 0),
+    ("coloured.log", _with_colours, 0),
+    ("windows.log", _with_crlf, 0),
+    ("progress.log", _with_progress_bar, 1),
+    ("log.txt.gz", lambda lines: gzip.compress(_as_plain(lines)), 0),
+    ("log.txt.bz2", lambda lines: bz2.compress(_as_plain(lines)), 0),
+    ("powershell.log", lambda lines: ("\r\n".join(lines) + "\r\n").encode("utf-16"), 0),  # `> log` in PowerShell
+])
+def test_every_format_gives_the_same_finding_line_and_rank(tmp_path, name, encode, offset):
+    """The OOM is the 6th line of the text (one more after the progress bar's line, whose redraws are one line in an
+    editor): each format must give that line number, rank 2 and the message's numbers."""
+    lines = _oom_log()
+    path = tmp_path / name
+    path.write_bytes(encode(lines))
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/cuda-oom"
+    assert finding.evidence[0].number == len(lines) + offset and finding.ranks == {2}
+    assert finding.evidence[0].text == OOM
+    assert finding.measured.startswith("tried to allocate 896.00 MiB, 412.50 MiB free of 79.10 GiB")
+
+
+def test_a_compressed_log_cut_short_still_gives_its_lines(tmp_path):
+    """A .gz copied while the run still wrote it: the lines it holds are read, not refused."""
+    whole = gzip.compress(_as_plain(["Killed"] * 2000 + _oom_log()))
+    path = tmp_path / "slurm-991234.out.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    assert ids(path) == ["runtime/host-memory-killed"]
+
+
+def test_a_log_larger_than_the_limit_is_read_from_its_head_and_tail_with_true_line_numbers(tmp_path, monkeypatch):
+    """Past MAX_LOG_BYTES only the head (the command) and the tail (the failure) are read; line numbers still
+    count from the file's start, as grep -n and an editor count them."""
+    monkeypatch.setattr(log_text, "MAX_LOG_BYTES", 2000)
+    monkeypatch.setattr(log_text, "HEAD_BYTES", 300)
+    iteration = ("[rank0]:  [2026-12-04 10:02:11] iteration {i:>8}/    5000 | consumed samples: {s:>12} | "
+                 "elapsed time per iteration (ms): 2211.7 |")
+    lines = HEADER + [iteration.format(i=i, s=i * 64) for i in range(1, 200)] + _oom_log()
+    path = write(tmp_path, lines)
+    [finding] = findings(path)
+    assert finding.evidence[0].number == len(lines) and finding.evidence[0].text == OOM
+    read = read_lines(path)
+    assert read[0].text == HEADER[0]  # the head: the command the fix is computed from
+    text = path.read_text().split("\n")
+    assert all(text[line.number - 1].endswith(line.text) for line in read)
+
+
+def test_a_log_pasted_on_standard_input(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(_as_plain(_oom_log()))))
+    assert main(["--no-build", "-"]) == 0
+    out = capsys.readouterr().out
+    assert "[runtime/cuda-oom]" in out and f"-:{len(_oom_log())}:" in out
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("empty.log", b"", "is empty"),
+    ("blank.log", b"\n  \n\r\n", "is empty"),
+    ("model_optim_rng.pt", bytes(range(256)) * 64, "is not a text log"),
+    ("log.txt.gz", b"\x1f\x8b\x08\x00" + b"\xff" * 64, "cannot be decompressed"),
+])
+def test_a_log_that_holds_nothing_to_read_exits_2_with_one_line_naming_it(tmp_path, capsys, name, content, problem):
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert main(["--no-build", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert str(path) in captured.err and problem in captured.err and "Traceback" not in captured.err
+
+
+def test_rank_prefixes_nested_three_deep_and_behind_a_timestamp():
+    """srun's label around torchrun's --tee prefix around its rank prefix: the innermost is the process's rank; a
+    container log's timestamp before the prefix names none."""
+    assert strip_rank("1: [default3]:[rank11]: torch.OutOfMemoryError: x") == (11, "torch.OutOfMemoryError: x")
+    assert strip_rank("2026-12-04T10:12:12.527415338Z [rank5]: Killed") == (5, "Killed")
+
+
+# --- torch's out-of-memory message across releases --------------------------------------------------------------
+
+def test_torch_2_1_message_with_its_typo_is_measured_and_its_process_list_is_not_other_processes():
+    """torch 2.1 wrote "total capacty" and listed this process as "Process N has ..." (2.2 on: "this process has")."""
+    message = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total "
+               "capacty of 79.15 GiB of which 7.25 MiB is free. Process 12873 has 79.14 GiB memory in use. Of the "
+               "allocated memory 77.51 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but "
+               "unallocated.")
+    oom = OutOfMemory.parse(message)
+    assert (oom.capacity_gib, oom.allocated_gib, oom.reserved_unallocated_gib) == (79.15, 77.51, 1.10)
+    assert oom.free_gib == pytest.approx(7.25 / 1024) and oom.other_processes_gib is None
+
+
+def test_torch_1_message_in_parentheses_is_measured():
+    message = ("RuntimeError: CUDA out of memory. Tried to allocate 512.00 KiB (GPU 1; 79.35 GiB total capacity; "
+               "76.51 GiB already allocated; 13.19 MiB free; 77.20 GiB reserved in total by PyTorch) If reserved "
+               "memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.")
+    oom = OutOfMemory.parse(message)
+    assert oom.requested_gib == pytest.approx(512 / 1024 ** 2) and oom.capacity_gib == 79.35
+    assert oom.free_gib == pytest.approx(13.19 / 1024) and oom.allocated_gib == 76.51
+    assert oom.reserved_unallocated_gib == pytest.approx(77.20 - 76.51)
+    assert oom.words().startswith("tried to allocate 512.00 KiB, 13.19 MiB free of 79.35 GiB")
+
+
+def test_sizes_in_bytes_are_measured_and_written_as_torch_writes_them():
+    message = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512 bytes. GPU 0 has a total capacity "
+               "of 139.80 GiB of which 0 bytes is free. Including non-PyTorch memory, this process has 139.79 GiB "
+               "memory in use.")
+    oom = OutOfMemory.parse(message)
+    assert oom.requested_gib == pytest.approx(512 / 1024 ** 3) and oom.free_gib == 0.0
+    assert oom.words().startswith("tried to allocate 512 bytes, 0 bytes free of 139.80 GiB")
+
+
+def test_a_mention_of_the_out_of_memory_class_is_no_failure(tmp_path):
+    """A warning or a traceback's source line that names the class is not the error."""
+    path = write(tmp_path, [
+        *HEADER,
+        "/opt/venv/lib/python3.12/site-packages/megatron/core/utils.py:1021: UserWarning: torch.cuda.OutOfMemoryError "
+        "is caught and retried with a smaller chunk",
+        '  File "/opt/venv/lib/python3.12/site-packages/megatron/core/utils.py", line 1030, in retry',
+        "    except torch.OutOfMemoryError:",
+        "Note: a 'CUDA out of memory' error means the configuration does not fit",
+        "[2026-12-04 10:02:11] iteration        1/      10 | elapsed time per iteration (ms): 2211.7 |",
+    ])
+    assert ids(path) == []
+
+
+# --- failures outside PyTorch's allocator, and on the host -----------------------------------------------------
+
+@pytest.mark.parametrize("error", [
+    "RuntimeError: CUDA error: out of memory",
+    "RuntimeError: Transformer Engine error: /workspace/TransformerEngine/transformer_engine/common/util/"
+    "cuda_runtime.cpp:40 in function sm_count: CUDA Error: out of memory",
+    "RuntimeError: cudaErrorMemoryAllocation: out of memory",
+    "RuntimeError: CUDA driver error: out of memory",
+])
+def test_the_cuda_runtimes_out_of_memory_after_the_header_is_the_device_not_pinned_memory(tmp_path, error):
+    """Inside a forward pass, a few lines after a header that names the pinned grads/params settings, followed by
+    torch's boilerplate that mentions "device-side assertions": a device allocation outside PyTorch."""
+    path = write(tmp_path, HEADER + [f"[rank5]: {line}" for line in (*TRACEBACK, error, *CUDA_ERROR_TAIL)])
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/oom-outside-pytorch" and finding.ranks == {5}
+    assert finding.evidence[0].number == len(HEADER) + len(TRACEBACK) + 1
+
+
+def test_a_real_device_fault_is_still_not_called_out_of_memory(tmp_path):
+    path = write(tmp_path, [f"[rank0]: {line}" for line in (
+        *TRACEBACK, "RuntimeError: CUDA error: an illegal memory access was encountered", *CUDA_ERROR_TAIL,
+        "Failed to CUDA calloc async 4 bytes")])
+    assert ids(path) == []
+
+
+@pytest.mark.parametrize("error", [
+    "OSError: [Errno 12] Cannot allocate memory",
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried to "
+    "allocate 3221225472 bytes.",
+    "terminate called after throwing an instance of 'std::bad_alloc'",
+    "MemoryError",
+])
+def test_a_failed_host_allocation_is_host_memory(tmp_path, error):
+    path = write(tmp_path, [f"[rank2]: {line}" for line in (*TRACEBACK, error)])
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/host-allocation-failed" and finding.ranks == {2}
+    assert "optimizer.optimizer_offload_fraction" in finding.fix
+
+
+def test_infiniband_memory_registration_is_the_memlock_limit_not_host_memory(tmp_path):
+    path = write(tmp_path, ["[rank2]: node-04:48211:48300 [2] NCCL WARN NET/IB : ibv_reg_mr failed: Cannot "
+                            "allocate memory"])
+    assert ids(path) == ["runtime/pinned-host-memory"]
+
+
+def test_the_shells_kill_report_is_a_host_kill(tmp_path):
+    path = write(tmp_path, ["Starting training loop at iteration 0",
+                            "/var/spool/slurm/d/job991234/slurm_script: line 12: 48211 Killed                  "
+                            "python scripts/run_recipe.py --recipe qwen3_30b_a3b_optimizer_offload_config"])
+    assert ids(path) == ["runtime/host-memory-killed"]
+
+
+def test_a_full_shared_memory_folder_is_not_the_checkpoint_disk(tmp_path):
+    path = write(tmp_path, ["[rank0]: RuntimeError: unable to write to file </torch_48211_1398523741_0>: No space "
+                            "left on device (28)"])
+    assert ids(path) == []
+    path = write(tmp_path, ["[rank0]: OSError: [Errno 28] No space left on device: "
+                            "'/ckpt/iter_0000500/__0_0.distcp'"])
+    assert ids(path) == ["runtime/checkpoint-write-failed"]
+
+
+@pytest.mark.parametrize("error", [
+    "ModuleNotFoundError: No module named 'transformer_engine_torch'",
+    "ModuleNotFoundError: No module named 'transformer_engine.pytorch'",
+    "ImportError: /opt/venv/lib/python3.12/site-packages/transformer_engine_torch.cpython-312-x86_64-linux-gnu.so: "
+    "undefined symbol: _ZN3c104cuda9SetDeviceEi",
+])
+def test_a_broken_transformer_engine_install_is_the_transformer_engine_rule(tmp_path, error):
+    assert ids(write(tmp_path, ["Traceback (most recent call last):", error])) == ["env/transformer-engine"]
+
+
+# --- a stop from outside, and what follows a first failure -----------------------------------------------------
+
+def test_a_time_limit_kill_is_the_schedulers_stop_not_host_memory(tmp_path):
+    """Slurm's time limit ends with SIGKILL (after KillWait): the kill follows the stop and is not the OOM killer."""
+    stop = "slurmstepd: error: *** JOB 991234 ON node-03 CANCELLED AT 2026-12-04T12:00:00 DUE TO TIME LIMIT ***"
+    kill = ["srun: error: node-03: task 0: Killed",
+            "E1204 12:00:33.541000 140211 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+            "local_rank: 0 (pid: 2813) of binary: /opt/venv/bin/python3"]
+    iteration = "0: [2026-12-04 11:59:11] iteration       51/     100 | elapsed time per iteration (ms): 4821.7 |"
+    assert ids(write(tmp_path, [iteration, stop, *kill])) == ["runtime/job-stopped"]
+    # a kill before any stop is the host's; the kernel's own words are the OOM killer wherever they stand
+    assert ids(write(tmp_path, [iteration, *kill, stop]))[0] == "runtime/host-memory-killed"
+    oom_kill = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=991234.0."
+    assert "runtime/host-memory-killed" in ids(write(tmp_path, [iteration, stop, oom_kill]))
+
+
+def test_a_step_slurm_cancels_after_a_task_failed_is_not_a_stop(tmp_path):
+    path = write(tmp_path, [f"5: {line}" for line in (*TRACEBACK, OOM)] + [
+        "srun: error: node-07: task 5: Exited with exit code 1",
+        "0: slurmstepd: error: *** STEP 991234.0 ON node-07 CANCELLED AT 2026-12-04T10:13:00 ***"])
+    assert ids(path) == ["runtime/cuda-oom"]
+
+
+def test_one_rank_fails_first_and_the_others_time_out_after_it(tmp_path):
+    """torchrun's output of 4 ranks: rank 3 runs out of memory, the other ranks' collectives time out and one loses
+    its NCCL peer. The report names rank 3's OOM as the first failure and the rest as its consequences."""
+    timeout = ("[rank{r}]:[E1204 10:12:12.527415338 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "
+               "operation timeout: WorkNCCL(SeqNum=412, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+               "ran for 600043 milliseconds before timing out.")
+    lines = ([f"[rank{r}]: > initialized rank {r}" for r in range(4)]
+             + [f"[rank3]: {line}" for line in (*TRACEBACK, OOM)]
+             + [timeout.format(r=r) for r in (0, 1)]
+             + ["[rank2]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+                "prematurely."])
+    path = write(tmp_path, lines)
+    [diagnosis] = diagnose([path], build_config=False)
+    found = {f.rule_id: f for f in diagnosis.findings}
+    assert list(found) == ["runtime/cuda-oom", "runtime/nccl-timeout", "runtime/nccl-error"]
+    oom_line = 4 + len(TRACEBACK) + 1
+    assert diagnosis.first_failure is found["runtime/cuda-oom"] and found["runtime/cuda-oom"].ranks == {3}
+    assert not found["runtime/cuda-oom"].consequence_of
+    for rule_id in ("runtime/nccl-timeout", "runtime/nccl-error"):
+        assert f"[runtime/cuda-oom] on rank 3, which failed first (log.txt:{oom_line})" in found[rule_id].consequence_of
+    assert f"the first failure: [runtime/cuda-oom] on rank 3 at log.txt:{oom_line}" in format_diagnosis(diagnosis)
+
+
+def test_an_nccl_error_alone_is_reported_without_a_cause_it_cannot_see(tmp_path):
+    path = write(tmp_path, [
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
+        "[rank0]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+    ])
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/nccl-error" and not finding.consequence_of and finding.ranks == {0}
+
+
+def test_ranks_named_by_the_launchers_own_lines(tmp_path):
+    """Lines without a rank prefix that name the rank: srun's task list and torchrun's failure block."""
+    path = write(tmp_path, ["slurmstepd: error: Detected 1 oom-kill event(s) in StepId=991234.0.",
+                            "srun: error: node-03: tasks 2,6-7: Out Of Memory"])
+    assert findings(path)[0].ranks == {2, 6, 7}
+    path = write(tmp_path, ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-04_10:04:01",
+                            "  host      : node-03", "  rank      : 6 (local_rank: 2)", "  exitcode  : -9 (pid: 2813)",
+                            "  error_file: <N/A>", "  traceback : Signal 9 (SIGKILL) received by PID 2813"])
+    assert findings(path)[0].ranks == {6}
+
+
+# --- the fix -------------------------------------------------------------------------------------------------------
+
+def test_fragmentation_advice_is_not_the_setting_the_run_already_had(tmp_path):
+    """Where the plan fits and PyTorch held more reserved-but-unused memory than the request, the fix blames
+    fragmentation; it suggests expandable segments only to a run that did not have them."""
+    saved = SAVED_CONFIG.read_text().replace("optimizer_offload_fraction: 1.0", "optimizer_offload_fraction: 0.3")
+    message = OOM.replace("79.10 GiB", "139.80 GiB")
+    # the saved run at 0.3 fits 139.80 GiB with either reserve: the branch that explains why the GPU had less free
+    from mbridge_offload.diagnosis.config_source import load_run_config
+
+    (tmp_path / "run_config.yaml").write_text(saved)
+    assert all(plan(load_run_config(tmp_path / "run_config.yaml"), 1, fraction=0.3, gpu_memory_gib=139.80,
+                    expandable=expandable).fits_gpu for expandable in (True, False))
+    for i, header in enumerate((f"  {allocator_line((ALLOC_CONF_ENV, 'expandable_segments:True'))}", "")):
+        run = tmp_path / str(i)
+        run.mkdir()
+        (run / "run_config.yaml").write_text(saved)
+        (run / "log.txt").write_text(f"{header}\n[rank0]: {message}\n")
+        [finding] = findings(run / "log.txt")
+        assert "fragmentation" in finding.fix_basis
+        remedy = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy"
+        assert (remedy in finding.fix_basis) is (header == ""), finding.fix_basis
