@@ -28,3 +28,19 @@ $py scripts/run_recipe.py --recipe qwen3_30b_a3b_proxy_fine_grained_offload_conf
   --out "$runs/fine-grained-pp2" train.train_iters=8 "${par[@]}"
 # 5. Planner per stage against the measured per-rank peaks.
 $py scripts/plan_offload.py --compare "$runs/moe-pp2-n$n"
+# 6. The exact and stream engines with two data-parallel ranks. Their several-rank paths have run only on gloo
+#    ranks on the CPU (tests/runtime/test_exact_ranks.py, test_stream_ranks.py): each bucket group's parameter
+#    all-gather waits for this rank's update. 20 deterministic steps of the dense proxy at fraction 1 on 2 GPUs:
+#    exact against the library engine (bit-identical expected), stream against no offload (bit-identical expected).
+d="$runs/engines-dp2"; mkdir -p "$d"
+for engine in library exact stream; do
+  $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 2 --deterministic \
+    --offload-engine $engine --out "$d/$engine" train.train_iters=20 train.global_batch_size=2 \
+    optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 > "$d/$engine.log" 2>&1
+  echo "$engine: exit $?"
+done
+$py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 2 --deterministic --out "$d/no-offload" \
+  train.train_iters=20 train.global_batch_size=2 optimizer.optimizer_cpu_offload=False \
+  optimizer.optimizer_offload_fraction=0 > "$d/no-offload.log" 2>&1; echo "no offload: exit $?"
+$py -m mbridge_offload.bench.engine_parity --out "$d" "exact vs library (DP 2)=$d/library:$d/exact" \
+  "stream vs no offload (DP 2)=$d/no-offload:$d/stream"
