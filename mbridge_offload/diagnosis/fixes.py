@@ -114,15 +114,29 @@ def fewer_nccl_channels(cfg: Any) -> tuple[str, str] | None:
 
 def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None,
              expandable: bool) -> tuple[str, str] | None:
-    """After a SIGKILL: the largest fraction whose first-step host peak fits the node."""
+    """After a SIGKILL or a failed host allocation: the largest fraction whose first-step host peak fits the node,
+    where that is below the fraction that failed. Where the plan fits the failed fraction, the node had less free
+    than planned: the fix says so and asks for less host memory, never for more offload than what was killed."""
+    failed = current_fraction(cfg)
     fraction, at = largest_host_fitting_fraction(cfg, num_gpus, host_memory_gib=host_gib,
                                                  gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB, expandable=expandable)
     if fraction is None or at is None:
         return None
+    if fraction >= failed:
+        at_failure = plan(cfg, num_gpus, fraction=failed, host_memory_gib=host_gib,
+                          gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB, expandable=expandable)
+        smaller = f"a smaller optimizer.optimizer_offload_fraction than {failed:g}, " if failed > 0 else ""
+        return ("free the node's memory of other processes; if it had none, " + smaller
+                + "fewer ranks per node or more nodes (plan_offload.py --host-memory-gib <what was free> shows "
+                "which fits)",
+                f"the planner fits fraction {failed:g}'s first-step host peak "
+                f"({at_failure.host_peak_bytes_per_node / GIB:.1f} GiB per node) in {host_gib:g} GiB, so the node had "
+                "less free than planned: other processes, or this stack's peak above the plan's (raise "
+                "--host-margin-gib)")
     gpu_note = "" if at.fits_gpu else "; the GPU does not fit at that fraction: more nodes or GPUs too"
     return _switch(fraction), (f"planner: the largest fraction whose first-step host peak "
-                               f"({at.host_peak_bytes_per_node / GIB:.1f} GiB per node) fits {host_gib:g} GiB"
-                               + gpu_note)
+                               f"({at.host_peak_bytes_per_node / GIB:.1f} GiB per node) fits {host_gib:g} GiB, below "
+                               f"the {failed:g} that failed" + gpu_note)
 
 
 def slowdown_fix(cfg: Any, num_gpus: int, gpu_gib: float | None, expandable: bool) -> tuple[str, str] | None:

@@ -33,6 +33,7 @@ _MAX_PREFIXES = 4  # srun's label around torchrun's --tee prefix around torchrun
 # the NCCL watchdog's "[Rank 3]", Megatron's "failed on rank=3"
 _SRUN_TASKS = re.compile(r"srun: error: \S+: tasks? ([\d,\-]+):")
 _NAMED_RANK = re.compile(r"\[Rank (\d+)\]|\bon rank[= ](\d+)\b")
+_AGENT_LINE = re.compile(r"torch/distributed/elastic/|torch\.distributed\.elastic\.")
 # torchrun's ChildFailedError block: "rank : 3 (local_rank: 3)" beside the "exitcode : -9" and "traceback :" rows
 _BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _BLOCK_ROW = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:")
@@ -82,7 +83,8 @@ def stated_ranks(lines: list["Line"], index: int) -> list[int]:
     """The ranks ``lines[index]`` is about: its prefix's, else those the launcher's line itself names (srun's task
     list, NCCL's "[Rank 3]", the "rank :" row of torchrun's failure block the line belongs to); [] if none."""
     line = lines[index]
-    if line.rank is not None:
+    # torchrun's agent prints its own lines: a prefix there is srun's label of the agent (a node), not a rank
+    if line.rank is not None and not _AGENT_LINE.search(line.text):
         return [line.rank]
     if match := _SRUN_TASKS.search(line.text):
         return _expand(match.group(1))

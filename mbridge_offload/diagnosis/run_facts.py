@@ -196,7 +196,7 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.threads = int(match.group(1))
         elif match := re.match(r"GPU: (?:fit|total) .* of ([\d.]+) GiB", text):  # "total": logs of before
             facts.gpu_memory_gib = float(match.group(1))
-        elif match := re.match(r"host: per node .* ranks? of ([\d.]+) GiB", text):
+        elif match := re.match(r"host: per node .* rank(?:s|\(s\))? of ([\d.]+) GiB", text):  # "rank(s)": today's plan
             facts.host_memory_gib = float(match.group(1))
         elif (expandable := expandable_in_allocator_line(text)) is not None:
             facts.expandable_segments, facts.expandable_segments_from = expandable, "as the log's header says"

@@ -376,3 +376,73 @@ def test_fragmentation_advice_is_not_the_setting_the_run_already_had(tmp_path):
         assert "fragmentation" in finding.fix_basis
         remedy = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy"
         assert (remedy in finding.fix_basis) is (header == ""), finding.fix_basis
+
+
+def test_run_facts_read_the_nodes_memory_from_the_plan_line_of_either_format():
+    """The host plan line of today's runs says "for 1 rank(s) of 123.627 GiB", older ones "for 1 ranks of 124.791
+    GiB": both give the node's memory that the host fix after a kill plans against."""
+    from mbridge_offload.diagnosis.run_facts import run_facts
+
+    benchmarks = REPO / "docs" / "benchmarks"
+    new = benchmarks / "planner-heldout" / "moe-proxy-6-sl2048-mb2" / "fraction-0" / "log.txt"
+    old = benchmarks / "offload-overhead" / "dense-1b-chunked" / "fraction-1-stock-all-cores" / "log.txt"
+    assert "for 1 rank(s) of 123.627 GiB" in new.read_text() and "for 1 ranks of 124.791 GiB" in old.read_text()
+    assert run_facts(read_lines(new), None).host_memory_gib == 123.627
+    assert run_facts(read_lines(old), None).host_memory_gib == 124.791
+
+
+def test_a_torchrun_agents_line_under_an_srun_label_names_no_rank(tmp_path):
+    """srun launching one torchrun per node labels the agent's lines with the node's task number, not a rank."""
+    path = write(tmp_path, ["1: E1204 10:04:03.541000 140211 torch/distributed/elastic/multiprocessing/api.py:869] "
+                            "failed (exitcode: -9) local_rank: 2 (pid: 2813) of binary: /opt/venv/bin/python3"])
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/host-memory-killed" and finding.ranks == set()
+
+
+def _host_killed_run(tmp_path: Path, fraction: float, host_gib: float) -> Path:
+    """A run folder with the real run_config.yaml at ``fraction``, and a log whose plan names the node's memory and
+    whose rank was then killed by the OOM killer."""
+    run = tmp_path / f"run-{fraction}-{host_gib}"
+    run.mkdir()
+    (run / "run_config.yaml").write_text(SAVED_CONFIG.read_text().replace(
+        "optimizer_offload_fraction: 1.0", f"optimizer_offload_fraction: {fraction}"))
+    (run / "log.txt").write_text("\n".join([
+        f"  host: per node                    9.99 GiB between steps, 9.99 GiB at the first optimizer step's peak, "
+        f"for 1 rank(s) of {host_gib} GiB, margin 4 GiB per rank: fits",
+        "[2026-12-04 10:02:11] iteration        1/      20 | elapsed time per iteration (ms): 31544.2 |",
+        "[1234567.890] Out of memory: Killed process 48211 (python) total-vm:812345678kB, anon-rss:501234567kB",
+    ]) + "\n")
+    return run / "log.txt"
+
+
+def test_after_a_host_kill_the_fix_never_asks_for_more_offload_than_was_killed(tmp_path):
+    """Killed at fraction 1 on a node where the plan fits fraction 1: the node had less free than planned, and the
+    fix asks for less host memory, not for fraction 1 again (it once answered with the largest fitting fraction,
+    whatever the failed one)."""
+    from mbridge_offload.diagnosis.config_source import load_run_config
+    from mbridge_offload.planning import largest_host_fitting_fraction
+
+    log = _host_killed_run(tmp_path, 1.0, 123.627)
+    saved = load_run_config(log.parent / "run_config.yaml")
+    assert largest_host_fitting_fraction(saved, 1, host_memory_gib=123.627, gpu_memory_gib=80.0)[0] == 1.0
+    [finding] = findings(log)
+    assert finding.rule_id == "runtime/host-memory-killed"
+    assert "optimizer_offload_fraction=" not in finding.fix and "smaller optimizer.optimizer_offload_fraction than 1" \
+        in finding.fix
+    assert "so the node had less free than planned" in finding.fix_basis
+
+
+def test_after_a_host_kill_on_a_node_the_plan_overfills_the_fix_is_a_smaller_fraction(tmp_path):
+    """On a node whose memory the plan fills at fraction 1 but not at a smaller one, the fix is that smaller one."""
+    from mbridge_offload.diagnosis.config_source import load_run_config
+    from mbridge_offload.planning import largest_host_fitting_fraction
+
+    saved = load_run_config(SAVED_CONFIG)
+    host_gib = next(h / 4 for h in range(4, 400)
+                    if 0 < (largest_host_fitting_fraction(saved, 1, host_memory_gib=h / 4, gpu_memory_gib=80.0,
+                                                          expandable=False)[0] or 0) < 1)
+    largest = largest_host_fitting_fraction(saved, 1, host_memory_gib=host_gib, gpu_memory_gib=80.0,
+                                            expandable=False)[0]
+    [finding] = findings(_host_killed_run(tmp_path, 1.0, host_gib))
+    assert finding.fix == f"optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction={largest:g}"
+    assert "below the 1 that failed" in finding.fix_basis
