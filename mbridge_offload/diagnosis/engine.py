@@ -35,6 +35,13 @@ _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
 # What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
 # stopping after it. After an earlier error these are its consequences, and the report says so.
 _CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped")
+OVERRIDE_MECHANISM = "run_recipe.py override"
+# run_recipe.py's report of overrides it could not apply (overrides/errors.py): the head, then per override its text
+# (indent 2), "key: what is wrong" (indent 6) and an optional "fix: ..." (indent 6)
+_OVERRIDES_HEAD = re.compile(r"^Invalid overrides? \((\d+)\):\s*$")
+_OVERRIDE_TEXT = re.compile(r"^  (\S.*)$")
+_OVERRIDE_MESSAGE = re.compile(r"^      (?!fix: )(\S[^:]*): (.+)$")
+_OVERRIDE_FIX = re.compile(r"^      fix: (.+)$")
 _VALIDATOR_LINE = re.compile(r"^\s*(ERROR)\s+\[([\w./-]+)\]")  # a refusal of the validator (its warnings ran)
 _EXCEPTION_LINE = re.compile(r"^\s*(AssertionError|ValueError)\b:?\s*(.*)")
 _RAISED = re.compile(r"\b\w*(Error|Exception)\b|upstream|\bassert\b")
@@ -57,6 +64,11 @@ class Finding:
     fix: str = ""
     fix_basis: str = ""  # how the fix was computed, or why it is the generic one
     consequence_of: str = ""  # the earlier failure this one most likely follows from, in words
+
+    @property
+    def label(self) -> str:
+        """The rule's id, or what said it where no rule of the table does (upstream's validate(), an override)."""
+        return self.rule_id or ("override" if self.mechanism == OVERRIDE_MECHANISM else "upstream")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -216,6 +228,34 @@ def _finding(rule_id: str) -> Finding:
                    confirm=confirm, fix=fix, fix_basis="the rule table's fix")
 
 
+def _override_findings(run: _Run) -> list[Finding]:
+    """One finding per override run_recipe.py refused, with the key, what was wrong and the fix it printed."""
+    found: list[Finding] = []
+    for i, line in enumerate(run.lines):
+        head = _OVERRIDES_HEAD.match(line.text)
+        if not head:
+            continue
+        override, j = None, i + 1
+        while j < len(run.lines) and len(found) < 50:
+            text = run.lines[j].text.rstrip()
+            if message := _OVERRIDE_MESSAGE.match(text):
+                found.append(Finding(
+                    rule_id="", mechanism=OVERRIDE_MECHANISM, severity="error", key=message.group(1),
+                    what=f"run_recipe.py refused the override {override or message.group(1)}: {message.group(2)}",
+                    evidence=[run.lines[j]], ranks=set(stated_ranks(run.lines, j)), first_index=j,
+                    confirm="uv run scripts/run_recipe.py --recipe NAME --dry-run <the corrected overrides> applies "
+                            "them before any launch",
+                    fix="correct or remove the override", fix_basis="run_recipe.py's report"))
+            elif (fix := _OVERRIDE_FIX.match(text)) and found and found[-1].first_index > i:
+                found[-1].fix = fix.group(1)
+            elif override_text := _OVERRIDE_TEXT.match(text):
+                override = override_text.group(1)
+            else:
+                break
+            j += 1
+    return found
+
+
 def _step_findings(run: _Run, baseline_s: float | None) -> list[Finding]:
     facts, found = run.facts, []
     steady = _steady(facts)
@@ -336,7 +376,7 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         finding.ranks.update(stated_ranks(run.lines, i))
         if len(finding.evidence) < MAX_EVIDENCE and all(e.text != line.text for e in finding.evidence):
             finding.evidence.append(line)
-    findings = list(by_rule.values()) + _step_findings(run, baseline_s)
+    findings = list(by_rule.values()) + _override_findings(run) + _step_findings(run, baseline_s)
     for finding in findings:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
@@ -365,7 +405,7 @@ def _mark_consequences(findings: list[Finding]) -> None:
         if earlier:
             cause = min(earlier, key=lambda f: f.first_index)
             where = _rank_words(cause.ranks)
-            finding.consequence_of = (f"most likely a consequence of [{cause.rule_id or 'upstream'}]"
+            finding.consequence_of = (f"most likely a consequence of [{cause.label}]"
                                       + (f" on {where}" if where else "")
                                       + f", which failed first ({cause.evidence[0].path.name}:"
                                       f"{cause.evidence[0].number}): fix that one")
@@ -389,12 +429,12 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     first_words = ""
     if first is not None and count > 1:
         where = _rank_words(first.ranks)
-        first_words = (f"; the first failure: [{first.rule_id or 'upstream'}]" + (f" on {where}" if where else "")
+        first_words = (f"; the first failure: [{first.label}]" + (f" on {where}" if where else "")
                        + f" at {first.evidence[0].path.name}:{first.evidence[0].number}")
     out = [f"{head}: {count} finding{'s' if count != 1 else ''}{first_words}"]
     for f in diagnosis.findings:
         ranks = f" ({_rank_words(f.ranks)})" if f.ranks else ""
-        out.append(f"  {f.severity.upper():7} [{f.rule_id or 'upstream'}] {f.key}{ranks}")
+        out.append(f"  {f.severity.upper():7} [{f.label}] {f.key}{ranks}")
         out.append(f"        what:     {f.what}")
         if f.consequence_of:
             out.append(f"        after:    {f.consequence_of}")

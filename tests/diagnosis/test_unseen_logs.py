@@ -446,3 +446,28 @@ def test_after_a_host_kill_on_a_node_the_plan_overfills_the_fix_is_a_smaller_fra
     [finding] = findings(_host_killed_run(tmp_path, 1.0, host_gib))
     assert finding.fix == f"optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction={largest:g}"
     assert "below the 1 that failed" in finding.fix_basis
+
+
+def test_overrides_run_recipe_refused_are_reported_with_their_key_and_fix(tmp_path):
+    """run_recipe.py's own report of overrides it could not apply (a typo'd key, a value of the wrong type): each is
+    a finding naming the key, what was wrong and the fix the report printed, not 'nothing recognised'."""
+    path = write(tmp_path, [
+        "Building qwen3_1b_proxy_pretrain_config (loading Megatron Bridge) ...",
+        "Invalid overrides (2):",
+        "  optimizer.optimizer_offload_fraction=abc",
+        "      optimizer.optimizer_offload_fraction: expects a float (a number), got 'abc'",
+        "      fix: optimizer.optimizer_offload_fraction=<a number, e.g. 0.5 or 1e-4>",
+        "  model.optimizer_offload_fraction=0.5",
+        "      model.optimizer_offload_fraction: unknown key: GPTModelProvider has no 'optimizer_offload_fraction'",
+        "      fix: did you mean model.activation_offload_fraction or optimizer.optimizer_offload_fraction?",
+        "",
+        "And the configuration the other overrides make (the recipe with every override but those 2):",
+        "Validation for 1 GPU: OK (0 errors, 0 warnings)",
+    ])
+    [diagnosis] = diagnose([path], build_config=False)
+    assert [(f.label, f.key, f.evidence[0].number) for f in diagnosis.findings] == [
+        ("override", "optimizer.optimizer_offload_fraction", 4), ("override", "model.optimizer_offload_fraction", 7)]
+    first, second = diagnosis.findings
+    assert first.fix == "optimizer.optimizer_offload_fraction=<a number, e.g. 0.5 or 1e-4>"
+    assert "model.optimizer_offload_fraction=0.5" in second.what and "unknown key" in second.what
+    assert second.fix == "did you mean model.activation_offload_fraction or optimizer.optimizer_offload_fraction?"
