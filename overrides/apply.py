@@ -22,8 +22,8 @@ import types
 import typing
 from typing import Any, Sequence
 
-from overrides.coerce import CoerceError, coerce, field_types
-from overrides.errors import OverrideError, OverrideErrors
+from overrides.coerce import CoerceError, allows_null, coerce, describe, field_types
+from overrides.errors import OverrideError, OverrideErrors, shown
 from overrides.grammar import ADD, CHANGE, DELETE, FORCE_ADD, ParsedOverride, parse
 from overrides.suggest import suggest
 from mbridge_offload.facts.config_tree import public_fields, show
@@ -48,16 +48,15 @@ def _strip_optional(annotation: Any) -> Any:
 
 def _unknown(root: Any, ov: ParsedOverride, upto: int, node: Any) -> _Refused:
     parts = ov.key.split(".")
-    typed = ".".join(parts[: upto + 1])
     if dataclasses.is_dataclass(node):
         siblings = [f.name for f in public_fields(node)]
         where = type(node).__name__
     else:
         siblings = [str(k) for k in node]
         where = "this dict"
-    hints = suggest(typed, root, siblings)
+    hints = suggest(ov.key, root, siblings, upto=upto)
     fix = ("did you mean " + " or ".join(hints) + "?") if hints else "see --dry-run output for the keys of this recipe"
-    if isinstance(node, dict) and ov.op == CHANGE:
+    if isinstance(node, dict) and ov.op == CHANGE and upto == len(parts) - 1:
         fix += f"  (to add a new entry: +{ov.text})"
     return _Refused(f"unknown key: {where} has no {parts[upto]!r}", fix)
 
@@ -70,129 +69,213 @@ def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return copy.deepcopy(f.default)
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+        try:
+            return f.default_factory()  # type: ignore[misc]
+        except Exception as error:  # noqa: BLE001 - a factory that needs more than nothing
+            raise _Refused(f"its default cannot be made here ({type(error).__name__})",
+                           "set a value instead: key=value") from None
     raise _Refused("has no default to reset to", "set a value instead: key=value")
 
 
-def _create_section(cls: type, section: str, ov: ParsedOverride, leaf_is_next: bool) -> Any:
-    """A new section for ``+section.field=value``; a required field may be the one being set."""
-    try:
-        return cls()
-    except TypeError as error:
-        if not leaf_is_next:
-            raise _Refused(f"{section} is null and cannot be created empty ({error})") from None
-    leaf = ov.key.rsplit(".", 1)[-1]
-    if leaf not in field_types(cls):
-        raise _Refused(f"unknown key: {cls.__name__} has no {leaf!r}")
-    try:
-        return cls(**{leaf: coerce(ov.value, field_types(cls)[leaf], ov.raw)})
-    except TypeError as error:
-        raise _Refused(f"{section} is null and cannot be created from {leaf} alone ({error})") from None
+def _is_none_word(ov: ParsedOverride) -> bool:
+    """``key=None`` unquoted: Python's word for null, which Hydra reads as the text 'None'."""
+    return ov.value == "None" and not ov.quoted
 
 
-def _walk_to_parent(root: Any, ov: ParsedOverride) -> tuple[Any, Any, bool]:
-    """The node holding the last key part, the annotation of that node's values if a dict, and
-    whether the node was created on the way (``+section.field=value`` on a null section)."""
-    parts = ov.key.split(".")
-    node, annotation, created = root, None, False
-    for i, name in enumerate(parts[:-1]):
-        if isinstance(node, dict):
-            if name not in node:
-                raise _unknown(root, ov, i, node)
-            node, annotation = node[name], None
-            continue
-        if not dataclasses.is_dataclass(node) or _field(node, name) is None:
-            if not dataclasses.is_dataclass(node) and not isinstance(node, dict):
-                raise _Refused(f"{'.'.join(parts[:i])} is a value ({show(node)}), not a section")
-            raise _unknown(root, ov, i, node)
-        annotation = _strip_optional(field_types(type(node))[name])
-        child = getattr(node, name)
-        if child is None:
+class _Application:
+    """One command's overrides applied, one by one, onto ``root`` (the copy). Sections that a ``+`` override
+    creates count as unset for every override of the command, so the order of the overrides does not matter
+    (``+section.a=1 +section.b=2`` works in either order, whichever field the section needs to be made)."""
+
+    def __init__(self, root: Any, parsed: list[ParsedOverride]):
+        self.root = root
+        self.parsed = parsed
+        self.created: set[str] = set()  # dotted paths of the sections created by this command
+
+    def _create_section(self, cls: type, section: str, ov: ParsedOverride) -> Any:
+        """A new section for ``+section.field=value``, made with every field this command gives it directly
+        (a required field may be given by another override of the command)."""
+        try:
+            return cls()
+        except TypeError:
+            pass
+        except Exception as error:  # noqa: BLE001 - its __post_init__ refused being made empty
+            raise _Refused(f"{section} is null and cannot be created ({type(error).__name__}: {error})",
+                           f"set {section} in Python (a recipe), or leave it null") from None
+        types_ = field_types(cls)
+        given: dict[str, Any] = {}
+        refused: dict[str, str] = {}  # field -> the override of this command whose value it cannot take
+        for other in self.parsed:
+            if other.is_sweep or other.op not in (ADD, FORCE_ADD) or not other.key.startswith(section + "."):
+                continue
+            leaf = other.key[len(section) + 1:]
+            if "." in leaf or leaf not in types_:
+                continue
+            try:
+                given[leaf] = coerce(None if _is_none_word(other) and allows_null(types_[leaf]) else other.value,
+                                     types_[leaf], other.raw, key=other.key)
+            except CoerceError:
+                if other is ov:
+                    raise  # this override's own value is what is wrong
+                refused[leaf] = other.text  # that override's own error says why
+        required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+        missing = [name for name in required if name not in given]
+        if missing:
+            waiting = [refused[name] for name in missing if name in refused]
+            raise _Refused(f"{section} is null, and creating it needs {', '.join(missing)} too"
+                           + (f" ({', '.join(waiting)} is refused: see its own error)" if waiting else ""),
+                           " ".join(f"+{section}.{name}=<{describe(types_.get(name, Any))}>" for name in missing)
+                           + f" (with +{ov.key}=...)")
+        try:
+            return cls(**given)
+        except Exception as error:  # noqa: BLE001 - abstract, or the section's own checks refused these values
+            made_from = f" from {', '.join(f'{k}={show(v)}' for k, v in given.items())}" if given else ""
+            raise _Refused(f"{section} is null and a {cls.__name__} cannot be created here{made_from} "
+                           f"({type(error).__name__}: {error})",
+                           f"set {section} in Python (a recipe), or leave it null") from None
+
+    def _walk_to_parent(self, ov: ParsedOverride) -> tuple[Any, Any, bool]:
+        """The node holding the last key part, the annotation of that node's values if a dict, and
+        whether that node was created by this command (``+section.field=value`` on a null section)."""
+        parts = ov.key.split(".")
+        node, annotation = self.root, None
+        for i, name in enumerate(parts[:-1]):
+            if isinstance(node, dict):
+                if name not in node:
+                    raise _unknown(self.root, ov, i, node)
+                node, annotation = node[name], None
+                continue
+            if not dataclasses.is_dataclass(node) or _field(node, name) is None:
+                if not dataclasses.is_dataclass(node) and not isinstance(node, dict):
+                    raise _Refused(f"{'.'.join(parts[:i])} is a value ({show(node)}), not a section",
+                                   f"set it whole: {'.'.join(parts[:i])}=<value>")
+                raise _unknown(self.root, ov, i, node)
+            annotation = _strip_optional(field_types(type(node))[name])
+            child = getattr(node, name)
             section = ".".join(parts[: i + 1])
-            if ov.op in (ADD, FORCE_ADD) and dataclasses.is_dataclass(annotation):
-                child = _create_section(annotation, section, ov, leaf_is_next=i == len(parts) - 2)
+            if child is None:
+                if ov.op in (ADD, FORCE_ADD) and dataclasses.is_dataclass(annotation):
+                    child = self._create_section(annotation, section, ov)
+                elif ov.op in (ADD, FORCE_ADD) and typing.get_origin(annotation) is dict:
+                    child = {}
+                elif ov.op == DELETE:
+                    raise _Refused(f"{section} is null (not set by this recipe): nothing to reset",
+                                   f"drop {ov.text}")
+                else:
+                    raise _Refused(f"{section} is null (not set by this recipe)",
+                                   f"create it and set the field: +{ov.text.lstrip('+')}")
                 setattr(node, name, child)
-                created = True
-            elif ov.op in (ADD, FORCE_ADD) and typing.get_origin(annotation) is dict:
-                child = {}
-                setattr(node, name, child)
-                created = True
-            else:
-                raise _Refused(f"{section} is null (not set by this recipe)",
-                               f"create it and set the field: +{ov.text.lstrip('+')}")
-        node = child
-    if isinstance(node, dict) and typing.get_origin(annotation) is dict and len(typing.get_args(annotation)) == 2:
-        return node, typing.get_args(annotation)[1], created
-    return node, None, created
+                self.created.add(section)
+            node = child
+        created = ".".join(parts[:-1]) in self.created
+        if isinstance(node, dict) and typing.get_origin(annotation) is dict and len(typing.get_args(annotation)) == 2:
+            return node, typing.get_args(annotation)[1], created
+        return node, None, created
 
-
-def _apply_one(root: Any, ov: ParsedOverride) -> tuple[Any, Any]:
-    """Apply one override in place (on the copy); returns (old value, new value)."""
-    node, dict_value_type, created = _walk_to_parent(root, ov)
-    leaf = ov.key.rsplit(".", 1)[-1]
-    if isinstance(node, dict):
-        exists = leaf in node
+    def apply(self, ov: ParsedOverride) -> tuple[Any, Any]:
+        """Apply one override in place (on the copy); returns (old value, new value)."""
+        node, dict_value_type, created = self._walk_to_parent(ov)
+        leaf = ov.key.rsplit(".", 1)[-1]
+        if isinstance(node, dict):
+            exists = leaf in node
+            if ov.op == DELETE:
+                if not exists:
+                    raise _Refused("no such entry to remove", f"drop {ov.text}")
+                if ov.has_value and node[leaf] != ov.value:
+                    raise _Refused(f"is {show(node[leaf])}, not {show(ov.value)}; nothing removed", f"~{ov.key}")
+                return node.pop(leaf), "(removed)"
+            if ov.op == CHANGE and not exists:
+                raise _unknown(self.root, ov, len(ov.key.split(".")) - 1, node)
+            if ov.op == ADD and exists and not created:
+                raise _Refused(f"already exists (= {show(node[leaf])})", f"change it with {ov.text.lstrip('+')}")
+            old = node.get(leaf, "(unset)")
+            new = (coerce(ov.value, dict_value_type, ov.raw, key=ov.key) if dict_value_type is not None
+                   else ov.value)
+            node[leaf] = new
+            return old, new
+        if not dataclasses.is_dataclass(node):
+            parent = ov.key.rsplit('.', 1)[0]
+            raise _Refused(f"{parent} is a value ({show(node)}), not a section", f"set it whole: {parent}=<value>")
+        f = _field(node, leaf)
+        if f is None:
+            raise _unknown(self.root, ov, len(ov.key.split(".")) - 1, node)
+        old = getattr(node, leaf)
+        annotation = field_types(type(node))[leaf]
         if ov.op == DELETE:
-            if not exists:
-                raise _Refused("no such entry to remove")
-            if ov.has_value and node[leaf] != ov.value:
-                raise _Refused(f"is {show(node[leaf])}, not {show(ov.value)}; nothing removed")
-            return node.pop(leaf), "(removed)"
-        if ov.op == CHANGE and not exists:
-            raise _unknown(root, ov, len(ov.key.split(".")) - 1, node)
-        if ov.op == ADD and exists:
-            raise _Refused(f"already exists (= {show(node[leaf])})", f"change it with {ov.text.lstrip('+')}")
-        old = node.get(leaf, "(unset)")
-        new = coerce(ov.value, dict_value_type, ov.raw) if dict_value_type is not None else ov.value
-        node[leaf] = new
+            if ov.has_value and old != ov.value:
+                raise _Refused(f"is {show(old)}, not {show(ov.value)}; nothing reset", f"~{ov.key}")
+            new = _default(f)
+        else:
+            if ov.op == ADD and old is not None and not created:
+                raise _Refused(f"is already set (= {show(old)}); '+' only sets what is unset",
+                               f"change it with {ov.text.lstrip('+')}")
+            value = ov.value
+            if _is_none_word(ov):
+                if allows_null(annotation):
+                    value = None
+                elif annotation is not str and annotation is not Any:
+                    raise _Refused(f"expects {describe(annotation)}, got None (this field cannot be null)",
+                                   f"{ov.key}=<{describe(annotation)}>")
+            new = coerce(value, annotation, ov.raw, old, key=ov.key)
+        setattr(node, leaf, new)
         return old, new
-    if not dataclasses.is_dataclass(node):
-        raise _Refused(f"{ov.key.rsplit('.', 1)[0]} is a value ({show(node)}), not a section")
-    f = _field(node, leaf)
-    if f is None:
-        raise _unknown(root, ov, len(ov.key.split(".")) - 1, node)
-    old = getattr(node, leaf)
-    if ov.op == DELETE:
-        if ov.has_value and old != ov.value:
-            raise _Refused(f"is {show(old)}, not {show(ov.value)}; nothing reset")
-        new = _default(f)
-    else:
-        if ov.op == ADD and old is not None and not created:
-            raise _Refused(f"is already set (= {show(old)}); '+' only sets what is unset",
-                           f"change it with {ov.text.lstrip('+')}")
-        new = coerce(ov.value, field_types(type(node))[leaf], ov.raw, old)
-    setattr(node, leaf, new)
-    return old, new
+
+
+def _conflicts(parsed: list[ParsedOverride]) -> dict[int, OverrideError]:
+    """Overrides whose keys are the same, or one inside the other (``~env_vars`` and ``+env_vars.X=1``):
+    the result would depend on their order, so every one after the first is refused."""
+    errors: dict[int, OverrideError] = {}
+    seen: list[ParsedOverride] = []
+    for ov in parsed:
+        if ov.is_sweep:
+            continue
+        same = next((o for o in seen if o.key == ov.key), None)
+        inside = next((o for o in seen if ov.key.startswith(o.key + ".") or o.key.startswith(ov.key + ".")), None)
+        if same is not None:
+            errors[ov.index] = OverrideError(ov.text, ov.key, f"given twice (first: {shown(same.text, 120)})",
+                                             "give each key once", ov.index)
+        elif inside is not None:
+            outer, inner = (inside, ov) if ov.key.startswith(inside.key + ".") else (ov, inside)
+            errors[ov.index] = OverrideError(
+                ov.text, ov.key, f"overlaps {shown(inside.text, 120)}: {outer.key} contains {inner.key}, so the result "
+                "would depend on their order", f"give one of them (set {outer.key} whole, or only its parts)", ov.index)
+        else:
+            seen.append(ov)
+    return errors
 
 
 def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
-    """A copy of ``cfg`` with every override applied; OverrideErrors lists every refused one, and carries
-    (``.applied``) a copy with the others applied. Values are not range-checked here (the validator does,
-    on the final values)."""
+    """A copy of ``cfg`` with every override applied; OverrideErrors lists every refused one, in the command's
+    order, and carries (``.applied``) a copy with the others applied. Values are not range-checked here (the
+    validator does, on the final values)."""
     if isinstance(texts, str):
         raise TypeError("apply_overrides takes a list of overrides, not one string")
     parsed, errors = parse(list(texts))
     new = copy.deepcopy(cfg)
-    first_text: dict[str, str] = {}
+    refused = _conflicts(parsed)
+    application = _Application(new, [ov for ov in parsed if ov.index not in refused])
     changes = []
     for ov in parsed:
         if ov.is_sweep:
             errors.append(OverrideError(ov.text, ov.key, "is a sweep (several values); one run takes one value",
-                                        "sweep with scripts/sweep_offload.py, or give a single value"))
+                                        "sweep with scripts/sweep_offload.py, or give a single value", ov.index))
             continue
-        if ov.key in first_text:
-            errors.append(OverrideError(ov.text, ov.key, f"given twice (first: {first_text[ov.key]})",
-                                        "give each key once"))
+        if ov.index in refused:
+            errors.append(refused[ov.index])
             continue
-        first_text[ov.key] = ov.text
         try:
-            old, value = _apply_one(new, ov)
-        except (_Refused, CoerceError) as refused:
-            errors.append(OverrideError(ov.text, ov.key, refused.message, refused.fix))
+            old, value = application.apply(ov)
+        except (_Refused, CoerceError) as refusal:
+            errors.append(OverrideError(ov.text, ov.key, refusal.message, refusal.fix, ov.index))
+            continue
+        except Exception as error:  # noqa: BLE001 - the config's own code refused (a setter, a property)
+            errors.append(OverrideError(ov.text, ov.key, f"cannot be set ({type(error).__name__}: {error})",
+                                        "set it in Python (a recipe or a transform of recipes/)", ov.index))
             continue
         changes.append((ov.key, old, value))
     if errors:
-        raise OverrideErrors(errors, applied=new)
+        raise OverrideErrors(sorted(errors, key=lambda e: e.index), applied=new)
     for key, old, value in changes:
         log.info("%s: %s -> %s (command-line override)", key, show(old), show(value))
     return new

@@ -8,10 +8,12 @@ forward reference elsewhere does not lose the others).
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import enum
 import functools
 import math
+import re
 import sys
 import types
 import typing
@@ -84,40 +86,86 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "float32": "float32", "
 
 
 def _show(value: Any, raw: str | None) -> str:
-    return repr(raw) if raw is not None else repr(value)
+    """The value as the user typed it (``raw``), else as parsed; a very long one shortened."""
+    from overrides.errors import shown
+
+    return repr(shown(raw, 120)) if raw is not None else shown(repr(value), 120)
 
 
-def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = None) -> Any:
-    """``value`` (as Hydra parsed it; ``raw`` is its text) converted to ``annotation`` or CoerceError."""
+def allows_null(annotation: Any) -> bool:
+    """Whether the declared type takes null (``X | None``)."""
+    return typing.get_origin(annotation) in (Union, types.UnionType) and _NONE in typing.get_args(annotation)
+
+
+_HEX = re.compile(r"[+-]?0[xXoObB][0-9a-fA-F_]+")
+_NUMBER = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", re.IGNORECASE)
+
+
+def _number_hint(value: Any, key: str) -> str:
+    """The fix for a number written as text: in hex (0x10), or in quotes ('5')."""
+    if isinstance(value, str) and _HEX.fullmatch(value.strip()):
+        try:
+            return f"write it in decimal: {key}={int(value.strip().replace('_', ''), 0)}"
+        except ValueError:
+            return ""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        return f"write the number without quotes: {key}={value.strip()}"
+    return ""
+
+
+def _exact_int(value: float, raw: str | None) -> int:
+    """A whole float as an int, exactly as typed where the text says more than the float holds
+    (``1e30`` is 10**30, not 1000000000000000019884624838656)."""
+    if raw is not None:
+        try:
+            exact = decimal.Decimal(raw.strip().replace("_", ""))
+            if exact.is_finite() and exact == exact.to_integral_value():
+                return int(exact)
+        except (decimal.InvalidOperation, ValueError):
+            pass
+    return int(value)
+
+
+def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = None, key: str = "key") -> Any:
+    """``value`` (as Hydra parsed it; ``raw`` is its text) converted to ``annotation`` or CoerceError, whose
+    fix names ``key``."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
 
     if annotation is Any or annotation is object:
         # Unresolvable annotation: keep the type of the value already there, when there is one.
         if current is not None and type(current) in (bool, int, float, str):
-            return coerce(value, type(current), raw)
+            return coerce(value, type(current), raw, key=key)
         return value
 
     if origin in (Union, types.UnionType):
         if value is None:
             if _NONE in args:
                 return None
-            raise CoerceError(f"expects {describe(annotation)}, got null")
+            raise CoerceError(f"expects {describe(annotation)}, got null (this field cannot be null)",
+                              f"{key}=<{describe(annotation)}>")
         failures = []
         # Literals first, then the type Hydra parsed (1 stays an int in ``str | int``), then the rest.
         options = [a for a in args if a is not _NONE]
         options.sort(key=lambda a: (typing.get_origin(a) is not Literal, a is not type(value)))
         for option in options:
             try:
-                return coerce(value, option, raw, current)
+                return coerce(value, option, raw, current, key)
             except CoerceError as error:
                 failures.append(error)
+        or_null = f" (or {key}=null for none)" if _NONE in args else ""
         if len(failures) == 1:  # Optional[X]: X's own reason says more
-            raise failures[0]
+            message = failures[0].message
+            if _NONE in args and message.startswith("expects ") and "null" not in message:
+                message = message.replace(", got ", " or null, got ", 1)
+            fix = failures[0].fix or f"{key}=<{describe(options[0])}>"
+            raise CoerceError(message, fix if or_null.strip() in fix else fix + or_null)
         raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}",
-                          next((f.fix for f in failures if f.fix), ""))
+                          next((f.fix for f in failures if f.fix and not f.fix.startswith(f"{key}=<")),
+                               f"{key}=<{describe(annotation)}>"))
 
     if value is None:
-        raise CoerceError(f"expects {describe(annotation)}, got null (this field cannot be null)")
+        raise CoerceError(f"expects {describe(annotation)}, got null (this field cannot be null)",
+                          f"{key}=<{describe(annotation)}>")
 
     if origin is Literal:
         text = raw if raw is not None else value
@@ -126,66 +174,81 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
                 return choice
         close = difflib.get_close_matches(str(text), [str(a) for a in args], n=1)
         raise CoerceError(f"expects one of {', '.join(map(str, args))}, got {_show(value, raw)}",
-                          f"did you mean {close[0]!r}?" if close else "")
+                          f"did you mean {key}={close[0]}?" if close else
+                          f"{key}=<one of {', '.join(map(str, args))}>")
 
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        raise CoerceError(f"expects True or False, got {_show(value, raw)}")
+        raise CoerceError(f"expects True or False, got {_show(value, raw)}", f"{key}=True or {key}=False")
 
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise CoerceError(f"expects an int (a whole number), got {_show(value, raw)}")
+            return _exact_int(value, raw)
+        if isinstance(value, float) and math.isfinite(value):
+            near = sorted({math.floor(value), math.ceil(value)} - {0} or {1})
+            fix = " or ".join(f"{key}={n}" for n in near)
+        else:
+            fix = _number_hint(value, key) or f"{key}=<a whole number>"
+        raise CoerceError(f"expects an int (a whole number), got {_show(value, raw)}", fix)
 
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if isinstance(value, float) and math.isnan(value):
-                raise CoerceError("expects a number, got nan")
+                raise CoerceError("expects a number, got nan", f"{key}=<a number>")
             return float(value)
-        raise CoerceError(f"expects a float (a number), got {_show(value, raw)}")
+        raise CoerceError(f"expects a float (a number), got {_show(value, raw)}",
+                          _number_hint(value, key) or f"{key}=<a number, e.g. 0.5 or 1e-4>")
 
     if annotation is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float, bool)) and raw is not None:
             return raw  # e.g. tokenizer_model=123: the text as typed
-        raise CoerceError(f"expects a str, got {_show(value, raw)}")
+        raise CoerceError(f"expects a str, got {_show(value, raw)}",
+                          f"quote it to make it text: {key}='...'")
 
     if annotation is Path or annotation is typing.Optional[Path]:
         if isinstance(value, str):
             return Path(value)
-        raise CoerceError(f"expects a path, got {_show(value, raw)}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and raw is not None:
+            return Path(raw)
+        raise CoerceError(f"expects a path, got {_show(value, raw)}", f"{key}=/a/path")
 
     if _is_dtype(annotation):
         import torch
 
-        name = _DTYPE_ALIASES.get(str(raw if raw is not None else value).removeprefix("torch."))
+        text = str(raw if raw is not None else value).strip()
+        name = _DTYPE_ALIASES.get(text.removeprefix("torch."))
         if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise CoerceError(f"expects a dtype (float32, bfloat16, float16), got {_show(value, raw)}")
+        close = difflib.get_close_matches(text.removeprefix("torch."), list(_DTYPE_ALIASES), n=1)
+        raise CoerceError(f"expects a dtype (float32, bfloat16, float16), got {_show(value, raw)}",
+                          f"did you mean {key}={close[0]}?" if close else f"{key}=bf16, {key}=fp16 or {key}=fp32")
 
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        text = str(raw if raw is not None else value)
+        text = str(raw if raw is not None else value).removeprefix(annotation.__name__ + ".")
         for member in annotation:
             if text in (member.name, str(member.value)) or value == member.value:
                 return member
         close = difflib.get_close_matches(text, [m.name for m in annotation], n=1)
-        raise CoerceError(f"expects {describe(annotation)}, got {text!r}",
-                          f"did you mean {close[0]!r}?" if close else "")
+        raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}",
+                          f"did you mean {key}={close[0]}?" if close else
+                          f"{key}=<{describe(annotation)}>")
 
     if origin in (list, tuple, set, frozenset, typing.Sequence) or annotation in (list, tuple):
         if not isinstance(value, list):
             raise CoerceError(f"expects {describe(annotation)} written as [a,b], got {_show(value, raw)}",
-                              "write a list as key=[a,b] (quote the whole override in a shell)")
+                              f"write a list: {key}=[a,b] (quote the whole override in a shell)")
         if origin is tuple and args and Ellipsis not in args:  # fixed positions, e.g. (paths, weights)
             if len(value) != len(args):
-                raise CoerceError(f"expects {describe(annotation)} ({len(args)} items), got {len(value)} items")
-            return tuple(coerce(v, a, None) for v, a in zip(value, args))
+                raise CoerceError(f"expects {describe(annotation)} ({len(args)} items), got {len(value)} items",
+                                  f"{key}=[{', '.join('<' + describe(a) + '>' for a in args)}]")
+            return tuple(_item(v, a, i, len(value), key) for i, (v, a) in enumerate(zip(value, args)))
         inner = [a for a in args if a is not Ellipsis]
-        items = [coerce(v, inner[0], None) for v in value] if inner else list(value)
+        items = [_item(v, inner[0], i, len(value), key) for i, v in enumerate(value)] if inner else list(value)
         if origin in (tuple,) or annotation is tuple:
             return tuple(items)
         if origin in (set, frozenset):
@@ -194,20 +257,46 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
 
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
-            raise CoerceError(f"expects a dict written as {{a:1}}, got {_show(value, raw)}")
+            raise CoerceError(f"expects a dict written as {{a:1}}, got {_show(value, raw)}", f"{key}={{name:value}}")
         if len(args) == 2:
-            return {coerce(k, args[0], None): coerce(v, args[1], None) for k, v in value.items()}
+            return {coerce(k, args[0], None, key=key): coerce(v, args[1], None, key=f"{key}.{k}")
+                    for k, v in value.items()}
         return dict(value)
 
     if origin is typing.Callable or annotation is typing.Callable or origin is type(print):
-        raise CoerceError("is a function and cannot be set from the command line")
+        raise CoerceError("is a function and cannot be set from the command line",
+                          "set it in Python (a recipe or a transform of recipes/)")
     if dataclasses.is_dataclass(annotation):
-        raise CoerceError(f"is a {annotation.__name__} section: set its fields one by one "
-                          f"(e.g. key.field=value), or null to remove it")
+        raise CoerceError(f"is a {annotation.__name__} section: set its fields one by one",
+                          f"{key}.<field>=<value>, or {key}=null to remove it where it may be null")
     if origin is not None and "Callable" in str(origin):
-        raise CoerceError("is a function and cannot be set from the command line")
+        raise CoerceError("is a function and cannot be set from the command line",
+                          "set it in Python (a recipe or a transform of recipes/)")
     if isinstance(annotation, type):
         if isinstance(value, annotation):
             return value
-        raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}")
+        raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}",
+                          "set it in Python (a recipe or a transform of recipes/)")
     return value
+
+
+def _without_null(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not _NONE]
+    return args[0] if allows_null(annotation) and len(args) == 1 else annotation
+
+
+def _item(value: Any, annotation: Any, index: int, count: int, key: str) -> Any:
+    """One item of a list, its refusal saying which item (``[core_attn,[x]]``: item 2)."""
+    try:
+        return coerce(value, annotation, None, key=key)
+    except CoerceError as error:
+        fix = error.fix
+        if annotation is str and isinstance(value, (int, float, bool)):
+            fix = f"quote the item to make it text: '{value}'"
+        elif isinstance(value, (list, dict)) and typing.get_origin(_without_null(annotation)) not in (list, tuple, dict):
+            fix = f"a list of {describe(annotation)} is written flat: {key}=[a,b]"
+        elif isinstance(value, (list, dict)):
+            pass  # the inner list's own refusal says which of its items
+        else:
+            fix = f"item {index + 1}: " + fix.replace(f"{key}=", "", 1)
+        raise CoerceError(f"item {index + 1} of {count} ({_show(value, None)}): {error.message}", fix) from None

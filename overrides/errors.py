@@ -5,6 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# An override can be as long as the user's shell allows: the report shows its start and end, so a
+# 100,000-character value does not bury the other errors of the command.
+SHOWN_CHARS = 240
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` for a report: control and other unprintable characters escaped (a NUL or newline would
+    hide or break the line), and the middle of a very long text left out with its length said."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+    if len(text) <= limit:
+        return text
+    keep = (limit - 30) // 2
+    return f"{text[:keep]}...({len(text)} characters)...{text[-keep:]}"
+
 
 @dataclass(frozen=True)
 class OverrideError:
@@ -12,11 +26,12 @@ class OverrideError:
     key: str
     message: str
     fix: str = ""
+    index: int = 0  # the override's position in the command (the report follows the command's order)
 
     def format(self) -> str:
-        lines = [f"{self.text}", f"    {self.key}: {self.message}"]
+        lines = [shown(self.text) if str(self.text).strip() else repr(self.text), f"    {shown(self.key, 120) or '(no key)'}: {shown(self.message, 600)}"]
         if self.fix:
-            lines.append(f"    fix: {self.fix}")
+            lines.append(f"    fix: {shown(self.fix, 600)}")
         return "\n".join(lines)
 
 

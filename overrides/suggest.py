@@ -7,21 +7,47 @@ from typing import Any
 
 from mbridge_offload.facts.config_tree import walk
 
+# Keys longer than this are not compared letter by letter (difflib is quadratic): nobody mistypes 200 letters.
+_LONGEST_COMPARED = 200
 
-def suggest(typed_key: str, root: Any, siblings: list[str], limit: int = 3) -> list[str]:
-    """Closest real keys: first among the names where the walk stopped, then anywhere in the config
-    whose last part matches (``model.optimizer_offload_fraction`` -> ``optimizer.optimizer_offload_fraction``)."""
-    *parents, leaf = typed_key.split(".")
-    prefix = ".".join(parents)
-    near = [f"{prefix}.{name}" if prefix else name
-            for name in difflib.get_close_matches(leaf, siblings, n=limit, cutoff=0.6)]
-    near += [prefix + "." + name if prefix else name for name in siblings
-             if len(leaf) >= 4 and (leaf in name or name in leaf) and (prefix + "." + name if prefix else name) not in near]
-    all_keys = [key for key, _, _ in walk(root, levels=4)]  # dataclass fields and dict entries
-    leaves = {}
-    for key in all_keys:
-        leaves.setdefault(key.rsplit(".", 1)[-1], []).append(key)
-    for name in difflib.get_close_matches(leaf, list(leaves), n=limit, cutoff=0.8):
-        near += [k for k in leaves[name] if k not in near and k != typed_key]
-    near += [k for k in difflib.get_close_matches(typed_key, all_keys, n=limit, cutoff=0.75) if k not in near]
+
+def _close(word: str, choices: list[str], n: int, cutoff: float) -> list[str]:
+    if len(word) > _LONGEST_COMPARED:
+        return []
+    return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
+
+
+def suggest(typed_key: str, root: Any, siblings: list[str], limit: int = 3, upto: int | None = None) -> list[str]:
+    """Closest real keys to ``typed_key``, whose part number ``upto`` (default: the last) is the unknown
+    one, ``siblings`` the names where the walk stopped. A typo in the middle of a path is corrected with the
+    rest of the path kept (``optimzer.lr`` -> ``optimizer.lr``); a name under the wrong section is found
+    where it is (``model.optimizer_offload_fraction`` -> ``optimizer.optimizer_offload_fraction``)."""
+    parts = typed_key.split(".")
+    upto = len(parts) - 1 if upto is None else upto
+    prefix, bad, rest = ".".join(parts[:upto]), parts[upto], parts[upto + 1:]
+    all_keys = [key for key, _, _ in walk(root, levels=max(4, len(parts)))]  # dataclass fields and dict entries
+    known = set(all_keys)
+
+    def joined(*pieces: str) -> str:
+        return ".".join(p for p in pieces if p)
+
+    names = _close(bad, siblings, limit, 0.6)
+    names += [name for name in siblings if len(bad) >= 4 and (bad in name or name in bad) and name not in names]
+    near: list[str] = []
+    for name in names:
+        corrected = joined(prefix, name, *rest)
+        if not rest or corrected in known:
+            near.append(corrected)
+            continue
+        below = [key for key in all_keys if key.startswith(joined(prefix, name) + ".")]
+        near += [key for key in _close(corrected, below, 1, 0.6) if key not in near]
+    if not near and rest:  # the right section is named nowhere near: the path as far as it was typed
+        near += [joined(prefix, name) for name in names]
+    if upto == len(parts) - 1:  # the last part: the same name under another section
+        leaves: dict[str, list[str]] = {}
+        for key in all_keys:
+            leaves.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+        for name in _close(bad, list(leaves), limit, 0.8):
+            near += [k for k in leaves[name] if k not in near and k != typed_key]
+    near += [k for k in _close(typed_key, all_keys, limit, 0.75) if k not in near]
     return near[:limit]

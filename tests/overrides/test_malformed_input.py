@@ -1,0 +1,220 @@
+"""Malformed overrides the grammar tests did not show: each is refused (never a traceback) with the override,
+its key, what is wrong and a fix; the refusals of one command come together, in its order; the input config
+is never changed. Real recipe configs throughout."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from overrides import OverrideErrors, apply_overrides
+from mbridge_offload.describe import config_diff
+
+DENSE = "qwen3_1b_proxy_pretrain_config"
+
+
+@pytest.fixture(scope="module")
+def dense(built):
+    return built(DENSE)
+
+
+def refusal(cfg, texts):
+    """The OverrideErrors of ``texts`` on ``cfg``, checking that ``cfg`` is left as it was."""
+    before = copy.deepcopy(cfg)
+    with pytest.raises(OverrideErrors) as caught:
+        apply_overrides(cfg, texts)
+    assert config_diff(before, cfg) == []
+    return caught.value
+
+
+# Each: the override(s), a word of the message, a word of the fix. Several crashed (a Hydra exception out of
+# apply_overrides: interval(), glob()), were applied although malformed (checkpoint.save= as an empty path,
+# ${...} kept unresolved, shuffle()'s random order) or were refused with a misleading fix.
+MALFORMED = {
+    "optimizer.lr=interval(0,1)": ("sweep", "single value"),
+    "optimizer.lr=glob(*)": ("sweep", "single value"),
+    "model.offload_modules=shuffle([core_attn,moe_act])": ("random order", "model.offload_modules=[a,b]"),
+    "checkpoint.save=${oc.env:HOME}": ("interpolation", "checkpoint.save=<value>"),
+    "optimizer.lr=${x}": ("interpolation", "optimizer.lr=<value>"),
+    "checkpoint.save=": ("no value", "checkpoint.save=null"),
+    "train.train_iters=": ("no value", "train.train_iters=<value>"),
+    "": ("empty override", "key=value"),
+    "   ": ("empty override", "key=value"),
+    "=": ("no key", "key=value"),
+    "=0.5": ("no key", "key=value"),
+    "+": ("no key", "+key=value"),
+    "++": ("no key", "++key=value"),
+    "~": ("no key", "key=value"),
+    "optimizer.lr==1": ("two '='", "optimizer.lr=1"),
+    "optimizer.lr = 1": ("spaces", "optimizer.lr=1"),
+    "optimizer.lr =1": ("spaces", "optimizer.lr=1"),
+    " optimizer.lr=1": ("spaces", "optimizer.lr=1"),
+    "+ env_vars.X=1": ("spaces", "+env_vars.X=1"),
+    "model.recompute_granularity=~": ("null", "model.recompute_granularity=null"),
+    "optimizer/lr=1": ("'/'", "optimizer.lr=1"),
+    "optimizer..lr=1": ("empty part", "optimizer.lr="),
+    "optimizer.=1": ("empty part", "optimizer="),
+    "ünïcode.key=1": ("not a key name", "--dry-run"),
+    "optimizer.lr=1\n": ("control character", "optimizer.lr=1"),
+    "optimizer.lr=\x00": ("control character", "optimizer.lr="),
+    "checkpoint.save=a=b": ("syntax", "checkpoint.save='a=b'"),
+    "checkpoint.save='x": ("syntax", "checkpoint.save='x'"),
+    "model.offload_modules=[core_attn": ("syntax", "model.offload_modules=[core_attn]"),
+    "optimizer.lr=ünï": ("syntax", "optimizer.lr='ünï'"),
+    "train.global_batch_size=8 optimizer.lr=5": ("several overrides", "own argument"),
+    "optimizer.lr@pkg=1": ("package", "optimizer.lr="),
+    "optimizer.lr=0x10": ("float", "optimizer.lr=16"),
+    "train.train_iters=0x10": ("int", "train.train_iters=16"),
+    "train.train_iters='20'": ("int", "train.train_iters=20"),
+    "train.train_iters=1.5": ("whole number", "train.train_iters=1 or train.train_iters=2"),
+    "model.cpu_offloading=yes": ("True or False", "model.cpu_offloading=True"),
+    "model.cpu_offloading=None": ("cannot be null", "model.cpu_offloading=<bool"),
+    "model.cuda_graph_impl=fast": ("one of", "model.cuda_graph_impl=<one of"),
+    "model.recompute_method=sometimes": ("or null", "model.recompute_method=null"),
+    "optimizer.main_grads_dtype=float64": ("dtype", "optimizer.main_grads_dtype="),
+    "model.offload_modules=[core_attn,1]": ("item 2 of 2", "'1'"),
+    "model.offload_modules=[[core_attn]]": ("item 1 of 1", "model.offload_modules=[a,b]"),
+    "~comm_overlap.tp_comm_overlap": ("null", "drop ~comm_overlap.tp_comm_overlap"),
+}
+
+
+@pytest.mark.parametrize("text", sorted(MALFORMED), ids=repr)
+def test_malformed_override_is_refused_with_key_rule_and_fix(dense, text):
+    errors = refusal(dense, [text])
+    assert len(errors.errors) == 1, errors.format()
+    error = errors.errors[0]
+    word, fix = MALFORMED[text]
+    assert word in error.message, error.format()
+    assert fix in error.fix, error.format()
+    assert "Traceback" not in errors.format()
+
+
+def test_every_refusal_names_the_key_and_a_fix(dense):
+    errors = refusal(dense, sorted(MALFORMED))
+    assert len(errors.errors) == len(MALFORMED)
+    for error in errors.errors:
+        assert error.message and error.fix, error.format()
+        if error.key:
+            assert error.key in error.format()
+
+
+def test_spaces_that_split_one_override_into_arguments_are_one_error(dense):
+    for argv in (["optimizer.lr", "=", "1e-4"], ["optimizer.lr", "=1e-4"], ["optimizer.lr=", "1e-4"]):
+        errors = refusal(dense, argv + ["train.train_iters=x"])
+        assert [e.key for e in errors.errors] == ["optimizer.lr", "train.train_iters"], errors.format()
+        assert errors.errors[0].fix.endswith("optimizer.lr=1e-4")
+    # a delete is a whole override: not joined with its neighbour
+    errors = refusal(dense, ["~optimizer.nope", "=1"])
+    assert len(errors.errors) == 2
+
+
+def test_errors_are_listed_in_the_order_of_the_command(dense):
+    texts = ["train.train_iters=x", "optimizer.lr==1", "model.cpu_offload=True", "", "optimizer.lr=interval(0,1)",
+             "rng.seed=abc"]
+    assert [e.text for e in refusal(dense, texts + ["train.global_batch_size=16"]).errors] == texts
+
+
+def test_control_characters_are_shown_escaped_and_long_overrides_shortened(dense):
+    errors = refusal(dense, ["optimizer.lr=1\x1b[2J", "x" * 20000 + "=1", "optimizer.lr=" + "9" * 3000 + "x"])
+    text = errors.format()
+    assert "\x1b" not in text and "\\x1b" in text
+    assert len(text) < 3000 and "characters)" in text
+    assert [e.key for e in errors.errors][2] == "optimizer.lr"
+
+
+def test_a_str_field_gets_the_value_as_typed(dense):
+    cases = {"1e-4": "1e-4", "true": "true", "1_000": "1_000", "007": "007", "0.50": "0.50"}
+    for typed, expected in cases.items():
+        cfg = apply_overrides(dense, [f"tokenizer.tokenizer_model={typed}"])
+        assert cfg.tokenizer.tokenizer_model == expected, typed
+
+
+def test_unquoted_none_is_null_where_the_field_may_be_null_and_quoted_none_is_text(dense):
+    cfg = apply_overrides(dense, ["checkpoint.save=None", "model.recompute_granularity=None",
+                                  "tokenizer.tokenizer_model='None'"])
+    assert cfg.checkpoint.save is None and cfg.model.recompute_granularity is None
+    assert cfg.tokenizer.tokenizer_model == "None"
+
+
+def test_a_whole_number_in_exponent_form_is_exact(dense):
+    cfg = apply_overrides(dense, ["train.train_iters=1e30", "rng.seed=1_000", "train.global_batch_size=-0"])
+    assert cfg.train.train_iters == 10**30
+    assert cfg.rng.seed == 1000 and cfg.train.global_batch_size == 0
+
+
+def test_enum_member_may_be_written_with_its_class(dense):
+    cfg = apply_overrides(dense, ["model.attention_backend=AttnBackend.flash"])
+    assert cfg.model.attention_backend.name == "flash"
+
+
+def test_creating_a_null_section_does_not_depend_on_the_order(dense):
+    # CommOverlapConfig needs tp_comm_overlap to be made: given after the other field, it used to be refused.
+    texts = ["+comm_overlap.tp_comm_bootstrap_backend=mpi", "+comm_overlap.tp_comm_overlap=True"]
+    forward = apply_overrides(dense, texts)
+    backward = apply_overrides(dense, list(reversed(texts)))
+    assert config_diff(forward, backward) == []
+    assert forward.comm_overlap.tp_comm_bootstrap_backend == "mpi" and forward.comm_overlap.tp_comm_overlap is True
+    # alone, the section cannot be made: the fix names the field it needs
+    errors = refusal(dense, ["+comm_overlap.tp_comm_bootstrap_backend=mpi"])
+    assert "+comm_overlap.tp_comm_overlap=" in errors.errors[0].fix
+    # the needed field refused for its own value: its own error, and the other says why it cannot be made
+    errors = refusal(dense, ["+comm_overlap.tp_comm_overlap=maybe", "+comm_overlap.tp_comm_bootstrap_backend=mpi"])
+    assert "True or False" in errors.errors[0].message
+    assert "+comm_overlap.tp_comm_overlap=maybe is refused" in errors.errors[1].message
+
+
+def test_overlapping_keys_are_refused_in_either_order(dense):
+    # ~env_vars then +env_vars.X kept X; the other order dropped it: the result depended on the order.
+    for texts in (["~env_vars", "+env_vars.X=1"], ["+env_vars.X=1", "~env_vars"],
+                  ["comm_overlap=null", "+comm_overlap.tp_comm_overlap=True"]):
+        errors = refusal(dense, texts)
+        assert len(errors.errors) == 1 and "overlaps" in errors.errors[0].message, errors.format()
+        assert errors.errors[0].text == texts[1]
+
+
+def test_did_you_mean_corrects_a_typo_in_the_middle_of_a_path(dense):
+    cases = {"optimzer.lr=1e-4": "optimizer.lr", "modle.cpu_offloading=True": "model.cpu_offloading",
+             "trian.train_iters=5": "train.train_iters", "model.cpu_offloding.x=1": "model.cpu_offloading"}
+    for text, expected in cases.items():
+        fix = refusal(dense, [text]).errors[0].fix
+        assert fix.startswith(f"did you mean {expected}"), (text, fix)
+
+
+def test_an_override_that_is_not_text_is_refused(dense):
+    errors = refusal(dense, [5, None, "train.train_iters=x"])
+    assert len(errors.errors) == 3 and "is text" in errors.errors[0].message
+
+
+def test_the_commands_refuse_malformed_overrides_with_exit_2_and_no_traceback(dense, monkeypatch):
+    """run_recipe --dry-run, plan_offload and sweep_offload (its launch replaced by a stub that fails the
+    test): every error of the command at once, exit 2, nothing launched."""
+    import mbridge_offload.cli.plan_offload as plan_offload
+    import mbridge_offload.cli.run_recipe as run_recipe
+    import mbridge_offload.cli.sweep_offload as sweep_offload
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a refused command launched")
+
+    monkeypatch.setattr(sweep_offload, "run_sweep", launched)
+    bad = ["optimizer.lr=interval(0,1)", "optimizer.lr", "=", "1", "checkpoint.save=", "model.cpu_offload=True"]
+    out = Path(tempfile.mkdtemp(prefix="malformed-")) / "out"
+    for main, argv in ((run_recipe.main, ["--recipe", DENSE, "--dry-run", *bad]),
+                       (plan_offload.main, ["--recipe", DENSE, *bad]),
+                       (sweep_offload.main, ["--recipe", DENSE, "--out", str(out), *bad])):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            try:
+                code = main(argv)
+            except SystemExit as stop:
+                code = stop.code
+        text = printed.getvalue()
+        assert code == 2, (argv, text)
+        assert "Traceback" not in text
+        for typed in ("optimizer.lr=interval(0,1)", "optimizer.lr = 1", "checkpoint.save=", "model.cpu_offload=True"):
+            assert typed in text, (argv[0], typed, text)
+    assert not out.exists()
