@@ -24,9 +24,10 @@ from typing import Any, Sequence
 
 from overrides.coerce import CoerceError, allows_null, coerce, describe, field_types
 from overrides.errors import OverrideError, OverrideErrors, shown
-from overrides.grammar import ADD, CHANGE, DELETE, FORCE_ADD, ParsedOverride, parse
+from overrides.grammar import ADD, CHANGE, DELETE, FORCE_ADD, ParsedOverride, parse, value_text_of
 from overrides.suggest import suggest
 from mbridge_offload.facts.config_tree import public_fields, show
+from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY
 
 log = logging.getLogger("mbridge_offload")
 
@@ -222,6 +223,27 @@ class _Application:
         return old, new
 
 
+def _is_list_field(root: Any, key: str) -> bool:
+    """Whether ``key`` names a field declared as a list (``a,b`` there is more likely a list than a sweep)."""
+    *parents, leaf = key.split(".")
+    node = root
+    for name in parents:
+        node = getattr(node, name, None) if dataclasses.is_dataclass(node) else None
+    if not dataclasses.is_dataclass(node) or _field(node, leaf) is None:
+        return False
+    declared = _strip_optional(field_types(type(node))[leaf])
+    return typing.get_origin(declared) in (list, tuple, set, frozenset) or declared in (list, tuple)
+
+
+def _auto_hint(ov: ParsedOverride, fix: str) -> str:
+    """``auto`` for the offload fraction in another spelling, or where nothing resolves it: say how it is written
+    and where it works (the commands resolve ``optimizer.optimizer_offload_fraction=auto``, mbridge_offload/prepare.py)."""
+    if ov.key != OFFLOAD_FRACTION_KEY or not isinstance(ov.value, str) or ov.value.strip().lower() != "auto":
+        return fix
+    return (f"{OFFLOAD_FRACTION_KEY}=auto, written exactly so, is resolved by run_recipe.py and plan_offload.py "
+            f"(the smallest fraction that fits); elsewhere give a number: {OFFLOAD_FRACTION_KEY}=0.5")
+
+
 def _conflicts(parsed: list[ParsedOverride]) -> dict[int, OverrideError]:
     """Overrides whose keys are the same, or one inside the other (``~env_vars`` and ``+env_vars.X=1``):
     the result would depend on their order, so every one after the first is refused."""
@@ -258,8 +280,12 @@ def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
     changes = []
     for ov in parsed:
         if ov.is_sweep:
+            typed = value_text_of(ov.text) or ""
+            as_list = (f"; for a list: {ov.key}=[{typed}]" if _is_list_field(new, ov.key)
+                       and not any(c in typed for c in "[]{}()'\"") else "")
             errors.append(OverrideError(ov.text, ov.key, "is a sweep (several values); one run takes one value",
-                                        "sweep with scripts/sweep_offload.py, or give a single value", ov.index))
+                                        f"sweep with scripts/sweep_offload.py, or give a single value{as_list}",
+                                        ov.index))
             continue
         if ov.index in refused:
             errors.append(refused[ov.index])
@@ -267,7 +293,7 @@ def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
         try:
             old, value = application.apply(ov)
         except (_Refused, CoerceError) as refusal:
-            errors.append(OverrideError(ov.text, ov.key, refusal.message, refusal.fix, ov.index))
+            errors.append(OverrideError(ov.text, ov.key, refusal.message, _auto_hint(ov, refusal.fix), ov.index))
             continue
         except Exception as error:  # noqa: BLE001 - the config's own code refused (a setter, a property)
             errors.append(OverrideError(ov.text, ov.key, f"cannot be set ({type(error).__name__}: {error})",

@@ -29,7 +29,9 @@ class OverrideError:
     index: int = 0  # the override's position in the command (the report follows the command's order)
 
     def format(self) -> str:
-        lines = [shown(self.text) if str(self.text).strip() else repr(self.text), f"    {shown(self.key, 120) or '(no key)'}: {shown(self.message, 600)}"]
+        text = str(self.text)
+        # spaces at either end (or nothing at all) are shown in quotes, so they are seen
+        lines = [shown(text) if text and text == text.strip() else repr(shown(text)), f"    {shown(self.key, 120) or '(no key)'}: {shown(self.message, 600)}"]
         if self.fix:
             lines.append(f"    fix: {shown(self.fix, 600)}")
         return "\n".join(lines)

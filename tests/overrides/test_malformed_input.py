@@ -80,6 +80,8 @@ MALFORMED = {
     "model.offload_modules=[core_attn,1]": ("item 2 of 2", "'1'"),
     "model.offload_modules=[[core_attn]]": ("item 1 of 1", "model.offload_modules=[a,b]"),
     "~comm_overlap.tp_comm_overlap": ("null", "drop ~comm_overlap.tp_comm_overlap"),
+    "model.offload_modules=core_attn,moe_act": ("sweep", "model.offload_modules=[core_attn,moe_act]"),
+    "optimizer.optimizer_offload_fraction=AUTO": ("float", "optimizer.optimizer_offload_fraction=auto, written exactly"),
 }
 
 
@@ -125,6 +127,13 @@ def test_control_characters_are_shown_escaped_and_long_overrides_shortened(dense
     assert "\x1b" not in text and "\\x1b" in text
     assert len(text) < 3000 and "characters)" in text
     assert [e.key for e in errors.errors][2] == "optimizer.lr"
+    # spaces at the ends of an override are shown in quotes, so they are seen
+    assert "' optimizer.lr=1'" in refusal(dense, [" optimizer.lr=1"]).format()
+
+
+def test_a_sweep_of_a_number_is_not_offered_as_a_list(dense):
+    fix = refusal(dense, ["optimizer.optimizer_offload_fraction=0,0.5"]).errors[0].fix
+    assert "sweep_offload" in fix and "[" not in fix
 
 
 def test_a_str_field_gets_the_value_as_typed(dense):
