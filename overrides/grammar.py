@@ -217,9 +217,13 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
         try:
             ov = parser.parse_override(text)
         except Exception as error:  # noqa: BLE001 - HydraException, or anything its parser raises on odd input
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            errors.append(OverrideError(text, key_guess, f"not valid override syntax ({reason})",
-                                        _syntax_fix(parser, text), index))
+            if not isinstance(error, RecursionError) and "maximum recursion depth" not in str(error):
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                errors.append(OverrideError(text, key_guess, f"not valid override syntax ({reason})",
+                                            _syntax_fix(parser, text), index))
+                continue
+            errors.append(OverrideError(text, key_guess, "nested too deeply to be read",
+                                        "write fewer levels of [ ] or { } (a list of lists is [[a],[b]])", index))
             continue
         if ov.package is not None:
             errors.append(OverrideError(text, ov.key_or_group, "package overrides (key@pkg) are not supported",
