@@ -215,7 +215,8 @@ class _Application:
             if _is_none_word(ov):
                 if allows_null(annotation):
                     value = None
-                elif annotation is not str and annotation is not Any:
+                elif annotation is not str and annotation is not Any and typing.get_origin(annotation) is not typing.Literal:
+                    # (a choice field reads None itself: cuda_graph_impl=None gets "did you mean none")
                     raise _Refused(f"expects {describe(annotation)}, got None (this field cannot be null)",
                                    f"{ov.key}=<{describe(annotation)}>")
             new = coerce(value, annotation, ov.raw, old, key=ov.key)

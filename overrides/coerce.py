@@ -221,7 +221,7 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
         import torch
 
         text = str(raw if raw is not None else value).strip()
-        name = _DTYPE_ALIASES.get(text.removeprefix("torch."))
+        name = _DTYPE_ALIASES.get(text.removeprefix("torch.").lower())
         if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         close = difflib.get_close_matches(text.removeprefix("torch."), list(_DTYPE_ALIASES), n=1)

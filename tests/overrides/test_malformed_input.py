@@ -75,6 +75,7 @@ MALFORMED = {
     "model.cpu_offloading=yes": ("True or False", "model.cpu_offloading=True"),
     "model.cpu_offloading=None": ("cannot be null", "model.cpu_offloading=<bool"),
     "model.cuda_graph_impl=fast": ("one of", "model.cuda_graph_impl=<one of"),
+    "model.cuda_graph_impl=None": ("one of", "did you mean model.cuda_graph_impl=none"),
     "model.recompute_method=sometimes": ("or null", "model.recompute_method=null"),
     "optimizer.main_grads_dtype=float64": ("dtype", "optimizer.main_grads_dtype="),
     "model.offload_modules=[core_attn,1]": ("item 2 of 2", "'1'"),
@@ -154,6 +155,13 @@ def test_a_whole_number_in_exponent_form_is_exact(dense):
     cfg = apply_overrides(dense, ["train.train_iters=1e30", "rng.seed=1_000", "train.global_batch_size=-0"])
     assert cfg.train.train_iters == 10**30
     assert cfg.rng.seed == 1000 and cfg.train.global_batch_size == 0
+
+
+def test_dtype_names_are_read_in_any_case(dense):
+    import torch
+
+    cfg = apply_overrides(dense, ["optimizer.main_grads_dtype=BF16", "optimizer.main_params_dtype=torch.Float32"])
+    assert cfg.optimizer.main_grads_dtype is torch.bfloat16 and cfg.optimizer.main_params_dtype is torch.float32
 
 
 def test_enum_member_may_be_written_with_its_class(dense):
