@@ -116,8 +116,10 @@ def shape_error(text: str, index: int = 0) -> OverrideError | None:
         return None
     if value.startswith("="):
         rest_value = value.lstrip("=")
+        if not rest_value:
+            return refuse(key, "two '=' signs and no value", f"give a value: {text[: len(text) - len(value) - 1]}=<value>")
         return refuse(key, "two '=' signs", f"write {text[: len(text) - len(value) - 1]}={rest_value}"
-                      + (f" (or, if the value starts with '=', quote it: {key}={_quote(value)})" if rest_value else ""))
+                      f" (or, if the value starts with '=', quote it: {key}={_quote(value)})")
     stripped = value.strip()
     if stripped == "":
         return refuse(key, "no value after '=' (an empty variable in a shell gives this too)",

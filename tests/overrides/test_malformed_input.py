@@ -51,6 +51,7 @@ MALFORMED = {
     "++": ("no key", "++key=value"),
     "~": ("no key", "key=value"),
     "optimizer.lr==1": ("two '='", "optimizer.lr=1"),
+    "+env_vars.X==": ("two '='", "+env_vars.X=<value>"),
     "optimizer.lr = 1": ("spaces", "optimizer.lr=1"),
     "optimizer.lr =1": ("spaces", "optimizer.lr=1"),
     " optimizer.lr=1": ("spaces", "optimizer.lr=1"),
