@@ -215,7 +215,7 @@ class _Application:
             if _is_none_word(ov):
                 if allows_null(annotation):
                     value = None
-                elif annotation is not str and annotation is not Any and typing.get_origin(annotation) is not typing.Literal:
+                elif annotation not in (str, Any) and typing.get_origin(annotation) is not typing.Literal:
                     # (a choice field reads None itself: cuda_graph_impl=None gets "did you mean none")
                     raise _Refused(f"expects {describe(annotation)}, got None (this field cannot be null)",
                                    f"{ov.key}=<{describe(annotation)}>")
@@ -238,7 +238,8 @@ def _is_list_field(root: Any, key: str) -> bool:
 
 def _auto_hint(ov: ParsedOverride, fix: str) -> str:
     """``auto`` for the offload fraction in another spelling, or where nothing resolves it: say how it is written
-    and where it works (the commands resolve ``optimizer.optimizer_offload_fraction=auto``, mbridge_offload/prepare.py)."""
+    and where it works (the commands resolve ``optimizer.optimizer_offload_fraction=auto``:
+    mbridge_offload/prepare.py)."""
     if ov.key != OFFLOAD_FRACTION_KEY or not isinstance(ov.value, str) or ov.value.strip().lower() != "auto":
         return fix
     return (f"{OFFLOAD_FRACTION_KEY}=auto, written exactly so, is resolved by run_recipe.py and plan_offload.py "
@@ -256,13 +257,19 @@ def _conflicts(parsed: list[ParsedOverride]) -> dict[int, OverrideError]:
         same = next((o for o in seen if o.key == ov.key), None)
         inside = next((o for o in seen if ov.key.startswith(o.key + ".") or o.key.startswith(ov.key + ".")), None)
         if same is not None:
-            errors[ov.index] = OverrideError(ov.text, ov.key, f"given twice (first: {shown(same.text, 120)})",
-                                             "give each key once", ov.index)
+            errors[ov.index] = OverrideError(text=ov.text,
+                                             key=ov.key,
+                                             message=f"given twice (first: {shown(same.text, 120)})",
+                                             fix="give each key once",
+                                             index=ov.index)
         elif inside is not None:
             outer, inner = (inside, ov) if ov.key.startswith(inside.key + ".") else (ov, inside)
-            errors[ov.index] = OverrideError(
-                ov.text, ov.key, f"overlaps {shown(inside.text, 120)}: {outer.key} contains {inner.key}, so the result "
-                "would depend on their order", f"give one of them (set {outer.key} whole, or only its parts)", ov.index)
+            errors[ov.index] = OverrideError(text=ov.text,
+                                             key=ov.key,
+                                             message=(f"overlaps {shown(inside.text, 120)}: {outer.key} contains "
+                                                      f"{inner.key}, so the result would depend on their order"),
+                                             fix=f"give one of them (set {outer.key} whole, or only its parts)",
+                                             index=ov.index)
         else:
             seen.append(ov)
     return errors
@@ -284,9 +291,11 @@ def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
             typed = value_text_of(ov.text) or ""
             as_list = (f"; for a list: {ov.key}=[{typed}]" if _is_list_field(new, ov.key)
                        and not any(c in typed for c in "[]{}()'\"") else "")
-            errors.append(OverrideError(ov.text, ov.key, "is a sweep (several values); one run takes one value",
-                                        f"sweep with scripts/sweep_offload.py, or give a single value{as_list}",
-                                        ov.index))
+            errors.append(OverrideError(text=ov.text,
+                                        key=ov.key,
+                                        message="is a sweep (several values); one run takes one value",
+                                        fix=f"sweep with scripts/sweep_offload.py, or give a single value{as_list}",
+                                        index=ov.index))
             continue
         if ov.index in refused:
             errors.append(refused[ov.index])
@@ -294,11 +303,18 @@ def apply_overrides(cfg: Any, texts: Sequence[str]) -> Any:
         try:
             old, value = application.apply(ov)
         except (_Refused, CoerceError) as refusal:
-            errors.append(OverrideError(ov.text, ov.key, refusal.message, _auto_hint(ov, refusal.fix), ov.index))
+            errors.append(OverrideError(text=ov.text,
+                                        key=ov.key,
+                                        message=refusal.message,
+                                        fix=_auto_hint(ov, refusal.fix),
+                                        index=ov.index))
             continue
         except Exception as error:  # noqa: BLE001 - the config's own code refused (a setter, a property)
-            errors.append(OverrideError(ov.text, ov.key, f"cannot be set ({type(error).__name__}: {error})",
-                                        "set it in Python (a recipe or a transform of recipes/)", ov.index))
+            errors.append(OverrideError(text=ov.text,
+                                        key=ov.key,
+                                        message=f"cannot be set ({type(error).__name__}: {error})",
+                                        fix="set it in Python (a recipe or a transform of recipes/)",
+                                        index=ov.index))
             continue
         changes.append((ov.key, old, value))
     if errors:

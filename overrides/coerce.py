@@ -291,9 +291,10 @@ def _item(value: Any, annotation: Any, index: int, count: int, key: str) -> Any:
         return coerce(value, annotation, None, key=key)
     except CoerceError as error:
         fix = error.fix
+        item_is_a_collection = typing.get_origin(_without_null(annotation)) in (list, tuple, dict)
         if annotation is str and isinstance(value, (int, float, bool)):
             fix = f"quote the item to make it text: '{value}'"
-        elif isinstance(value, (list, dict)) and typing.get_origin(_without_null(annotation)) not in (list, tuple, dict):
+        elif isinstance(value, (list, dict)) and not item_is_a_collection:
             fix = f"a list of {describe(annotation)} is written flat: {key}=[a,b]"
         elif isinstance(value, (list, dict)):
             pass  # the inner list's own refusal says which of its items

@@ -31,7 +31,8 @@ class OverrideError:
     def format(self) -> str:
         text = str(self.text)
         # spaces at either end (or nothing at all) are shown in quotes, so they are seen
-        lines = [shown(text) if text and text == text.strip() else repr(shown(text)), f"    {shown(self.key, 120) or '(no key)'}: {shown(self.message, 600)}"]
+        lines = [shown(text) if text and text == text.strip() else repr(shown(text)),
+                 f"    {shown(self.key, 120) or '(no key)'}: {shown(self.message, 600)}"]
         if self.fix:
             lines.append(f"    fix: {shown(self.fix, 600)}")
         return "\n".join(lines)

@@ -76,10 +76,15 @@ def _printable(text: str) -> str:
 def shape_error(text: str, index: int = 0) -> OverrideError | None:
     """The refusal of an override whose shape is wrong before any value is read; None when it is fine."""
     def refuse(key: str, message: str, fix: str) -> OverrideError:
-        return OverrideError(text, key, message, fix, index)
+        return OverrideError(text=text,
+                             key=key,
+                             message=message,
+                             fix=fix,
+                             index=index)
 
     if not text.strip():
-        return refuse("", "empty override (nothing to set)", f"write key=value, e.g. {EXAMPLE}, or drop the empty argument")
+        return refuse("", "empty override (nothing to set)",
+                      f"write key=value, e.g. {EXAMPLE}, or drop the empty argument")
     control = _CONTROL.search(text)
     if control:
         cleaned = _CONTROL.sub("", text).strip()
@@ -105,7 +110,8 @@ def shape_error(text: str, index: int = 0) -> OverrideError | None:
     bad = next((part for part in key.split(".") if not _KEY_PART.fullmatch(part)), None)
     if bad is not None:
         if "/" in key:
-            return refuse(key, "'/' does not separate the parts of a key here", f"use '.': {text.replace('/', '.', key.count('/'))}")
+            return refuse(key, "'/' does not separate the parts of a key here",
+                          f"use '.': {text.replace('/', '.', key.count('/'))}")
         if bad == "":
             dotted = ".".join(p for p in key.split(".") if p)
             return refuse(key, "an empty part in the key (a dot at the start or end, or two dots)",
@@ -117,7 +123,8 @@ def shape_error(text: str, index: int = 0) -> OverrideError | None:
     if value.startswith("="):
         rest_value = value.lstrip("=")
         if not rest_value:
-            return refuse(key, "two '=' signs and no value", f"give a value: {text[: len(text) - len(value) - 1]}=<value>")
+            return refuse(key, "two '=' signs and no value",
+                          f"give a value: {text[: len(text) - len(value) - 1]}=<value>")
         return refuse(key, "two '=' signs", f"write {text[: len(text) - len(value) - 1]}={rest_value}"
                       f" (or, if the value starts with '=', quote it: {key}={_quote(value)})")
     stripped = value.strip()
@@ -203,13 +210,19 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
         if split:
             pieces = texts[index: index + split]
             joined = "".join(pieces)
-            errors.append(OverrideError(" ".join(pieces), key_of(joined), f"spaces around '=' split this override "
-                                        f"into {split} arguments", f"write it as one word: {joined}", index))
+            errors.append(OverrideError(text=" ".join(pieces),
+                                        key=key_of(joined),
+                                        message=f"spaces around '=' split this override into {split} arguments",
+                                        fix=f"write it as one word: {joined}",
+                                        index=index))
             skip = split - 1
             continue
         if not isinstance(text, str):
-            errors.append(OverrideError(repr(text), "", f"an override is text, got {type(text).__name__}",
-                                        f"give it as a string: 'key=value', e.g. '{EXAMPLE}'", index))
+            errors.append(OverrideError(text=repr(text),
+                                        key="",
+                                        message=f"an override is text, got {type(text).__name__}",
+                                        fix=f"give it as a string: 'key=value', e.g. '{EXAMPLE}'",
+                                        index=index))
             continue
         shape = shape_error(text, index)
         if shape is not None:
@@ -221,15 +234,24 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
         except Exception as error:  # noqa: BLE001 - HydraException, or anything its parser raises on odd input
             if not isinstance(error, RecursionError) and "maximum recursion depth" not in str(error):
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                errors.append(OverrideError(text, key_guess, f"not valid override syntax ({reason})",
-                                            _syntax_fix(parser, text), index))
+                errors.append(OverrideError(text=text,
+                                            key=key_guess,
+                                            message=f"not valid override syntax ({reason})",
+                                            fix=_syntax_fix(parser, text),
+                                            index=index))
                 continue
-            errors.append(OverrideError(text, key_guess, "nested too deeply to be read",
-                                        "write fewer levels of [ ] or { } (a list of lists is [[a],[b]])", index))
+            errors.append(OverrideError(text=text,
+                                        key=key_guess,
+                                        message="nested too deeply to be read",
+                                        fix="write fewer levels of [ ] or { } (a list of lists is [[a],[b]])",
+                                        index=index))
             continue
         if ov.package is not None:
-            errors.append(OverrideError(text, ov.key_or_group, "package overrides (key@pkg) are not supported",
-                                        f"write the dotted key alone: {key_guess.split('@', 1)[0]}=...", index))
+            errors.append(OverrideError(text=text,
+                                        key=ov.key_or_group,
+                                        message="package overrides (key@pkg) are not supported",
+                                        fix=f"write the dotted key alone: {key_guess.split('@', 1)[0]}=...",
+                                        index=index))
             continue
         op = {OverrideType.CHANGE: CHANGE, OverrideType.ADD: ADD,
               OverrideType.FORCE_ADD: FORCE_ADD, OverrideType.DEL: DELETE}[ov.type]
@@ -240,17 +262,30 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
         except Exception:  # noqa: BLE001
             is_sweep = False
         if is_sweep:  # the values are not needed (a sweep is refused); interval() and glob() cannot list them
-            parsed.append(ParsedOverride(text, ov.key_or_group, op, None, None, has_value, True, index))
+            parsed.append(ParsedOverride(text=text,
+                                         key=ov.key_or_group,
+                                         op=op,
+                                         value=None,
+                                         raw=None,
+                                         has_value=has_value,
+                                         is_sweep=True,
+                                         index=index))
             continue
         value = ov.value()
         if _has_interpolation(value):
-            errors.append(OverrideError(text, ov.key_or_group, "interpolations (${...}) are not resolved here",
-                                        f"give the value itself: {ov.key_or_group}=<value> (a shell expands "
-                                        "$NAME before the command sees it)", index))
+            errors.append(OverrideError(text=text,
+                                        key=ov.key_or_group,
+                                        message="interpolations (${...}) are not resolved here",
+                                        fix=f"give the value itself: {ov.key_or_group}=<value> "
+                                            "(a shell expands $NAME before the command sees it)",
+                                        index=index))
             continue
         if value_text is not None and _SHUFFLE.match(value_text):
-            errors.append(OverrideError(text, ov.key_or_group, "shuffle() gives a random order: one run takes one "
-                                        "value", f"write the list in the order you want: {ov.key_or_group}=[a,b]", index))
+            errors.append(OverrideError(text=text,
+                                        key=ov.key_or_group,
+                                        message="shuffle() gives a random order: one run takes one value",
+                                        fix=f"write the list in the order you want: {ov.key_or_group}=[a,b]",
+                                        index=index))
             continue
         quoted = bool(value_text) and value_text[0] in "'\""
         if isinstance(value, str) or not has_value or isinstance(value, (list, dict)) or value is None:
@@ -259,5 +294,13 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
             raw = value_text  # the text as typed: 1e-4 stays 1e-4 in a str field, 007 stays 007
         else:
             raw = str(value)
-        parsed.append(ParsedOverride(text, ov.key_or_group, op, value, raw, has_value, False, index, quoted))
+        parsed.append(ParsedOverride(text=text,
+                                     key=ov.key_or_group,
+                                     op=op,
+                                     value=value,
+                                     raw=raw,
+                                     has_value=has_value,
+                                     is_sweep=False,
+                                     index=index,
+                                     quoted=quoted))
     return parsed, errors
