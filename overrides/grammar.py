@@ -65,8 +65,24 @@ def _op_and_key(text: str) -> tuple[str, str]:
 
 
 def _quote(value: str) -> str:
-    """``value`` in single quotes, as Hydra reads them (backslashes and quotes escaped)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """``value`` in single quotes as Hydra reads them: a backslash escapes only a quote, so each quote gets one and
+    any backslashes right before a quote (the closing one included) are doubled; other backslashes stay as they are."""
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return "'" + escaped + "'"
+
+
+# what Hydra reads unquoted as the same text: names and paths without its special characters, and nothing it reads
+# as a number, a bool or null
+_PLAIN_TEXT = re.compile(r"[A-Za-z_/.][A-Za-z0-9_/.\-]*")
+_NOT_TEXT = re.compile(r"(?i)(true|false|null|none|inf|nan|[+-]?[0-9._]+(e[+-]?[0-9]+)?)")
+
+
+def text_override(key: str, value: str) -> str:
+    """``key=value`` for a text value (a folder, a name) as one override: quoted where Hydra would read the bare
+    text as something else (a sweep at a ``,``, a list, an interpolation, a number), bare where it would not."""
+    plain = _PLAIN_TEXT.fullmatch(value) and not _NOT_TEXT.fullmatch(value)
+    return f"{key}={value}" if plain else f"{key}={_quote(value)}"
 
 
 def _printable(text: str) -> str:

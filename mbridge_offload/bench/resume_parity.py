@@ -20,6 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
+from overrides.grammar import text_override
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import StopSignal, run_one, run_status
 from mbridge_offload.facts.checkpoint_dir import saved_iteration
@@ -41,11 +42,11 @@ def run_overrides(run: str, total_steps: int, save_at: int, checkpoint_dir: Path
         return common
     # stopped by a signal: no periodic save before the end, so only the signal's checkpoint can be resumed
     interval = save_at if stop_by == "exit-interval" else total_steps + 1
-    saving = [f"checkpoint.save={checkpoint_dir}", f"checkpoint.save_interval={interval}"]
+    saving = [text_override("checkpoint.save", str(checkpoint_dir)), f"checkpoint.save_interval={interval}"]
     if run == "first-part":
         return common + saving + ([f"train.exit_interval={save_at}"] if stop_by == "exit-interval" else [])
     # the resumed run saves nothing: a second checkpoint of a large proxy would not fit beside the first
-    return common + [f"checkpoint.load={checkpoint_dir}"]
+    return common + [text_override("checkpoint.load", str(checkpoint_dir))]
 
 
 def reached_iteration(run_dir: Path, iteration: int):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from overrides.grammar import key_of
+from overrides.grammar import key_of, value_text_of
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY
 from mbridge_offload.facts.determinism import SEED_PARITY  # the seed's criterion: max |loss delta| vs baseline
@@ -48,18 +48,29 @@ def parse_fractions(text: str) -> list[float]:
     return sorted(set(fractions))
 
 
-def split_overrides(overrides: list[str]) -> tuple[list[float] | None, list[str]]:
-    """Take a Hydra multirun value of the fraction out of the overrides (a welcome alias)."""
+# what the sweeping commands tell a user who set a key they set for each run
+SWEEP_OWNED_FIX = f"give the fractions with --fractions a,b,c or {FRACTION_KEY}=a,b,c"
+
+
+def split_overrides(overrides: list[str], owned_fix: str = SWEEP_OWNED_FIX) -> tuple[list[float] | None, list[str]]:
+    """Take a Hydra multirun value of the fraction (``key=a,b,c``, a welcome alias) out of the overrides; refuse
+    the keys the command sets for each run, with ``owned_fix`` (SystemExit naming the override)."""
     fractions, rest = None, []
     for text in overrides:
         key = key_of(text)
-        if key == FRACTION_KEY and "," in text:
-            fractions = parse_fractions(text.split("=", 1)[1])
-        elif key in OWNED_KEYS:
-            raise SystemExit(f"sweep_offload.py: {key} is set by the sweep for each run; "
-                             f"give the fractions with --fractions or {FRACTION_KEY}=a,b,c")
-        else:
+        if key not in OWNED_KEYS:
             rest.append(text)
+            continue
+        prefix, value = text[:len(text) - len(text.lstrip("+~"))], value_text_of(text)
+        if key == FRACTION_KEY and prefix in ("", "++") and value and "," in value:
+            fractions = parse_fractions(value)
+            continue
+        if prefix not in ("", "++"):
+            raise SystemExit(f"sweep_offload.py: {text!r}: '{prefix}' would add or delete {key}, which every recipe "
+                             f"has and the command sets for each run; {owned_fix}")
+        if not value:
+            raise SystemExit(f"sweep_offload.py: {text!r} gives no value; {owned_fix}")
+        raise SystemExit(f"sweep_offload.py: {text!r}: {key} is set by the command for each of its runs; {owned_fix}")
     return fractions, rest
 
 

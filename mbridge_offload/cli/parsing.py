@@ -159,13 +159,13 @@ def make_dir(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
         parser.error(f"{flag} {path}: cannot create it ({error.strerror or error})")
 
 
-def split_fraction_overrides(parser: argparse.ArgumentParser, overrides: list[str]):
-    """bench/sweep's ``split_overrides`` (a multirun fraction taken out, keys the command owns refused), with
-    its refusals as the command's one-line errors."""
-    from mbridge_offload.bench.sweep import FRACTION_KEY, split_overrides
+def split_fraction_overrides(parser: argparse.ArgumentParser, overrides: list[str], owned_fix: str | None = None):
+    """bench/sweep's ``split_overrides`` (a multirun fraction taken out, keys the command owns refused with
+    ``owned_fix``, by default the sweep's), with its refusals as the command's one-line errors."""
+    from mbridge_offload.bench.sweep import FRACTION_KEY, SWEEP_OWNED_FIX, split_overrides
 
     try:
-        return split_overrides(list(overrides))
+        return split_overrides(list(overrides), owned_fix or SWEEP_OWNED_FIX)
     except argparse.ArgumentTypeError as error:
         parser.error(f"{FRACTION_KEY}: {error}")
     except SystemExit as stop:
@@ -191,7 +191,7 @@ def parse_single_fraction_command(parser: argparse.ArgumentParser, argv: list[st
     anything starts), and --out made. Refusals are one line, exit 2."""
     args = parse_command(parser, argv)
     check_writable(parser, "--out", args.out)
-    multirun, overrides = split_fraction_overrides(parser, args.overrides)
+    multirun, overrides = split_fraction_overrides(parser, args.overrides, owned_fix=multirun_error)
     if multirun:
         parser.error(multirun_error)
     refuse_bad_overrides(parser, args.recipe, overrides)

@@ -224,13 +224,15 @@ def recording(recipe: Any) -> Iterator[Any]:
     yield building
 
 
-def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False) -> str | None:
+def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False, cached_first: bool = True) -> str | None:
     """For commands that start trainings (sweeps, benchmarks): the refusal of overrides that cannot be
-    applied to the recipe, from the cache; None when they apply. Without a cached recipe: None, or with
-    ``build`` the recipe is built here (loading Megatron Bridge once, and filling the cache)."""
+    applied to the recipe, from the cache; None when they apply. Without a cached recipe (or with
+    ``cached_first`` False): None, or with ``build`` the recipe is built here (loading Megatron Bridge once, and
+    filling the cache). Anything else the overrides raise is refused too, in one line, rather than let the runs
+    start and each fail on it."""
     if not overrides:
         return None
-    cached = store.load_base(recipe.name) if store.enabled() else None
+    cached = store.load_base(recipe.name) if store.enabled() and cached_first else None
     real = False
     if cached is None and build:
         from mbridge_offload.facts.import_notices import quiet_import_notices
@@ -251,6 +253,10 @@ def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False) 
         apply_overrides(base, list(overrides))
     except OverrideErrors as errors:
         return errors.format()
-    except Exception:  # noqa: BLE001
-        return None
+    except Exception as error:  # noqa: BLE001
+        if not real:  # the look-alike failed where the real config may not: ask it, when this command may build it
+            return override_errors(recipe, overrides, build=True, cached_first=False) if build else None
+        # the real config failed outside the override errors: a fault, said before any training starts
+        return (f"the overrides could not be applied to {recipe.name} ({type(error).__name__}: {error}); "
+                f"run_recipe.py --recipe {recipe.name} --dry-run with the same overrides shows the same")
     return None

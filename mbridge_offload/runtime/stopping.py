@@ -14,6 +14,8 @@ import os
 import signal
 from typing import Any, Collection
 
+from overrides.grammar import text_override
+
 EXIT_SIGNAL_KEY = "train.exit_signal_handler"
 WORKERS_SIGNAL_KEY = "train.exit_signal_handler_for_dataloader"
 
@@ -34,7 +36,7 @@ def with_clean_stop(cfg: Any, given_keys: Collection[str]) -> tuple[Any, str | N
         return cfg, (f"stop: {EXIT_SIGNAL_KEY}=False as you set it: SIGTERM or Ctrl-C end the run without saving "
                      f"(checkpoints in {save} every checkpoint.save_interval steps)")
     line = (f"stop: SIGTERM or Ctrl-C saves a checkpoint in {save} at the next step boundary and exits; "
-            f"resume with the same command plus checkpoint.load={save}")
+            f"resume with the same command plus {text_override('checkpoint.load', save)}")
     if not cfg.train.exit_signal_handler_for_dataloader:
         line += (f"; {WORKERS_SIGNAL_KEY}=False as you set it: a SIGTERM sent to the whole job (a Slurm "
                  "preemption) kills the data-loader workers and the run fails before saving")
@@ -56,5 +58,5 @@ def how_it_ended(cfg: Any, last_iteration: int | None) -> str | None:
     else:
         cause = "a stop signal (SIGTERM or Ctrl-C)"
     where = (f"checkpoint of iteration {last_iteration} in {save}; resume with the same command plus "
-             f"checkpoint.load={save}") if save else "no checkpoint (checkpoint.save is not set)"
+             f"{text_override('checkpoint.load', save)}") if save else "no checkpoint (checkpoint.save is not set)"
     return f"stopped at iteration {last_iteration} of {train.train_iters} by {cause}: {where}"

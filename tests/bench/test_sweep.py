@@ -28,8 +28,21 @@ def test_hydra_multirun_alias_and_owned_keys():
     fractions, rest = sweep.split_overrides(
         ["optimizer.optimizer_offload_fraction=0,0.5,1", "train.train_iters=5"])
     assert fractions == [0.0, 0.5, 1.0] and rest == ["train.train_iters=5"]
-    with pytest.raises(SystemExit, match="set by the sweep"):
+    with pytest.raises(SystemExit, match="set by the command for each of its runs; give the fractions"):
         sweep.split_overrides(["optimizer.optimizer_cpu_offload=True"])
+
+
+def test_a_fraction_override_the_sweep_cannot_use_is_refused_with_what_is_wrong():
+    fraction = "optimizer.optimizer_offload_fraction"
+    assert sweep.split_overrides([f"++{fraction}=0.5,1"])[0] == [0.5, 1.0]  # '++' sets an existing key too
+    with pytest.raises(SystemExit, match=r"'\+' would add or delete"):  # Hydra refuses '+' on an existing key
+        sweep.split_overrides([f"+{fraction}=0.5,1"])
+    with pytest.raises(SystemExit, match="'~' would add or delete"):
+        sweep.split_overrides([f"~{fraction}"])
+    with pytest.raises(SystemExit, match="gives no value"):
+        sweep.split_overrides([f"{fraction}="])
+    with pytest.raises(SystemExit, match="set by the command for each of its runs; drop it"):
+        sweep.split_overrides([f"{fraction}=0.5"], owned_fix="drop it")
 
 
 def test_fraction_zero_turns_offload_off():

@@ -141,3 +141,26 @@ def test_no_cache_when_turned_off(cache, monkeypatch, built):
     store.store_base("qwen3_1b_proxy_pretrain_config", built("qwen3_1b_proxy_pretrain_config"))
     assert store.load_base("qwen3_1b_proxy_pretrain_config") is None
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_overrides_that_fail_outside_the_override_errors_are_refused_before_any_training(cache, monkeypatch, cached):
+    """A fault of apply_overrides (here made to raise what is not an OverrideErrors) is refused in one line that
+    names it, from the real config or after the look-alike's failure sent the check to it: the sweeping commands
+    must not start runs that would each fail on it."""
+    import overrides.apply
+    from mbridge_offload import fast_check
+
+    recipe = registry.get("qwen3_1b_proxy_pretrain_config")
+    if cached:
+        assert fast_check.override_errors(recipe, ["train.train_iters=5"], build=True) is None  # fills the cache
+        assert store.load_base(recipe.name) is not None
+
+    def faulty(config, overrides):
+        raise RuntimeError("a fault in the override layer")
+
+    monkeypatch.setattr(overrides.apply, "apply_overrides", faulty)
+    message = fast_check.override_errors(recipe, ["train.train_iters=5"], build=True)
+    assert message and "RuntimeError: a fault in the override layer" in message and "--dry-run" in message
+    # without leave to build the real config, the look-alike's failure answers nothing: each run validates itself
+    assert fast_check.override_errors(recipe, ["train.train_iters=5"], build=False) is None
