@@ -165,6 +165,34 @@ MAX_EXPERTS = 1024
 MAX_WIDTH = 1 << 24
 MAX_TOKENS = 1 << 31
 
+def _moe_model(cfg: Any) -> bool:
+    return is_count(value_at(cfg, "model.num_moe_experts"), 1)
+
+
+def _topk_holds(cfg: Any) -> bool:
+    """Top-k from 1 to the experts (torch.topk over the router's scores fails beyond them); unread on dense models."""
+    topk = value_at(cfg, "model.moe_router_topk")
+    return topk is _ABSENT or not _moe_model(cfg) or is_count(topk, 1, value_at(cfg, "model.num_moe_experts"))
+
+
+def _expert_ffn_holds(cfg: Any) -> bool:
+    width = value_at(cfg, "model.moe_ffn_hidden_size")
+    return width is _ABSENT or width is None or not _moe_model(cfg) or is_count(width, 1, MAX_WIDTH)
+
+
+MOE_ROUTER_TOPK = KeyRange(
+    id="parallel/topk-range", key="model.moe_router_topk",
+    text="on an MoE model, must be a whole number from 1 to model.num_moe_experts (experts each token is routed to)",
+    holds=_topk_holds, fix=lambda cfg: "model.moe_router_topk=" + (
+        str(min(8, value_at(cfg, "model.num_moe_experts"))) if cfg is not None and _moe_model(cfg) else "8"),
+    observed=lambda cfg: f"{show(value_at(cfg, 'model.moe_router_topk'))} (experts {show(value_at(cfg, 'model.num_moe_experts'))})",
+    fix_text="model.moe_router_topk=<1 to num_moe_experts>")
+
+MOE_FFN_HIDDEN_SIZE = KeyRange(
+    id="parallel/expert-ffn-range", key="model.moe_ffn_hidden_size",
+    text=f"on an MoE model, must be a whole number from 1 to {MAX_WIDTH} or null (an expert's MLP width; null: "
+         "model.ffn_hidden_size)", holds=_expert_ffn_holds, fix=fixed("model.moe_ffn_hidden_size=null"))
+
 GRID_RANGES: tuple[KeyRange, ...] = (
     _count("parallel/tp-range", "model.tensor_model_parallel_size", MAX_PARALLEL, "tensor parallel size",
            "model.tensor_model_parallel_size=1"),
@@ -177,6 +205,9 @@ GRID_RANGES: tuple[KeyRange, ...] = (
     _count("parallel/etp-range", "model.expert_tensor_parallel_size", MAX_PARALLEL,
            "expert tensor parallel size; null: the tensor parallel size", "model.expert_tensor_parallel_size=null",
            nullable=True),
+    _count("parallel/vpp-range", "model.virtual_pipeline_model_parallel_size", MAX_LAYERS,
+           "model chunks per pipeline stage of the interleaved schedule; null: not interleaved",
+           "model.virtual_pipeline_model_parallel_size=null", nullable=True),
     _count("parallel/num-layers-range", "model.num_layers", MAX_LAYERS, "transformer layers",
            "model.num_layers=<the model's layer count>"),
     _count("parallel/heads-range", "model.num_attention_heads", MAX_HEADS, "attention heads",
@@ -193,6 +224,8 @@ GRID_RANGES: tuple[KeyRange, ...] = (
            "model.kv_channels=null", nullable=True),
     _count("parallel/vocab-size-range", "model.vocab_size", MAX_WIDTH, "vocabulary size",
            "model.vocab_size=<the tokenizer's vocabulary size>", nullable=True),
+    MOE_ROUTER_TOPK,
+    MOE_FFN_HIDDEN_SIZE,
     _count("parallel/seq-length-range", "model.seq_length", MAX_TOKENS, "tokens per sample",
            "--seq-length 4096"),
     _count("parallel/dataset-seq-length-range", "dataset.seq_length", MAX_TOKENS, "tokens per sample",

@@ -56,7 +56,7 @@ def _fix_global_batch(ctx: Context) -> str:
 
 def _fix_ep(ctx: Context) -> str:
     decoder_ranks = ctx.num_gpus // ctx.model.pipeline_model_parallel_size
-    etp = ctx.model.expert_tensor_parallel_size
+    etp = ctx.sizes.etp  # null: the tensor parallel size, as Megatron reads it
     options = [d for d in _divisors(ctx.num_experts or 1)
                if decoder_ranks % (d * etp) == 0] or [1]
     return f"model.expert_model_parallel_size={_nearest(options, ctx.model.expert_model_parallel_size)}"
@@ -74,6 +74,59 @@ def _fix_seq_length_cp(ctx: Context) -> str:
     return f"--seq-length {math.ceil(ctx.model.seq_length / unit) * unit}"
 
 
+def _interleaved(ctx: Context) -> bool:
+    """Whether the run uses Megatron Core's interleaved pipeline schedule: model chunks (VPP) on several stages
+    (with one stage the model is built as one chunk and VPP is not read)."""
+    m = ctx.model
+    return m.pipeline_model_parallel_size > 1 and getattr(m, "virtual_pipeline_model_parallel_size", None) is not None
+
+
+def _fix_vpp(ctx: Context) -> str:
+    per_stage = ctx.model.num_layers // ctx.model.pipeline_model_parallel_size
+    vpp = _nearest([d for d in _divisors(per_stage) if d > 1] or [1], ctx.model.virtual_pipeline_model_parallel_size)
+    return (f"model.virtual_pipeline_model_parallel_size={vpp}  (a divisor of the {per_stage} layers per stage; "
+            "or null: no interleaving)")
+
+
+def _micro_batch_group(ctx: Context) -> int:
+    """Micro batches the interleaved schedule runs contiguously on one model chunk (null: the pipeline size)."""
+    m = ctx.model
+    return getattr(m, "microbatch_group_size_per_vp_stage", None) or m.pipeline_model_parallel_size
+
+
+def _interleaved_micro_batches_hold(ctx: Context) -> bool:
+    """Megatron Core's interleaved schedule (schedules.py) raises at the first step unless PP <= group <= micro
+    batches and the last group is whole or at least PP long."""
+    pp, group = ctx.model.pipeline_model_parallel_size, _micro_batch_group(ctx)
+    micro_batches = ctx.cfg.train.global_batch_size // _batch_unit(ctx)
+    rest = micro_batches % group
+    return pp <= group <= micro_batches and (rest == 0 or rest >= pp)
+
+
+def _fix_interleaved_micro_batches(ctx: Context) -> str:
+    pp, group = ctx.model.pipeline_model_parallel_size, _micro_batch_group(ctx)
+    if group < pp:
+        return f"model.microbatch_group_size_per_vp_stage=null  (the pipeline size, {pp})"
+    unit = _batch_unit(ctx) * group
+    gbs = ctx.cfg.train.global_batch_size
+    return (f"train.global_batch_size={max(unit, round(gbs / unit) * unit)}  (a multiple of micro batch x DP x "
+            f"{group}, the interleaved schedule's group of micro batches), or model.virtual_pipeline_model_parallel_size=null")
+
+
+def _next_multiple(value: int, unit: int) -> int:
+    return max(unit, math.ceil(value / unit) * unit)
+
+
+def _expert_ffn(ctx: Context) -> int:
+    """An expert's MLP width (model.moe_ffn_hidden_size, null: model.ffn_hidden_size)."""
+    return ctx.model.moe_ffn_hidden_size or ctx.model.ffn_hidden_size
+
+
+# Megatron Core builds its tensor-parallel linears with divide() (tensor_parallel/layers.py, extensions/
+# transformer_engine.py), which asserts when the model is built, after the job has started: the widths each splits.
+VOCAB_PADDING = 128  # Megatron's make_vocab_size_divisible_by default: how a tokenizer's vocabulary is padded
+
+
 RULES: tuple[Rule, ...] = guarded(
     *(Rule.of_range(PARALLELISM, key_range) for key_range in GRID_RANGES),
     Rule(id="parallel/world-size", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
@@ -86,6 +139,30 @@ RULES: tuple[Rule, ...] = guarded(
          holds=lambda c: c.model.num_layers % c.model.pipeline_model_parallel_size == 0,
          observed=lambda c: f"{c.model.pipeline_model_parallel_size} (model.num_layers={c.model.num_layers})",
          fix=_fix_pp, fix_text="model.pipeline_model_parallel_size=<divisor of num_layers>"),
+    Rule(id="parallel/layers-per-virtual-stage", mechanism=PARALLELISM, key="model.virtual_pipeline_model_parallel_size",
+         text="with the interleaved schedule, the layers of a pipeline stage (num_layers / PP) must be divisible by "
+              "the virtual pipeline size (Megatron Bridge asserts it when it builds the model)",
+         applies=sane(lambda c: _interleaved(c) and not _uneven_pipeline(c)
+                      and c.model.num_layers % c.model.pipeline_model_parallel_size == 0),
+         holds=lambda c: (c.model.num_layers // c.model.pipeline_model_parallel_size)
+         % c.model.virtual_pipeline_model_parallel_size == 0,
+         observed=lambda c: (f"{c.model.virtual_pipeline_model_parallel_size} ({c.model.num_layers} layers / "
+                             f"PP{c.model.pipeline_model_parallel_size} = "
+                             f"{c.model.num_layers // c.model.pipeline_model_parallel_size} per stage)"),
+         fix=_fix_vpp, fix_text="model.virtual_pipeline_model_parallel_size=<divisor of num_layers / PP>, or null"),
+    Rule(id="parallel/interleaved-micro-batches", mechanism=PARALLELISM, key="train.global_batch_size",
+         text="with the interleaved schedule, the micro batches of a step (global batch / (micro batch x DP)) must be "
+              "at least model.microbatch_group_size_per_vp_stage (null: PP), which must be at least PP, and the last "
+              "group must be whole or at least PP long (Megatron Core raises at the first step otherwise)",
+         applies=sane(lambda c: _interleaved(c) and c.dp is not None
+                      and c.cfg.train.global_batch_size % _batch_unit(c) == 0),
+         holds=_interleaved_micro_batches_hold,
+         observed=lambda c: (f"{c.cfg.train.global_batch_size} ({c.cfg.train.global_batch_size // _batch_unit(c)} "
+                             f"micro batches of micro batch {c.cfg.train.micro_batch_size} x DP {c.dp}; groups of "
+                             f"{_micro_batch_group(c)}, PP{c.model.pipeline_model_parallel_size})"),
+         fix=_fix_interleaved_micro_batches,
+         fix_text="train.global_batch_size=<multiple of micro_batch_size*DP*PP>, or "
+                  "model.virtual_pipeline_model_parallel_size=null"),
     Rule(id="parallel/global-batch", mechanism=PARALLELISM, key="train.global_batch_size",
          text="train.global_batch_size must be divisible by micro_batch_size x data-parallel size",
          applies=sane(lambda c: c.dp is not None), holds=lambda c: c.cfg.train.global_batch_size % _batch_unit(c) == 0,
@@ -100,6 +177,35 @@ RULES: tuple[Rule, ...] = guarded(
          observed=lambda c: (f"{c.model.tensor_model_parallel_size} (heads {c.model.num_attention_heads}, "
                              f"query groups {c.model.num_query_groups})"),
          fix=_fix_tp_heads, fix_text="model.tensor_model_parallel_size=<divisor of the query groups>"),
+    Rule(id="parallel/ffn-per-tp", mechanism=PARALLELISM, key="model.ffn_hidden_size",
+         text="the MLP width must be divisible by the tensor parallel size (Megatron Core asserts it when it builds "
+              "the model's fc2)",
+         applies=sane(lambda c: c.num_experts == 0 and c.model.ffn_hidden_size is not None),
+         holds=lambda c: c.model.ffn_hidden_size % c.model.tensor_model_parallel_size == 0,
+         observed=lambda c: f"{c.model.ffn_hidden_size} (TP{c.model.tensor_model_parallel_size})",
+         fix=lambda c: (f"model.ffn_hidden_size={_next_multiple(c.model.ffn_hidden_size, c.model.tensor_model_parallel_size)}"
+                        "  (or a tensor parallel size that divides it)"),
+         fix_text="model.ffn_hidden_size=<multiple of TP>, or a TP that divides it"),
+    Rule(id="parallel/expert-ffn-per-etp", mechanism=PARALLELISM, key="model.moe_ffn_hidden_size",
+         text="an expert's MLP width (model.moe_ffn_hidden_size, null: model.ffn_hidden_size) must be divisible by the "
+              "expert tensor parallel size (null: TP's; Megatron Core asserts it when it builds the experts)",
+         applies=sane(lambda c: c.num_experts > 0 and _expert_ffn(c) is not None),
+         holds=lambda c: _expert_ffn(c) % c.sizes.etp == 0,
+         observed=lambda c: f"{_expert_ffn(c)} (ETP{c.sizes.etp})",
+         fix=lambda c: f"model.moe_ffn_hidden_size={_next_multiple(_expert_ffn(c), c.sizes.etp)}  (or model.expert_tensor_parallel_size=1)",
+         fix_text="model.moe_ffn_hidden_size=<multiple of ETP>, or model.expert_tensor_parallel_size=1"),
+    Rule(id="parallel/vocab-per-tp", mechanism=PARALLELISM, key="model.vocab_size",
+         text="a vocabulary size set in the model is used unpadded (Megatron Bridge pads only one it takes from the "
+              "tokenizer): it must be divisible by the tensor parallel size, which splits the embedding and the output "
+              "layer (Megatron Core asserts it when it builds the model)",
+         applies=sane(lambda c: c.model.vocab_size is not None
+                      and not getattr(getattr(c.cfg, "tokenizer", None), "use_tokenizer_vocab_size", False)),
+         holds=lambda c: c.model.vocab_size % c.model.tensor_model_parallel_size == 0,
+         observed=lambda c: f"{c.model.vocab_size} (TP{c.model.tensor_model_parallel_size})",
+         fix=lambda c: (f"model.vocab_size="
+                        f"{_next_multiple(c.model.vocab_size, VOCAB_PADDING * c.model.tensor_model_parallel_size)}"
+                        f"  (padded up to a multiple of {VOCAB_PADDING} x TP, as Megatron pads a tokenizer's)"),
+         fix_text="model.vocab_size=<padded up to a multiple of 128 x TP>"),
     Rule(id="parallel/experts-per-ep", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="model.num_moe_experts must be divisible by the expert parallel size",
          applies=sane(lambda c: c.num_experts > 0), holds=lambda c: c.num_experts % c.model.expert_model_parallel_size == 0,
@@ -109,9 +215,10 @@ RULES: tuple[Rule, ...] = guarded(
          text="EP x expert TP must divide the GPUs of one pipeline stage (GPUs / PP)",
          applies=sane(lambda c: c.num_experts > 0 and c.num_gpus % c.model.pipeline_model_parallel_size == 0),
          holds=lambda c: (c.num_gpus // c.model.pipeline_model_parallel_size)
-         % (c.model.expert_model_parallel_size * c.model.expert_tensor_parallel_size) == 0,
-         observed=lambda c: (f"EP{c.model.expert_model_parallel_size} x ETP{c.model.expert_tensor_parallel_size} "
-                             f"vs {c.num_gpus // c.model.pipeline_model_parallel_size} GPUs per stage"),
+         % (c.model.expert_model_parallel_size * c.sizes.etp) == 0,
+         observed=lambda c: (f"EP{c.model.expert_model_parallel_size} x ETP{c.sizes.etp}"
+                             + (" (null: TP's)" if c.model.expert_tensor_parallel_size is None else "")
+                             + f" vs {c.num_gpus // c.model.pipeline_model_parallel_size} GPUs per stage"),
          fix=_fix_ep, fix_text="model.expert_model_parallel_size=<divisor of GPUs/PP>"),
     Rule(id="parallel/ep-needs-experts", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="expert parallelism needs an MoE model (model.num_moe_experts set)",

@@ -146,6 +146,14 @@ CASES = {
     "parallel/world-size": case(MOE, {}, {}, gpus=(16, 6)),
     "parallel/layers-per-stage": case(MOE, {"model.pipeline_model_parallel_size": 4},
                                       {"model.pipeline_model_parallel_size": 5}, gpus=(16, 20)),
+    "parallel/layers-per-virtual-stage": case(
+        DENSE, {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 4},
+        {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 3}, gpus=(2, 2)),
+    "parallel/interleaved-micro-batches": case(
+        DENSE, {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
+                "train.global_batch_size": 8},  # micro batch 2 x DP 1: 4 micro batches in groups of PP=2
+        {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
+         "train.global_batch_size": 6}, gpus=(2, 2)),  # 3 micro batches: a last group of 1 < PP
     "parallel/global-batch": case(MOE, {"train.global_batch_size": 8}, {"train.global_batch_size": 6}, gpus=(16, 16)),
     "parallel/heads-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 8},
                                   {"model.tensor_model_parallel_size": 16}, gpus=(8, 16)),
@@ -203,6 +211,34 @@ def test_deterministic_environment_set_in_the_shell_counts(recipe):
 # The sizes the rules and the planner divide by (facts.key_ranges.GRID_RANGES): the recipe's own value
 # passes, zero is refused by key (before: a ZeroDivisionError inside a rule).
 CASES.update({key_range.id: case(DENSE, {}, {key_range.key: 0}) for key_range in GRID_RANGES})
+# the MoE sizes are read on MoE models only: 129 of 128 experts, a zero-width expert
+CASES.update({"parallel/topk-range": case(MOE, {"model.moe_router_topk": 128}, {"model.moe_router_topk": 129},
+                                          gpus=(16, 16)),
+              "parallel/expert-ffn-range": case(MOE, {"model.moe_ffn_hidden_size": None},
+                                                {"model.moe_ffn_hidden_size": 0}, gpus=(16, 16))})
+# widths a tensor-parallel linear splits (Megatron Core's divide() asserts when it builds the model)
+CASES.update({
+    "parallel/ffn-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 2},
+                                {"model.tensor_model_parallel_size": 2, "model.ffn_hidden_size": 6143}, gpus=(2, 2)),
+    "parallel/expert-ffn-per-etp": case(MOE, {"model.expert_tensor_parallel_size": 2},
+                                        {"model.expert_tensor_parallel_size": 2, "model.moe_ffn_hidden_size": 767},
+                                        gpus=(16, 16)),
+    "parallel/vocab-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 2},
+                                  {"model.tensor_model_parallel_size": 2, "model.vocab_size": 151001}, gpus=(2, 2)),
+})
+
+
+@pytest.mark.parametrize("rule_id", ["parallel/ffn-per-tp", "parallel/expert-ffn-per-etp", "parallel/vocab-per-tp",
+                                     "parallel/layers-per-virtual-stage", "parallel/interleaved-micro-batches"])
+def test_the_fix_of_a_width_or_schedule_rule_resolves_it(recipe, rule_id):
+    """The override the fix starts with, pasted, makes the problem go away (and raises no other grid problem)."""
+    from overrides import apply_overrides
+
+    ctx, problems = _problems(recipe, CASES[rule_id], "failing")
+    (problem,) = [p for p in problems if p.rule_id == rule_id]
+    fixed = apply_overrides(ctx.cfg, [problem.fix.split()[0]])
+    after = {p.rule_id for p in check_rules(Context(fixed, ctx.num_gpus, environ={})) if p.rule_id.startswith("parallel/")}
+    assert not after, after
 
 
 def _problems(recipe, spec, which):
@@ -317,3 +353,17 @@ def test_resume_rules_read_a_checkpoint_megatron_bridge_wrote(recipe, tmp_path):
         assert [p.rule_id for p in found] == (["checkpoint/fraction-changed"] if refused else [])
         if refused:
             assert found[0].fix == "optimizer.optimizer_offload_fraction=1" and "saved with 1" in found[0].value
+
+
+def test_expert_grid_reads_a_null_expert_tensor_parallel_size_as_tp(recipe):
+    """model.expert_tensor_parallel_size=null means TP's size (Megatron Core): Qwen3-30B-A3B on 16 GPUs, TP2 PP2,
+    8 GPUs per stage; EP4 x ETP2 fits them, EP16 x ETP2 does not, and its fix is a size that does."""
+    cfg = recipe(MOE)
+    set_path(cfg, "model.expert_tensor_parallel_size", None)
+    assert not [p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id.startswith("parallel/")]
+    set_path(cfg, "model.expert_model_parallel_size", 16)
+    (problem,) = [p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id == "parallel/expert-grid"]
+    assert "could not" not in problem.fix and "ETP2" in problem.value
+    ep = int(problem.fix.split("=")[1])
+    set_path(cfg, "model.expert_model_parallel_size", ep)
+    assert not [p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id.startswith("parallel/")]
