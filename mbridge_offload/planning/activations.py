@@ -17,7 +17,9 @@ TE 2.20), read from their code, per token of a micro batch on the rank:
   entropy's bf16 copy (4 B per token and vocabulary entry; 6 B unfused: the fp32 copy beside the bf16 logits),
   or in the output layer's backward at the logits' gradient plus a bf16 weight gradient.
 
-1F1B keeps up to PP micro batches in flight on the first stage. Layer-level activation offload (TE's) removes
+1F1B keeps up to PP micro batches in flight on the first stage (PP - s on stage s), never more than the step has;
+the interleaved schedule (a virtual pipeline size) splits a stage's layers into VPP model chunks and keeps
+2 (PP - s - 1) + (VPP - 1) x PP + 1 chunks' micro batches in flight (Megatron Core's schedules.py). Layer-level activation offload (TE's) removes
 the first N layers' saved tensors except the non-contiguous ones (the unfused SwiGLU's view of fc1's output); fine-grained offload removes the chosen modules' tensors on every layer but the last.
 Recompute follows Megatron Core's ``recompute.checkpointed_forward``: full recompute keeps only the input of each
 checkpointed chunk (``uniform``: chunks of ``recompute_num_layers`` layers; ``block``: the first
@@ -226,14 +228,32 @@ def largest_loss_tensor_bytes(cfg) -> int:
     return int((2 if fused_te else 4) * _widths(cfg).tokens * m.vocab_size / m.tensor_model_parallel_size)
 
 
-def activation_bytes(cfg, stage: int | None = None) -> int:
-    """Peak activation bytes of one rank of pipeline stage ``stage`` (None: the worst stage)."""
-    m = cfg.model
-    pp = m.pipeline_model_parallel_size
-    if stage is None:
-        return max(activation_bytes(cfg, s) for s in range(pp))
-    layer = layer_activations(cfg)
-    layers = layers_per_stage(m, pp)[stage]
+def virtual_stages(m) -> int:
+    """Model chunks per pipeline stage: Megatron Core's interleaved schedule with a virtual pipeline size on several
+    stages (with one stage the model is one chunk and the size is not read: model_provider.py), else 1."""
+    vpp = getattr(m, "virtual_pipeline_model_parallel_size", None)
+    return vpp if vpp and m.pipeline_model_parallel_size > 1 else 1
+
+
+def micro_batches_in_flight(m, stage: int, micro_batches: int | None = None) -> int:
+    """Micro batches of one model chunk whose activations stage ``stage`` holds at its peak, as Megatron Core's
+    schedules run them (pipeline_parallel/schedules.py get_pp_rank_microbatches): the warm-up forwards and the one
+    of the first 1F1B step. Without interleaving PP - stage; interleaved, 2 (PP - stage - 1) + (VPP - 1) x the micro
+    batch group (null: PP) + 1 chunks. Never more than the step has (``micro_batches`` x VPP; None: not capped)."""
+    pp, chunks = m.pipeline_model_parallel_size, virtual_stages(m)
+    if pp == 1:
+        in_flight = 1
+    elif chunks == 1 and getattr(m, "virtual_pipeline_model_parallel_size", None) is None:
+        in_flight = pp - stage
+    else:
+        group = getattr(m, "microbatch_group_size_per_vp_stage", None) or pp
+        in_flight = 2 * (pp - stage - 1) + (chunks - 1) * group + 1
+    return in_flight if micro_batches is None else max(1, min(in_flight, micro_batches * chunks))
+
+
+def _layers_kept_bytes(m, layer: LayerActivations, layers: int) -> tuple[int, int]:
+    """(bytes ``layers`` consecutive layers of one model chunk keep per micro batch, the transient of rebuilding a
+    checkpointed chunk in backward) with the config's activation offload and recompute."""
     layer_bytes = layers * layer.bytes_kept
     if _layer_offload(m):
         # TE frees offloaded layer i when layer L-N+i starts: at the loss, layers N..L-1 are whole on the GPU
@@ -244,7 +264,21 @@ def activation_bytes(cfg, stage: int | None = None) -> int:
     transient = 0
     if m.recompute_granularity == "full":
         layer_bytes, transient = _full_recompute_bytes(m, layer, layers)
-    in_flight = pp - stage  # 1F1B: stage s holds up to PP - s micro batches before its first backward
+    return layer_bytes, transient
+
+
+def activation_bytes(cfg, stage: int | None = None, micro_batches: int | None = None) -> int:
+    """Peak activation bytes of one rank of pipeline stage ``stage`` (None: the worst stage), for a step of
+    ``micro_batches`` micro batches (global batch / (micro batch x DP); None: as many as the schedule holds)."""
+    m = cfg.model
+    pp = m.pipeline_model_parallel_size
+    if stage is None:
+        return max(activation_bytes(cfg, s, micro_batches) for s in range(pp))
+    layer = layer_activations(cfg)
+    # the interleaved schedule: the stage's layers in VPP model chunks, each micro batch in flight holding one chunk's
+    chunk_layers = layers_per_stage(m, pp)[stage] // virtual_stages(m)
+    layer_bytes, transient = _layers_kept_bytes(m, layer, chunk_layers)
+    in_flight = micro_batches_in_flight(m, stage, micro_batches)
     loss = loss_peak_bytes(cfg, layer.tokens) if stage == pp - 1 else 0
     # the loss's tensors are gone before backward rebuilds the first checkpointed chunk
     return int(layer_bytes * in_flight + max(transient, loss))

@@ -21,11 +21,12 @@ def _fractions(descending: bool = False) -> list[float]:
 
 
 def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan]:
-    """The smallest fraction (steps of 0.05) whose plan fits the GPU with the margin."""
+    """The smallest fraction (steps of 0.05) whose plan fits the GPU with the margin. A config the planner cannot
+    model gives its empty plan at fraction 0 (``Plan.unplanned``: its problems refuse it, plan_problems)."""
     last = None
     for fraction in _fractions():
         last = plan(cfg, num_gpus, fraction=fraction, **kwargs)
-        if last.fits_gpu:
+        if last.unplanned or last.fits_gpu:
             return fraction, last
     return None, last
 
@@ -34,6 +35,8 @@ def largest_host_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float |
     """The largest fraction (steps of 0.05) whose host peak fits the node, with its plan."""
     for fraction in _fractions(descending=True):
         candidate = plan(cfg, num_gpus, fraction=fraction, **kwargs)
+        if candidate.unplanned:  # no host figure to fit
+            return None, None
         if candidate.fits_host is not False:
             return candidate.fraction, candidate
     return None, None
@@ -66,8 +69,8 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
                       what_if({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1}),
                       num_gpus))
     for text, candidate, gpus in tries:
-        fraction, _ = smallest_fitting_fraction(candidate, gpus, **kwargs)
-        if fraction is not None:
+        fraction, fitting = smallest_fitting_fraction(candidate, gpus, **kwargs)
+        if fraction is not None and not fitting.unplanned:  # a change the run could not have is no option
             options.append(f"{text} (then fits at fraction {fraction:g})")
     return options
 
@@ -79,6 +82,9 @@ def recommend(cfg, num_gpus: int, **kwargs) -> str:
         options = what_would_fit(cfg, num_gpus, **kwargs)
         return ("does not fit even with all optimizer states on the CPU"
                 + (": try " + "; or ".join(options) if options else ""))
+    if fraction == 0.0 and fitting.fits_host is False:
+        return ("the GPU fits without optimizer offload, and the host does not hold even that "
+                "(see memory/host-fit)")
     if fraction == 0.0:
         return "fits without optimizer offload"
     if fitting.fits_host is False:

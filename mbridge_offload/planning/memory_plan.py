@@ -55,11 +55,13 @@ from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP
                                                 RESERVE_RULE_ENV, RESERVE_RULES, STEADY_PEAK, STEADY_PEAK_COUNTS,
                                                 SUB_PAGE_GAPS_GIB, reserve_rule)
 from mbridge_offload.facts.units import GIB
+from mbridge_offload.validation.problem import Problem
 from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
                                                   largest_loss_tensor_bytes)
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
 from mbridge_offload.planning.data_loader import data_loader_pinned_bytes, data_loader_transient_bytes
+from mbridge_offload.planning.plannable import unplannable_problems, unplannable_text
 from mbridge_offload.planning.outside_pytorch import communicator_bytes, communicators, outside_pytorch_bytes
 from mbridge_offload.planning.tensors import (Tensor, first_walk_order, forward_position, optimizer_groups,
                                               stage_tensors, walk_order)
@@ -239,7 +241,8 @@ class Plan:
     recommendation: str = ""
     notes: tuple[str, ...] = ()
     stages: tuple[StagePlan, ...] = ()  # per pipeline stage
-    unplanned: str = ""  # why no plan was made (sizes out of their ranges: the validation reports them)
+    unplanned: str = ""  # why no plan was made, in one line (plannable.py); its problems below
+    unplanned_problems: tuple[Problem, ...] = ()  # each key, value, rule and fix: report.plan_problems refuses them
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -272,26 +275,14 @@ def _offloaded(shards: list[tuple[Tensor, int]], fraction: float, stream: bool =
 
 
 def unplannable(cfg, num_gpus: Any, fraction: Any = None) -> str:
-    """Why ``cfg`` cannot be planned ("" when it can): a size the planner divides by or counts over is out of
-    its range (facts.key_ranges), the GPU count is not a whole number >= 1, or the fraction not from 0 to 1.
-    The planner then answers with an empty plan that says so instead of dividing by zero or counting to
-    10**11; the validator reports each key."""
-    from mbridge_offload.facts.key_ranges import KEY_RANGES, is_count, is_number
-
-    if not is_count(num_gpus, 1):
-        return f"the GPU count {num_gpus!r} is not a whole number >= 1"
-    if fraction is not None and not (is_number(fraction) and 0 <= fraction <= 1):
-        return f"the offload fraction {fraction!r} is not a number from 0 to 1"
-    try:
-        bad = [r.key for r in KEY_RANGES if not r.holds(cfg)]
-    except Exception as error:  # noqa: BLE001 - a config the ranges cannot read is no config to plan
-        return f"the config cannot be read ({type(error).__name__}: {error})"
-    if bad:
-        return f"{', '.join(dict.fromkeys(bad))} out of range (see the validation report)"
-    return ""
+    """Why ``cfg`` cannot be planned ("" when it can), in one line naming each key, its value, the rule and the fix
+    (plannable.py: a size out of its range, a grid the GPU count, layers, heads, experts or batch do not split
+    into, a GPU count or fraction out of range). The planner then answers with an empty plan that says so instead
+    of dividing by zero, counting to 10**11, or planning a split the run cannot have."""
+    return unplannable_text(unplannable_problems(cfg, num_gpus, fraction))
 
 
-def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib: float | None,
+def _empty_plan(num_gpus: Any, refused: tuple[Problem, ...], gpu_memory_gib: float, host_memory_gib: float | None,
                 margin_gib: float | None, host_margin_gib: float, host_link_gbps: float, host_memory_gbps: float,
                 host_memory_total_gbps: float, host_memory_source: str) -> Plan:
     return Plan(num_gpus=num_gpus if isinstance(num_gpus, int) else 0, fraction=0.0, gpu_memory_gib=gpu_memory_gib,
@@ -306,7 +297,8 @@ def _empty_plan(num_gpus: Any, why: str, gpu_memory_gib: float, host_memory_gib:
                 transfer_time_lower_bound_s=0.0, host_link_gbps=host_link_gbps, offload_time_lower_bound_s=0.0,
                 offload_time_bound_by="", host_memory_gbps=host_memory_gbps,
                 host_memory_total_gbps=host_memory_total_gbps, fits_gpu=True, fits_host=None,
-                host_memory_source=host_memory_source, notes=(f"not planned: {why}",), unplanned=why)
+                host_memory_source=host_memory_source, notes=(), unplanned=unplannable_text(refused),
+                unplanned_problems=refused)
 
 
 def _margin_source(margin_gib: float | None, full_device: bool = False) -> str:
@@ -401,9 +393,9 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     m, opt = cfg.model, cfg.optimizer
     if fraction is None:
         fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0
-    why = unplannable(cfg, num_gpus, fraction)
-    if why:
-        return _empty_plan(num_gpus, why, gpu_memory_gib, host_memory_gib, margin_gib, host_margin_gib, host_link_gbps,
+    refused = unplannable_problems(cfg, num_gpus, fraction)
+    if refused:
+        return _empty_plan(num_gpus, refused, gpu_memory_gib, host_memory_gib, margin_gib, host_margin_gib, host_link_gbps,
                            host_memory_gbps, host_memory_total_gbps, host_memory_source)
     sizes = ParallelSizes.of(m, num_gpus)
     distributed = bool(opt.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer)
@@ -433,6 +425,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         """Each tensor with the elements of its optimizer shard on one rank."""
         return [(t, math.ceil(t.numel / optimizer_shards(t))) for t in tensors]
 
+    # micro batches per step (plannable.py refuses a global batch that is no whole number of them)
+    micro_batches = cfg.train.global_batch_size // (cfg.train.micro_batch_size * sizes.dp)
     stages = []
     for stage in range(sizes.pp):
         tensors = stage_tensors(cfg, stage)
@@ -461,7 +455,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         else:
             pinned = library_pinned_bytes(walks)  # fp32 parameter and gradient copies, the cached bf16 copies
         state = 2 * params + grad_bytes * params + optimizer
-        activations = activation_bytes(cfg, stage)
+        activations = activation_bytes(cfg, stage, micro_batches)
         allocated = state + activations + base_gpu_bytes(cfg)
         loss_tensor = largest_loss_tensor_bytes(cfg) if stage == sizes.pp - 1 else 0
         # the first-step rule: step 1's communicators are made before the first optimizer step creates the GPU

@@ -37,7 +37,9 @@ def _gib(n: int) -> str:
 
 def format_plan(p: Plan) -> str:
     if p.unplanned:
-        return f"  not planned: {p.unplanned}"
+        broken = ", ".join(f"{q.key} = {q.value}" for q in p.unplanned_problems) or p.unplanned
+        return (f"  not planned: the plan cannot model {broken} (each problem below names its rule and fix; no "
+                "number is given for a run that cannot start as configured)")
     rows = [
         ("optimizer offload fraction", f"{p.fraction:g} ({p.offloaded_params_per_rank / 1e9:.3f}B of "
                                        f"{p.optimizer_params_per_rank / 1e9:.3f}B sharded parameters offloaded)"),
@@ -114,9 +116,9 @@ def _host_fit_fix(p: Plan) -> str:
 def plan_problems(p: Plan, step_time_budget_s: float | None) -> list[Problem]:
     """What the plan refuses, as problems of source "planner": host overflow and the offload-time budget
     are errors; a predicted GPU overflow is a warning (a prediction, within ~10% of measurements)."""
+    if p.unplanned:  # what the planner cannot model (plannable.py), each an error naming key, value, rule and fix
+        return list(p.unplanned_problems)
     problems = []
-    if p.unplanned:
-        return problems
     if p.fits_host is False:
         problems.append(Problem(
             rule_id="memory/host-fit", key=FRACTION_KEY,

@@ -36,6 +36,17 @@ class Report:
     num_gpus: int
     problems: tuple[Problem, ...]
 
+    def __post_init__(self):
+        # each problem once: the planner refuses a config it cannot model with the validator's own rules
+        # (planning/plannable.py), which a dry run has already reported
+        seen, kept = set(), []
+        for p in self.problems:
+            said = (p.rule_id, p.key, p.value, p.severity)
+            if not p.rule_id or said not in seen:
+                seen.add(said)
+                kept.append(p)
+        object.__setattr__(self, "problems", tuple(kept))
+
     @property
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == "error"]

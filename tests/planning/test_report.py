@@ -47,7 +47,9 @@ def test_host_guard_keeps_a_margin_per_offloading_rank(built):
     assert "4 GiB margin per rank" in problem.rule and "--host-margin-gib" in problem.fix
     assert f"{need + 2:.1f} GiB given (--host-memory-gib)" in problem.rule
     assert plan(cfg, 1, fraction=0.5, host_memory_gib=need + 2, host_margin_gib=1.0).fits_host
-    eight = plan(cfg, 8, fraction=0.5, host_memory_gib=1000, gpus_per_node=8)
+    eight_gpus = apply_overrides(cfg, ["train.global_batch_size=8"])  # a whole micro batch per data-parallel rank
+    eight = plan(eight_gpus, 8, fraction=0.5, host_memory_gib=1000, gpus_per_node=8)
+    assert not eight.unplanned and eight.fits_host is not None
     assert eight.fits_host == (eight.host_peak_bytes_per_node / GIB + 8 * 4 <= 1000)
     nothing_offloaded = plan(cfg, 1, fraction=0.0,
                              host_memory_gib=plan(cfg, 1, fraction=0.0).host_peak_bytes_per_node / GIB)

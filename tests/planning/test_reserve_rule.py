@@ -119,7 +119,8 @@ def test_full_device_falls_back_where_it_cannot_apply_and_the_plan_says_so(built
     assert fixed.margin_gib == fixed_first.margin_gib
     assert any("needs one GPU and expandable segments" in note for note in fixed.notes)
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
-    two_gpus = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), 2, fraction=0.65, expandable=True)
+    two_ranks = apply_overrides(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), ["train.global_batch_size=4"])
+    two_gpus = plan(two_ranks, 2, fraction=0.65, expandable=True)  # a micro batch of 2 on each of 2 data-parallel ranks
     assert two_gpus.reserve_rule == FIRST_STEP
     assert any("needs one GPU and expandable segments" in note for note in two_gpus.notes)
     moe_cfg = _cfg(built, "qwen3_30b_a3b_proxy_pretrain_config", 8192, "model.num_layers=3")

@@ -1,0 +1,93 @@
+"""What the planner cannot model is refused by key, value, rule and fix (planning/plannable.py), never planned with a
+made-up split; and plan_offload.py exits 2 on it. Real recipes with overrides; the sizes are the published models'."""
+
+from __future__ import annotations
+
+import pytest
+
+from overrides import apply_overrides
+from mbridge_offload.cli import plan_offload
+from mbridge_offload.planning import plan, plan_problems, plan_with_recommendation, what_would_fit
+from mbridge_offload.validation import Report, validate
+
+EIGHT_B = "qwen3_8b_pretrain_config"  # TP4, 36 layers, 32 heads, 8 query groups
+MOE_PROXY = "qwen3_30b_a3b_proxy_pretrain_config"  # 4 layers, 128 experts, one GPU
+
+
+@pytest.mark.parametrize("recipe_name,gpus,overrides,rule_id,key", [
+    # TP4 x PP1 x CP1 does not divide 3 or 6 GPUs: there is no data-parallel size to shard the optimizer over
+    (EIGHT_B, 3, [], "parallel/world-size", "model.tensor_model_parallel_size"),
+    (EIGHT_B, 6, ["train.global_batch_size=7"], "parallel/world-size", "model.tensor_model_parallel_size"),
+    # 128 experts do not split over EP3
+    (MOE_PROXY, 3, ["model.expert_model_parallel_size=3"], "parallel/experts-per-ep", "model.expert_model_parallel_size"),
+    # 7 samples are no whole number of micro batches of 3
+    ("qwen3_0p6b_pretrain_config", 1, ["train.micro_batch_size=3", "train.global_batch_size=7"],
+     "parallel/global-batch", "train.global_batch_size"),
+    # 36 layers do not split over PP5
+    (EIGHT_B, 20, ["model.pipeline_model_parallel_size=5"], "parallel/layers-per-stage",
+     "model.pipeline_model_parallel_size"),
+    # 9 layers per stage do not split into 2 model chunks
+    (EIGHT_B, 16, ["model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=2",
+                   "train.global_batch_size=8"], "parallel/layers-per-virtual-stage",
+     "model.virtual_pipeline_model_parallel_size"),
+    # 32 heads, 8 query groups: TP3 splits neither
+    (EIGHT_B, 3, ["model.tensor_model_parallel_size=3"], "parallel/heads-per-tp", "model.tensor_model_parallel_size"),
+    (EIGHT_B, 4, ["model.tensor_model_parallel_size=0"], "parallel/tp-range", "model.tensor_model_parallel_size"),
+])
+def test_a_config_the_plan_cannot_model_is_refused_by_key_value_rule_and_fix(built, recipe_name, gpus, overrides,
+                                                                             rule_id, key):
+    cfg = apply_overrides(built(recipe_name), overrides)
+    p = plan_with_recommendation(cfg, gpus, fraction=0.5)
+    assert p.unplanned and p.total_bytes_gpu == 0 and p.params_per_rank == 0  # no number for a run that cannot start
+    problems = plan_problems(p, None)
+    found = [q for q in problems if q.rule_id == rule_id]
+    assert found, [q.rule_id for q in problems]
+    assert found[0].key == key and found[0].value and found[0].rule and found[0].fix and found[0].severity == "error"
+    assert key in p.unplanned and found[0].fix in p.unplanned  # the one-line reason names key and fix too
+
+
+def test_the_fix_of_the_refusal_makes_a_plannable_config(built):
+    """The GPU count's fix (--num-gpus 4 for TP4) is one the planner then plans."""
+    cfg = built(EIGHT_B)
+    (problem,) = plan_problems(plan(cfg, 3), None)
+    assert problem.fix.startswith("--num-gpus 4")
+    assert not plan(cfg, 4).unplanned
+
+
+def test_a_dry_run_reports_the_refusal_once(built):
+    """The validator and the planner both name the GPU grid; the report of a dry run says it once."""
+    cfg = built(EIGHT_B)
+    report = Report(num_gpus=3, problems=validate(cfg, 3, environ={}, upstream=False).problems
+                    + tuple(plan_problems(plan(cfg, 3), None)))
+    assert [p.rule_id for p in report.problems].count("parallel/world-size") == 1
+
+
+def test_what_would_fit_offers_no_change_the_plan_cannot_model(built):
+    """Doubling PP from 2 to 4 leaves 7 layers per stage, which VPP2 cannot split: never offered; every option
+    offered is a config the planner models."""
+    cfg = apply_overrides(built("qwen3_0p6b_pretrain_config"), [
+        "model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2",
+        "model.seq_length=32768", "dataset.seq_length=32768", "train.global_batch_size=8"])
+    assert not plan(cfg, 2, fraction=1.0, gpu_memory_gib=64.0).fits_gpu
+    options = what_would_fit(cfg, 2, gpu_memory_gib=64.0)
+    assert not any("pipeline_model_parallel_size=4" in option for option in options)
+    four = apply_overrides(cfg, ["model.pipeline_model_parallel_size=4"])
+    assert plan(four, 4).unplanned  # the change the search must not offer
+    # ... which, without the virtual stages it cannot split into, would fit: the search did try it
+    plain_four = apply_overrides(four, ["model.virtual_pipeline_model_parallel_size=null"])
+    assert plan(plain_four, 4, fraction=0.0, gpu_memory_gib=64.0).fits_gpu
+
+
+def test_plan_offload_exits_2_naming_the_key_value_rule_and_fix(capsys):
+    code = plan_offload.main(["--recipe", EIGHT_B, "--num-gpus", "3"])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "not planned" in out and "model.tensor_model_parallel_size = 4" in out
+    assert "rule: the GPU count must be a multiple of TP x PP x CP" in out and "fix:  --num-gpus 4" in out
+
+
+def test_the_recommendation_never_says_fits_when_the_host_does_not(built):
+    """A host too small for even the run without offload: the recommendation says so instead of 'fits'."""
+    p = plan_with_recommendation(built("qwen3_8b_optimizer_offload_config"), 4, host_memory_gib=1.0)
+    assert p.fits_host is False
+    assert not p.recommendation.startswith("fits") and "host" in p.recommendation
