@@ -48,6 +48,9 @@ def test_seed_command_dry_runs_as_a_user_types_it():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "optimizer offload: ON, 50% of optimizer states on the CPU" in done.stdout
     assert "train.train_iters: 100 -> 20" in done.stdout and "Validation for 16 GPUs: OK" in done.stdout
+    # the stack's import-time notices say nothing about the run (facts/import_notices.py)
+    for notice in ("No CUDA runtime is found", "`torch_dtype` is deprecated"):
+        assert notice not in done.stderr, done.stderr[-2000:]
 
 
 def test_invalid_override_exits_2_with_report_and_no_traceback(capsys):
