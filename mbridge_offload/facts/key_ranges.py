@@ -193,6 +193,21 @@ MOE_FFN_HIDDEN_SIZE = KeyRange(
     text=f"on an MoE model, must be a whole number from 1 to {MAX_WIDTH} or null (an expert's MLP width; null: "
          "model.ffn_hidden_size)", holds=_expert_ffn_holds, fix=fixed("model.moe_ffn_hidden_size=null"))
 
+def _recompute_num_layers_holds(cfg: Any) -> bool:
+    """With full recompute, Megatron Core's checkpointed_forward (recompute.py) walks the layers in chunks of this
+    many (uniform: 0 or less never ends) or checkpoints this many (block: 0 or less checkpoints none)."""
+    if value_at(cfg, "model.recompute_granularity") != "full":
+        return True
+    n = value_at(cfg, "model.recompute_num_layers")
+    return n is _ABSENT or n is None or is_count(n, 1, MAX_LAYERS)
+
+
+RECOMPUTE_NUM_LAYERS = KeyRange(
+    id="parallel/recompute-num-layers-range", key="model.recompute_num_layers",
+    text=f"with full recompute, must be a whole number from 1 to {MAX_LAYERS} (layers per checkpointed chunk, "
+         "uniform, or checkpointed layers, block; uniform with 0 loops forever in the first forward)",
+    holds=_recompute_num_layers_holds, fix=fixed("model.recompute_num_layers=1"))
+
 GRID_RANGES: tuple[KeyRange, ...] = (
     _count("parallel/tp-range", "model.tensor_model_parallel_size", MAX_PARALLEL, "tensor parallel size",
            "model.tensor_model_parallel_size=1"),
@@ -226,6 +241,7 @@ GRID_RANGES: tuple[KeyRange, ...] = (
            "model.vocab_size=<the tokenizer's vocabulary size>", nullable=True),
     MOE_ROUTER_TOPK,
     MOE_FFN_HIDDEN_SIZE,
+    RECOMPUTE_NUM_LAYERS,
     _count("parallel/seq-length-range", "model.seq_length", MAX_TOKENS, "tokens per sample",
            "--seq-length 4096"),
     _count("parallel/dataset-seq-length-range", "dataset.seq_length", MAX_TOKENS, "tokens per sample",

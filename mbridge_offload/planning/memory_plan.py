@@ -476,7 +476,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     activation_pinned = activation_offload_pinned_bytes(cfg)  # layer-level or fine-grained activation offload
     pinned = worst.pinned_bytes_host + activation_pinned
     host_off = pinned if stream else off_params * moment_bytes + pinned  # stream: the moments are pinned
-    ranks_per_node = gpus_per_node or min(num_gpus, 8)
+    ranks_per_node = min(gpus_per_node or 8, num_gpus)  # a node runs no more ranks than the job has
     # the data loader's pinned batches in flight (between steps) and the batch being pinned (the process's peak):
     # data_loader.py, from Megatron Core's dataset and PyTorch's DataLoader; every rank runs its own loader
     loader_pinned, loader_transient = data_loader_pinned_bytes(cfg), data_loader_transient_bytes(cfg)

@@ -220,6 +220,12 @@ RULES: tuple[Rule, ...] = guarded(
                              + (" (null: TP's)" if c.model.expert_tensor_parallel_size is None else "")
                              + f" vs {c.num_gpus // c.model.pipeline_model_parallel_size} GPUs per stage"),
          fix=_fix_ep, fix_text="model.expert_model_parallel_size=<divisor of GPUs/PP>"),
+    Rule(id="parallel/moe-tp-needs-sequence-parallel", mechanism=PARALLELISM, key="model.sequence_parallel",
+         text="an MoE model with tensor parallel size > 1 needs sequence parallelism (Megatron Core's MoE layer raises "
+              "in the first training forward otherwise)",
+         applies=sane(lambda c: c.num_experts > 0 and c.model.tensor_model_parallel_size > 1),
+         holds=lambda c: bool(c.model.sequence_parallel),
+         fix=fixed("model.sequence_parallel=True")),
     Rule(id="parallel/ep-needs-experts", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="expert parallelism needs an MoE model (model.num_moe_experts set)",
          applies=sane(lambda c: c.model.expert_model_parallel_size > 1), holds=lambda c: c.num_experts > 0,

@@ -33,6 +33,12 @@ MOE_PROXY = "qwen3_30b_a3b_proxy_pretrain_config"  # 4 layers, 128 experts, one 
     # 32 heads, 8 query groups: TP3 splits neither
     (EIGHT_B, 3, ["model.tensor_model_parallel_size=3"], "parallel/heads-per-tp", "model.tensor_model_parallel_size"),
     (EIGHT_B, 4, ["model.tensor_model_parallel_size=0"], "parallel/tp-range", "model.tensor_model_parallel_size"),
+    # block recompute of 0 layers checkpoints none: the plan counted one
+    ("qwen3_0p6b_pretrain_config", 1, ["model.recompute_granularity=full", "model.recompute_method=block",
+                                       "model.recompute_num_layers=0"], "parallel/recompute-num-layers-range",
+     "model.recompute_num_layers"),
+    # an FFN width TP4 does not split (Qwen3-14B's 17408 less one)
+    (EIGHT_B, 4, ["model.ffn_hidden_size=17407"], "parallel/ffn-per-tp", "model.ffn_hidden_size"),
 ])
 def test_a_config_the_plan_cannot_model_is_refused_by_key_value_rule_and_fix(built, recipe_name, gpus, overrides,
                                                                              rule_id, key):
@@ -91,3 +97,13 @@ def test_the_recommendation_never_says_fits_when_the_host_does_not(built):
     p = plan_with_recommendation(built("qwen3_8b_optimizer_offload_config"), 4, host_memory_gib=1.0)
     assert p.fits_host is False
     assert not p.recommendation.startswith("fits") and "host" in p.recommendation
+
+
+def test_a_node_holds_no_more_ranks_than_the_job_has(built):
+    """--gpus-per-node 8 for a 1-GPU job: the node's host memory is that one rank's, not eight ranks'."""
+    cfg = built("qwen3_1b_proxy_optimizer_offload_config")
+    alone = plan(cfg, 1)
+    said_eight = plan(cfg, 1, gpus_per_node=8)
+    assert said_eight.ranks_per_node == 1
+    assert said_eight.host_bytes_per_node == alone.host_bytes_per_node
+    assert said_eight.offload_time_lower_bound_s == alone.offload_time_lower_bound_s

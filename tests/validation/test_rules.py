@@ -216,6 +216,13 @@ CASES.update({"parallel/topk-range": case(MOE, {"model.moe_router_topk": 128}, {
                                           gpus=(16, 16)),
               "parallel/expert-ffn-range": case(MOE, {"model.moe_ffn_hidden_size": None},
                                                 {"model.moe_ffn_hidden_size": 0}, gpus=(16, 16))})
+# read with full recompute only: 0 layers per uniform chunk never ends the first forward
+CASES["parallel/recompute-num-layers-range"] = case(
+    DENSE, {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 1},
+    {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 0})
+# Qwen3-30B-A3B's TP2 with sequence parallelism (the recipe's), and without: Megatron Core raises in the first forward
+CASES["parallel/moe-tp-needs-sequence-parallel"] = case(MOE, {"model.sequence_parallel": True},
+                                                        {"model.sequence_parallel": False}, gpus=(16, 16))
 # widths a tensor-parallel linear splits (Megatron Core's divide() asserts when it builds the model)
 CASES.update({
     "parallel/ffn-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 2},
