@@ -42,8 +42,16 @@ def largest_host_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float |
     return None, None
 
 
+def _rule_errors(cfg, num_gpus: int) -> set[str]:
+    """The rule table's errors of ``cfg`` on ``num_gpus`` GPUs (validation.check_rules), by rule id."""
+    from mbridge_offload.validation import Context, check_rules
+
+    return {p.rule_id for p in check_rules(Context(cfg=cfg, num_gpus=num_gpus)) if p.severity == "error"}
+
+
 def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
-    """Changes that make a plan fit when no offload fraction does (each checked with the planner)."""
+    """Changes that make a plan fit when no offload fraction does (each checked with the planner, and none that breaks
+    a rule of the validator's table the config did not break already)."""
 
     def what_if(deltas: dict):  # a changed copy, not logged: nothing is applied to the user's config
         changed = copy.deepcopy(cfg)
@@ -57,10 +65,11 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
         (f"{num_gpus * 2} GPUs (--num-gpus {num_gpus * 2}, twice the data parallelism)", cfg, num_gpus * 2),
     ]
     if m.num_layers % (m.pipeline_model_parallel_size * 2) == 0:
-        tries.append((f"model.pipeline_model_parallel_size={m.pipeline_model_parallel_size * 2} "
-                      f"with --num-gpus {num_gpus * 2}",
-                      what_if({"model.pipeline_model_parallel_size": m.pipeline_model_parallel_size * 2}),
-                      num_gpus * 2))
+        deeper = {"model.pipeline_model_parallel_size": m.pipeline_model_parallel_size * 2}
+        if m.cpu_offloading:  # layer-level activation offload needs one stage (activation-offload/pipeline-parallel)
+            deeper["model.cpu_offloading"] = False
+        tries.append((" ".join(f"{key}={value}" for key, value in deeper.items()) + f" with --num-gpus {num_gpus * 2}",
+                      what_if(deeper), num_gpus * 2))
     if cfg.train.micro_batch_size > 1:
         tries.append(("train.micro_batch_size=1", what_if({"train.micro_batch_size": 1}),
                       num_gpus))
@@ -68,7 +77,10 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
         tries.append((f"activation offload: model.cpu_offloading=True model.cpu_offloading_num_layers={m.num_layers - 1}",
                       what_if({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1}),
                       num_gpus))
+    already = _rule_errors(cfg, num_gpus)
     for text, candidate, gpus in tries:
+        if _rule_errors(candidate, gpus) - already:  # the change breaks a rule (activation offload with recompute...)
+            continue
         fraction, fitting = smallest_fitting_fraction(candidate, gpus, **kwargs)
         if fraction is not None and not fitting.unplanned:  # a change the run could not have is no option
             options.append(f"{text} (then fits at fraction {fraction:g})")

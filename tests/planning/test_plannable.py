@@ -107,3 +107,20 @@ def test_a_node_holds_no_more_ranks_than_the_job_has(built):
     assert said_eight.ranks_per_node == 1
     assert said_eight.host_bytes_per_node == alone.host_bytes_per_node
     assert said_eight.offload_time_lower_bound_s == alone.offload_time_lower_bound_s
+
+
+def test_what_would_fit_offers_only_changes_the_validator_accepts(built):
+    """The ~1.1B proxy with layer-level activation offload at 8192 tokens on a 40 GiB GPU: more pipeline stages are
+    offered with that offload off (it needs one stage), and every option passes the rule table."""
+    from mbridge_offload.validation import Context, check_rules
+
+    cfg = apply_overrides(built("qwen3_1b_proxy_activation_offload_config"),
+                          ["model.seq_length=8192", "dataset.seq_length=8192"])
+    assert not plan(cfg, 1, fraction=1.0, gpu_memory_gib=40.0).fits_gpu
+    options = what_would_fit(cfg, 1, gpu_memory_gib=40.0)
+    assert any("model.pipeline_model_parallel_size=2 model.cpu_offloading=False" in option for option in options)
+    for option in options:
+        overrides = option.split(" (then")[0].split(" with --num-gpus ")
+        gpus = int(overrides[1]) if len(overrides) > 1 else 1
+        changed = apply_overrides(cfg, overrides[0].split())
+        assert not [p for p in check_rules(Context(changed, gpus, environ={})) if p.severity == "error"], option
