@@ -86,8 +86,11 @@ def test_offload_engine_flag_sets_the_engine_tuned_and_validated_and_refuses_a_c
                                                            "optimizer.optimizer_offload_fraction=1"], offload_engine="exact")
     assert prepared.cfg.env_vars["MBRIDGE_OFFLOAD_ENGINE"] == "exact" and prepared.report.ok
     assert prepared.cfg.optimizer.overlap_cpu_optimizer_d2h_h2d  # the tuning gave it the copy streams it needs
+    several = _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_cpu_offload=True"],
+                       offload_engine="exact", num_gpus=2)  # its all-gathers wait for the update: allowed, warned
+    assert several.report.ok and "offload-engine/exact-several-ranks" in {p.rule_id for p in several.report.problems}
     refused = _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_cpu_offload=True"],
-                       offload_engine="exact", num_gpus=2)
+                       offload_engine="delayed", num_gpus=2)
     assert "offload-engine/one-shard" in {p.rule_id for p in refused.report.problems}
     with pytest.raises(NotPrepared, match="--offload-engine delayed sets env_vars.MBRIDGE_OFFLOAD_ENGINE"):
         _prepare("qwen3_1b_proxy_pretrain_config", ["+env_vars.MBRIDGE_OFFLOAD_ENGINE=exact"], offload_engine="delayed")

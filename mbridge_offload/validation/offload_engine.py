@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, LIBRARY, STREAM,
-                                                 engine_mode)
+from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT, LIBRARY,
+                                                 STREAM, engine_mode)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
@@ -33,6 +33,21 @@ def _stream_offload(ctx: Context) -> bool:
 def _cpu_adam_offload(ctx: Context) -> bool:
     """exact or delayed: the engines that run the library's CPU Adam."""
     return _streaming_offload(ctx) and _mode(ctx) != STREAM
+
+
+def _delayed_offload(ctx: Context) -> bool:
+    return _streaming_offload(ctx) and _mode(ctx) == DELAYED
+
+
+def _one_shard(ctx: Context) -> bool:
+    return ctx.sizes.dense_optimizer_shards == 1 and ctx.sizes.expert_optimizer_shards == 1
+
+
+def _shards(ctx: Context) -> str:
+    sizes = ctx.sizes
+    return f"{_mode(ctx)} on {ctx.num_gpus} GPUs: " + (
+        f"{sizes.dense_optimizer_shards} dense and {sizes.expert_optimizer_shards} expert optimizer shards"
+        if ctx.num_experts else f"{sizes.dense_optimizer_shards} optimizer shards")
 
 
 def _set(ctx: Context, key: str) -> bool:
@@ -73,23 +88,25 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=_cpu_adam_offload,
                  holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
                  fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
-    _engine_rule("one-shard", "the exact and delayed engines need every optimizer shard to be its whole "
-                 "parameter: one data-parallel rank and one expert-data-parallel rank (with several, exact's "
-                 "parameter all-gather would run before the update and delayed's applied update needs an all-gather "
-                 "of its own; neither is built; the stream engine gates the all-gather)",
-                 applies=sane(_cpu_adam_offload),
-                 holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
-                 observed=lambda c: f"{_mode(c)} on {c.num_gpus} GPUs: " + (
-                     f"{c.sizes.dense_optimizer_shards} dense and {c.sizes.expert_optimizer_shards} expert optimizer "
-                     "shards" if c.num_experts else f"{c.sizes.dense_optimizer_shards} optimizer shards"),
-                 fix=f"++{ENGINE_KEY}=stream  (or library, or one data-parallel rank)"),
-    Rule(id="offload-engine/stream-several-ranks", mechanism=OPTIMIZER, key=ENGINE_KEY,
-         text="the stream engine with several data-parallel or expert-data-parallel ranks has not run on several GPUs "
-              "yet: each bucket's parameter all-gather waits on the GPU for this rank's update; compare the first "
-              "steps' loss with the library engine's",
-         applies=sane(_stream_offload),
-         holds=lambda c: c.sizes.dense_optimizer_shards == 1 and c.sizes.expert_optimizer_shards == 1,
-         fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning"),
+    _engine_rule("one-shard", "the delayed engine needs every optimizer shard to be its whole parameter: one "
+                 "data-parallel rank and one expert-data-parallel rank (with several, a drain that applies its "
+                 "pending update at a save or an evaluation would need an all-gather of the applied shards that every "
+                 "rank makes in the same order: not built; the exact and stream engines gate the all-gather)",
+                 applies=sane(_delayed_offload),
+                 holds=_one_shard,
+                 observed=_shards,
+                 fix=f"++{ENGINE_KEY}=exact  (or stream, or library, or one data-parallel rank)"),
+    *(Rule(id=f"offload-engine/{mode}-several-ranks", mechanism=OPTIMIZER, key=ENGINE_KEY,
+           text=f"the {mode} engine with several data-parallel or expert-data-parallel ranks has not run on several "
+                f"GPUs yet ({how}; its scenarios ran on gloo ranks on the CPU): compare the first steps' loss with "
+                "the library engine's",
+           applies=sane(lambda c, mode=mode: _streaming_offload(c) and _mode(c) == mode),
+           holds=_one_shard,
+           fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning")
+      for mode, how in ((STREAM, "each bucket's parameter all-gather waits on the GPU for this rank's update"),
+                        (EXACT, "each bucket's parameter all-gather waits for this rank's CPU update of its shards; "
+                                "without ddp.overlap_param_gather it runs at the end of the step and waits for the "
+                                "whole update"))),
     # What the engines have not run with: allowed, said before launch, and compared by the user on the first steps.
     *(Rule(id=f"offload-engine/not-run-with-{name}", mechanism=OPTIMIZER, key=key,
            text=f"the streaming offload engines have not run with {what} yet ({why}): compare the first steps' loss "

@@ -89,6 +89,7 @@ CASES = {
                                        {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream", "optimizer.optimizer": "sgd"}),
     "offload-engine/stream-several-ranks": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                                 {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}, gpus=(1, 2)),
+    "offload-engine/exact-several-ranks": case(DENSE_OPT, EXACT, EXACT, gpus=(1, 2)),
     "offload-engine/stream-sync-save": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                             {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream",
                                              "checkpoint.async_save": True, "checkpoint.save": "/tmp/ckpt"}),
@@ -155,8 +156,10 @@ CASES = {
         {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
          "train.global_batch_size": 6}, gpus=(2, 2)),  # 3 micro batches: a last group of 1 < PP
     "parallel/global-batch": case(MOE, {"train.global_batch_size": 8}, {"train.global_batch_size": 6}, gpus=(16, 16)),
-    "parallel/heads-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 8},
-                                  {"model.tensor_model_parallel_size": 16}, gpus=(8, 16)),
+    # 16 heads, 8 query groups: TP16 gives each rank one group, replicated (Megatron Core allows it); TP32 splits no head
+    "parallel/heads-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 16},
+                                  {"model.tensor_model_parallel_size": 32}, gpus=(16, 32)),
+    "parallel/heads-per-query-group": case(DENSE, {"model.num_query_groups": 4}, {"model.num_query_groups": 3}),
     "parallel/experts-per-ep": case(MOE, {"model.expert_model_parallel_size": 8},
                                     {"model.expert_model_parallel_size": 3}, gpus=(16, 12)),
     "parallel/expert-grid": case(MOE, {}, {"model.expert_model_parallel_size": 16}, gpus=(16, 16)),
