@@ -71,7 +71,8 @@ def _widths(cfg) -> _Widths:
     shard = tp if (m.sequence_parallel and tp > 1) else 1
     positions = m.seq_length // m.context_parallel_size
     kv = m.kv_channels or m.hidden_size // m.num_attention_heads
-    heads, groups = m.num_attention_heads / tp, (m.num_query_groups or m.num_attention_heads) / tp
+    # fewer query groups than TP ranks: each rank computes one group's key and value, replicated (attention.py)
+    heads, groups = m.num_attention_heads / tp, max((m.num_query_groups or m.num_attention_heads) / tp, 1)
     return _Widths(tp=tp, shard=shard, positions=positions, tokens=positions * cfg.train.micro_batch_size, kv=kv,
                    heads=heads, groups=groups, h=m.hidden_size / shard, q=heads * kv, k=groups * kv)
 

@@ -23,6 +23,7 @@ GRID_RULES_THE_PLAN_NEEDS = (
     "parallel/layers-per-virtual-stage",  # the layers of each model chunk of the interleaved schedule
     "parallel/global-batch",  # micro batches per step: how many a pipeline stage holds
     "parallel/interleaved-micro-batches",  # the interleaved schedule's micro batches in flight
+    "parallel/heads-per-query-group",  # heads per key/value group
     "parallel/heads-per-tp",  # heads and query groups per rank
     "parallel/ffn-per-tp",  # the MLP's width per rank
     "parallel/expert-ffn-per-etp",  # an expert's width per rank

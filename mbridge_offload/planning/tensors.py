@@ -53,6 +53,8 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
     h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     gated = 2 if m.gated_linear_unit else 1
+    # fewer query groups than TP ranks: each rank holds one group's key and value, replicated (attention.py)
+    groups_per_rank = max(groups // tp, 1)
     layers = layers_per_stage(m, pp)[stage]
     vocab = m.vocab_size
     experts = m.num_moe_experts or 0
@@ -66,7 +68,7 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
     for layer in range(layers):
         add(f"l{layer}.proj", heads * kv * h // tp, "dense")
         add(f"l{layer}.ln1", h, "small")
-        add(f"l{layer}.qkv", (heads + 2 * groups) * kv * h // tp, "dense")
+        add(f"l{layer}.qkv", (heads // tp + 2 * groups_per_rank) * kv * h, "dense")
         if m.qk_layernorm:
             add(f"l{layer}.q_ln", kv, "small")
             add(f"l{layer}.k_ln", kv, "small")

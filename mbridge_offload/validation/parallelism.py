@@ -62,11 +62,22 @@ def _fix_ep(ctx: Context) -> str:
     return f"model.expert_model_parallel_size={_nearest(options, ctx.model.expert_model_parallel_size)}"
 
 
+def _groups_split(groups: int, tp: int) -> bool:
+    """Megatron Core splits the query groups over TP ranks, or with fewer groups than ranks gives each rank one
+    group, replicated (transformer_config.py, attention.py): a multiple or a divisor of TP."""
+    return groups % tp == 0 or tp % groups == 0
+
+
 def _fix_tp_heads(ctx: Context) -> str:
     m = ctx.model
     groups = m.num_query_groups or m.num_attention_heads
-    options = [d for d in _divisors(m.num_attention_heads) if groups % d == 0]
+    options = [d for d in _divisors(m.num_attention_heads) if _groups_split(groups, d)]
     return f"model.tensor_model_parallel_size={_nearest(options, m.tensor_model_parallel_size)}"
+
+
+def _fix_query_groups(ctx: Context) -> str:
+    m = ctx.model
+    return f"model.num_query_groups={_nearest(_divisors(m.num_attention_heads), m.num_query_groups)}"
 
 
 def _fix_seq_length_cp(ctx: Context) -> str:
@@ -169,14 +180,21 @@ RULES: tuple[Rule, ...] = guarded(
          observed=lambda c: (f"{c.cfg.train.global_batch_size} (micro batch {c.cfg.train.micro_batch_size} "
                              f"x DP {c.dp} = {_batch_unit(c)})"),
          fix=_fix_global_batch, fix_text="train.global_batch_size=<multiple of micro_batch_size*DP>"),
+    Rule(id="parallel/heads-per-query-group", mechanism=PARALLELISM, key="model.num_query_groups",
+         text="the attention heads must be divisible by the query groups (each group serves as many heads)",
+         applies=sane(lambda c: c.model.num_query_groups is not None),
+         holds=lambda c: c.model.num_attention_heads % c.model.num_query_groups == 0,
+         observed=lambda c: f"{c.model.num_query_groups} (heads {c.model.num_attention_heads})",
+         fix=_fix_query_groups, fix_text="model.num_query_groups=<divisor of num_attention_heads>"),
     Rule(id="parallel/heads-per-tp", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
-         text="attention heads and query groups must be divisible by the tensor parallel size",
+         text="attention heads must be divisible by the tensor parallel size, and query groups a multiple or a divisor "
+              "of it (fewer groups than ranks: each rank holds one, replicated)",
          applies=sane(lambda c: True),
          holds=lambda c: c.model.num_attention_heads % c.model.tensor_model_parallel_size == 0
-         and (c.model.num_query_groups or c.model.num_attention_heads) % c.model.tensor_model_parallel_size == 0,
+         and _groups_split(c.model.num_query_groups or c.model.num_attention_heads, c.model.tensor_model_parallel_size),
          observed=lambda c: (f"{c.model.tensor_model_parallel_size} (heads {c.model.num_attention_heads}, "
                              f"query groups {c.model.num_query_groups})"),
-         fix=_fix_tp_heads, fix_text="model.tensor_model_parallel_size=<divisor of the query groups>"),
+         fix=_fix_tp_heads, fix_text="model.tensor_model_parallel_size=<divisor of the heads, multiple or divisor of the query groups>"),
     Rule(id="parallel/ffn-per-tp", mechanism=PARALLELISM, key="model.ffn_hidden_size",
          text="the MLP width must be divisible by the tensor parallel size (Megatron Core asserts it when it builds "
               "the model's fc2)",
