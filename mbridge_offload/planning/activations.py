@@ -321,12 +321,13 @@ def _fine_grained_offloaded_tensors(m, w: _Widths) -> list[int]:
     return [int(2 * n) for n in numels if n >= smallest]
 
 
-def activation_offload_pinned_bytes(cfg) -> int:
+def activation_offload_pinned_bytes(cfg, micro_batches: int | None = None) -> int:
     """Pinned host bytes activation offload holds per rank, each tensor in a block of PyTorch's caching host
     allocator (a power of two; the blocks are reused across micro batches and steps, not between layers).
     Layer-level: the N offloaded layers' copies (a MoE layer's many routed tensors are counted unrounded).
     Fine-grained: every layer's, since the first iteration offloads them all and the allocator keeps the blocks,
-    for each micro batch in flight."""
+    for each micro batch in flight (``micro_batches_in_flight``: a step of ``micro_batches``; None: uncapped), on the
+    stage that holds the most."""
     m = cfg.model
     pp, w = m.pipeline_model_parallel_size, _widths(cfg)
     if _layer_offload(m):
@@ -337,5 +338,7 @@ def activation_offload_pinned_bytes(cfg) -> int:
         return m.cpu_offloading_num_layers * sum(pinned_block_bytes(b) for b in per_layer)
     if m.fine_grained_activation_offloading:
         per_layer = _fine_grained_offloaded_tensors(m, w)
-        return max(layers_per_stage(m, pp)) * pp * sum(pinned_block_bytes(b) for b in per_layer)
+        chunks, stages = virtual_stages(m), layers_per_stage(m, pp)
+        held = max(stages[s] // chunks * micro_batches_in_flight(m, s, micro_batches) for s in range(pp))
+        return held * sum(pinned_block_bytes(b) for b in per_layer)
     return 0

@@ -473,7 +473,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                                   offloaded_params=off_params, optimizer_bytes_gpu=optimizer, pinned_bytes_host=pinned))
     worst = max(stages, key=lambda s: s.stage_plan.total_bytes_gpu)
     params, off_params = worst.stage_plan.params, worst.offloaded_params
-    activation_pinned = activation_offload_pinned_bytes(cfg)  # layer-level or fine-grained activation offload
+    activation_pinned = activation_offload_pinned_bytes(cfg, micro_batches)  # layer-level or fine-grained
     pinned = worst.pinned_bytes_host + activation_pinned
     host_off = pinned if stream else off_params * moment_bytes + pinned  # stream: the moments are pinned
     ranks_per_node = min(gpus_per_node or 8, num_gpus)  # a node runs no more ranks than the job has

@@ -49,3 +49,14 @@ def test_a_step_with_fewer_micro_batches_than_stages_holds_only_those(built):
     assert layer_bytes[1] == per_micro_batch
     assert layer_bytes[2] == 2 * per_micro_batch
     assert layer_bytes[4] == layer_bytes[32] == 4 * per_micro_batch
+
+
+def test_fine_grained_offload_pins_the_micro_batches_a_stage_holds(built):
+    """The MoE proxy (4 layers) with fine-grained offload on PP2 (2 GPUs): stage 0 holds 2 micro batches of its 2
+    layers when the step has 2 or more, 1 when it has 1, so the pinned host copies halve."""
+    cfg = apply_overrides(built("qwen3_30b_a3b_proxy_fine_grained_offload_config"),
+                          ["model.pipeline_model_parallel_size=2"])
+    one, many = (plan(apply_overrides(cfg, [f"train.global_batch_size={gbs}"]), 2) for gbs in (1, 8))
+    assert not one.unplanned and not many.unplanned
+    assert many.pinned_bytes_host_per_rank > 0
+    assert 2 * one.pinned_bytes_host_per_rank == many.pinned_bytes_host_per_rank
