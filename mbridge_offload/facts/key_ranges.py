@@ -239,9 +239,6 @@ GRID_RANGES: tuple[KeyRange, ...] = (
            "model.kv_channels=null", nullable=True),
     _count("parallel/vocab-size-range", "model.vocab_size", MAX_WIDTH, "vocabulary size",
            "model.vocab_size=<the tokenizer's vocabulary size>", nullable=True),
-    MOE_ROUTER_TOPK,
-    MOE_FFN_HIDDEN_SIZE,
-    RECOMPUTE_NUM_LAYERS,
     _count("parallel/seq-length-range", "model.seq_length", MAX_TOKENS, "tokens per sample",
            "--seq-length 4096"),
     _count("parallel/dataset-seq-length-range", "dataset.seq_length", MAX_TOKENS, "tokens per sample",
@@ -254,9 +251,14 @@ GRID_RANGES: tuple[KeyRange, ...] = (
            "training steps; null: set by train.train_samples", "train.train_iters=100", nullable=True),
 )
 
+# Sizes the planner counts with but no grid rule divides by: out of range, they are refused by key (and the plan
+# with them) without silencing the grid rules, so a command still shows every problem at once.
+MODEL_COUNT_RANGES: tuple[KeyRange, ...] = (MOE_ROUTER_TOPK, MOE_FFN_HIDDEN_SIZE, RECOMPUTE_NUM_LAYERS)
+
 KEY_RANGES: tuple[KeyRange, ...] = (
     OPTIMIZER_OFFLOAD_FRACTION, CPU_OFFLOADING_NUM_LAYERS, OFFLOAD_MODULES_KNOWN,
     ACTIVATION_OFFLOAD_FRACTION, MIN_OFFLOADED_TENSOR_SIZE, DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS, *GRID_RANGES,
+    *MODEL_COUNT_RANGES,
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from mbridge_offload.facts.key_ranges import GRID_RANGES, fixed, grid_sane
+from mbridge_offload.facts.key_ranges import GRID_RANGES, MODEL_COUNT_RANGES, fixed, grid_sane, is_count
 from mbridge_offload.validation.guard import gpus_ok, guarded, sane
 from mbridge_offload.validation.rule import PARALLELISM, Context, Rule
 
@@ -139,7 +139,7 @@ VOCAB_PADDING = 128  # Megatron's make_vocab_size_divisible_by default: how a to
 
 
 RULES: tuple[Rule, ...] = guarded(
-    *(Rule.of_range(PARALLELISM, key_range) for key_range in GRID_RANGES),
+    *(Rule.of_range(PARALLELISM, key_range) for key_range in (*GRID_RANGES, *MODEL_COUNT_RANGES)),
     Rule(id="parallel/world-size", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
          text="the GPU count must be a multiple of TP x PP x CP",
          applies=lambda c: grid_sane(c.cfg), holds=lambda c: gpus_ok(c) and c.dp is not None, observed=_grid,
@@ -207,7 +207,7 @@ RULES: tuple[Rule, ...] = guarded(
     Rule(id="parallel/expert-ffn-per-etp", mechanism=PARALLELISM, key="model.moe_ffn_hidden_size",
          text="an expert's MLP width (model.moe_ffn_hidden_size, null: model.ffn_hidden_size) must be divisible by the "
               "expert tensor parallel size (null: TP's; Megatron Core asserts it when it builds the experts)",
-         applies=sane(lambda c: c.num_experts > 0 and _expert_ffn(c) is not None),
+         applies=sane(lambda c: c.num_experts > 0 and is_count(_expert_ffn(c), 1)),  # else its range reports it
          holds=lambda c: _expert_ffn(c) % c.sizes.etp == 0,
          observed=lambda c: f"{_expert_ffn(c)} (ETP{c.sizes.etp})",
          fix=lambda c: f"model.moe_ffn_hidden_size={_next_multiple(_expert_ffn(c), c.sizes.etp)}  (or model.expert_tensor_parallel_size=1)",

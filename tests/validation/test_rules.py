@@ -377,3 +377,19 @@ def test_expert_grid_reads_a_null_expert_tensor_parallel_size_as_tp(recipe):
     ep = int(problem.fix.split("=")[1])
     set_path(cfg, "model.expert_model_parallel_size", ep)
     assert not [p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id.startswith("parallel/")]
+
+
+def test_a_model_count_out_of_range_does_not_hide_the_grid_problems(recipe):
+    """Every problem at once: a full-recompute chunk of 0 layers or a top-k of 0 is refused by key beside the grid's
+    own problems (the grid rules stop only for the sizes they divide by)."""
+    from overrides import apply_overrides
+
+    cfg = apply_overrides(recipe("qwen3_8b_pretrain_config"), [
+        "model.tensor_model_parallel_size=3", "model.recompute_granularity=full", "model.recompute_method=uniform",
+        "model.recompute_num_layers=0", "model.ffn_hidden_size=12287"])
+    ids = {p.rule_id for p in check_rules(Context(cfg, 8, environ={}))}
+    assert {"parallel/recompute-num-layers-range", "parallel/world-size", "parallel/heads-per-tp",
+            "parallel/ffn-per-tp"} <= ids
+    moe = apply_overrides(recipe(MOE), ["model.moe_router_topk=0", "model.expert_model_parallel_size=5"])
+    ids = {p.rule_id for p in check_rules(Context(moe, 16, environ={}))}
+    assert {"parallel/topk-range", "parallel/experts-per-ep"} <= ids
