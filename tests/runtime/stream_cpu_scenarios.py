@@ -683,6 +683,22 @@ def _broken(name, target):
     return run
 
 
+def run_scenarios(case, scenarios) -> bool:
+    """Each (label, ranks, case arguments, break or None, the check the break must fail) as its own set of rank
+    processes; one line per scenario. True when every correct one passed and every broken one failed its check."""
+    import time
+
+    ok = True
+    for label, world, args, broken, expected in scenarios:
+        started = time.time()
+        target = _broken(broken, case) if broken else case
+        result = outcome(run_ranks(target, world, args))
+        good = result == "passed" if broken is None else (result != "passed" and f"{expected}:" in result)
+        ok &= good
+        print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+    return ok
+
+
 def main(argv: list[str]) -> int:
     import time
 
@@ -693,25 +709,13 @@ def main(argv: list[str]) -> int:
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False, False), None, None),
                      ("4 ranks, fraction 1, overlapped all-gather", 4, (1.0, True, False), None, None),
                      ("2 ranks, broken: no-gather-gate", 2, (1.0, True, False), "no-gather-gate", "forward-weights")]
-        for label, world, args, broken, expected in scenarios:
-            started = time.time()
-            target = _broken(broken, ranks_case) if broken else ranks_case
-            result = outcome(run_ranks(target, world, args))
-            good = result == "passed" if broken is None else (result != "passed" and f"{expected}:" in result)
-            ok &= good
-            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+        ok &= run_scenarios(ranks_case, scenarios)
     if what == "exact-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),
                      ("2 ranks, broken: no-gather-gate, slow worker", 2, (1.0, True), "exact-no-gather-gate",
                       "forward-weights")]
-        for label, world, args, broken, expected in scenarios:
-            started = time.time()
-            target = _broken(broken, exact_ranks_case) if broken else exact_ranks_case
-            result = outcome(run_ranks(target, world, args))
-            good = result == "passed" if broken is None else (result != "passed" and f"{expected}:" in result)
-            ok &= good
-            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+        ok &= run_scenarios(exact_ranks_case, scenarios)
     if what == "resume":
         import tempfile
 
