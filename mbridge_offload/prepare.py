@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from overrides.grammar import key_of
 from recipes.registry import Recipe
-from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fitting_fraction, plan_problems,
+from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fitting_fraction, plan, plan_problems,
                                       plan_with_recommendation, smallest_fitting_fraction, what_would_fit)
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.key_ranges import OFFLOAD_SWITCH_KEY as SWITCH_KEY
@@ -59,10 +59,15 @@ class Prepared:
     report: Report  # the validation's problems (none when not validated), then the planner's
 
 
-def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tuple[float, str]:
+def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tuple[float | None, str]:
     """``optimizer.optimizer_offload_fraction=auto``: the smallest fraction (steps of 0.05) that fits the
-    GPU and the host, with a line saying so; NotPrepared, with what would fit, when none does."""
+    GPU and the host, with a line saying so; NotPrepared, with what would fit, when none does. A configuration the
+    planner cannot model gets no fraction (None) and a line saying why: the report that follows names each problem
+    (planning/plannable.py), and a fraction chosen from no plan would claim a fit nobody computed."""
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **plan_options)
+    if fitting.unplanned:
+        return None, (f"{AUTO_OVERRIDE}: no fraction chosen: the planner cannot model this configuration (the "
+                      "errors below name each problem and its fix)")
     if fraction is None:
         options = what_would_fit(cfg, num_gpus, **plan_options)
         raise NotPrepared(
@@ -72,6 +77,14 @@ def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tu
             + ("\n  What would fit: " + "\n  or ".join(options) if options else ""))
     if fitting.fits_host is False:
         largest, _ = largest_host_fitting_fraction(cfg, num_gpus, **plan_options)
+        if largest is None:  # not even the run without optimizer offload: the host, not the fraction, is short
+            without = fitting if fraction == 0 else plan(cfg, num_gpus, fraction=0.0, **plan_options)
+            raise NotPrepared(
+                f"{AUTO_OVERRIDE}: nothing fits: the {fitting.host_memory_gib:.1f} GiB {fitting.host_memory_source} "
+                f"of host memory cannot hold even the run without optimizer offload ("
+                f"{without.host_peak_bytes_per_node / GIB:.1f} GiB per node at its peak, for "
+                f"{without.ranks_per_node} rank(s)). Fix: more host memory per node (fewer ranks per node), or "
+                "--host-memory-gib if that figure is not this node's.")
         raise NotPrepared(
             f"{AUTO_OVERRIDE}: nothing fits both: the GPU needs fraction {fraction:g} or more, and the "
             f"{fitting.host_memory_gib:.1f} GiB {fitting.host_memory_source} of host memory hold "
@@ -163,7 +176,8 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
         cfg = apply_overrides(base, overrides)
         if auto:
             auto_fraction, auto_line = resolve_auto(cfg, num_gpus, plan_options)
-            cfg = _apply_auto(cfg, overrides, auto_fraction)
+            if auto_fraction is not None:
+                cfg = _apply_auto(cfg, overrides, auto_fraction)
     except OverrideErrors as errors:
         raise NotPrepared(_with_the_rest_validated(errors, num_gpus, validated, validator), auto_line) from None
     given = {key_of(o) for o in overrides}

@@ -131,3 +131,18 @@ def test_an_unappliable_override_alone_says_the_rest_is_valid():
     with pytest.raises(NotPrepared) as refused:
         _prepare("qwen3_1b_proxy_pretrain_config", ["optimizer.optimizer_offload_fraction=abc"])
     assert "expects a float" in refused.value.message and "Validation for 1 GPU: OK" in refused.value.message
+
+
+def test_auto_chooses_no_fraction_for_a_configuration_the_planner_cannot_model():
+    """TP4 on 3 GPUs: no plan, so no fraction (a chosen one would claim a fit nobody computed); the report names the
+    grid problem once, with its fix."""
+    prepared = _prepare("qwen3_8b_pretrain_config", ["optimizer.optimizer_offload_fraction=auto"], num_gpus=3)
+    assert prepared.auto_fraction is None and "no fraction chosen" in prepared.auto_line
+    assert not prepared.report.ok
+    assert [p.rule_id for p in prepared.report.problems].count("parallel/world-size") == 1
+
+
+def test_auto_says_when_the_host_cannot_hold_even_the_run_without_offload():
+    with pytest.raises(NotPrepared, match="cannot hold even the run without optimizer offload"):
+        _prepare("qwen3_8b_optimizer_offload_config", ["optimizer.optimizer_offload_fraction=auto"], num_gpus=4,
+                 plan_options={**H200, "host_memory_gib": 1.0})
