@@ -223,6 +223,30 @@ CASES.update({"parallel/topk-range": case(MOE, {"model.moe_router_topk": 128}, {
 CASES["parallel/recompute-num-layers-range"] = case(
     DENSE, {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 1},
     {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 0})
+# keys of a fixed set of words that upstream types plain str (validation/choices.py): a word of the set, a typo
+
+
+def _preset(fp8):
+    """A mixed_precision given whole (a MixedPrecisionConfig, not a preset's name), with its own fp8 format."""
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    preset = get_mixed_precision_config("bf16_mixed")
+    preset.fp8 = fp8
+    return preset
+
+
+CASES.update({
+    "choices/optimizer": case(DENSE, {"optimizer.optimizer": "muon"}, {"optimizer.optimizer": "foo"}),
+    "choices/normalization": case(DENSE, {"model.normalization": "LayerNorm"}, {"model.normalization": "Foo"}),
+    "choices/fp8-format": case(DENSE, {"model.fp8": "hybrid"}, {"model.fp8": "bf16"}),
+    "choices/preset-fp8-format": case(DENSE, {"mixed_precision": _preset("e4m3")}, {"mixed_precision": _preset("E5M2")}),
+    "choices/moe-load-balancing": case(MOE, {"model.moe_router_load_balancing_type": "seq_aux_loss"},
+                                       {"model.moe_router_load_balancing_type": "aux_los"}, gpus=(16, 16)),
+    "choices/fsdp-sharding": case(DENSE, {"ddp.data_parallel_sharding_strategy": "optim_grads_params"},
+                                  {"ddp.data_parallel_sharding_strategy": "optim_grad"}),
+    "choices/fsdp-outer-sharding": case(DENSE, {"ddp.outer_dp_sharding_strategy": "optim"},
+                                        {"ddp.outer_dp_sharding_strategy": "full"}),
+})
 # Qwen3-30B-A3B's TP2 with sequence parallelism (the recipe's), and without: Megatron Core raises in the first forward
 CASES["parallel/moe-tp-needs-sequence-parallel"] = case(MOE, {"model.sequence_parallel": True},
                                                         {"model.sequence_parallel": False}, gpus=(16, 16))

@@ -1,0 +1,180 @@
+"""Keys of a fixed set of words (validation/choices.py): the words written there are the installed libraries' own,
+read back here from their code, a wrong word is refused with a did-you-mean whose override resolves it, and a
+dry run reports every such word at once before any launch."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from mbridge_offload.facts.config_tree import set_path
+from mbridge_offload.validation import Context, check_rules
+from mbridge_offload.validation.choices import CHOICES_TABLE, EMERGING_OPTIMIZERS
+
+ROOT = Path(__file__).resolve().parents[2]
+BY_KEY = {choice.key: choice for choice in CHOICES_TABLE}
+DENSE = "qwen3_1b_proxy_pretrain_config"
+
+
+def _literal_words(annotation) -> set:
+    """The words of a Literal annotation (inside Optional too)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return set().union(*(_literal_words(arg) for arg in typing.get_args(annotation)))
+
+
+def _compared_words(function, name: str) -> set[str]:
+    """Every string the installed ``function`` compares ``name`` (a variable or an attribute) with: == / in."""
+    words: set[str] = set()
+    for node in ast.walk(ast.parse(_dedented(function))):
+        if not isinstance(node, ast.Compare):
+            continue
+        left = node.left
+        named = (isinstance(left, ast.Name) and left.id == name) or (isinstance(left, ast.Attribute) and left.attr == name)
+        if not named:
+            continue
+        for comparator in node.comparators:
+            items = comparator.elts if isinstance(comparator, (ast.List, ast.Tuple)) else [comparator]
+            words |= {item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)}
+    return words
+
+
+def _dedented(function) -> str:
+    import textwrap
+
+    return textwrap.dedent(inspect.getsource(function))
+
+
+def test_optimizer_names_are_megatron_cores():
+    from megatron.core.optimizer import (_get_megatron_optimizer_based_on_param_groups, get_megatron_optimizer)
+    from megatron.core.optimizer.emerging_optimizers import _EMERGING_OPTIMIZERS
+
+    assert set(EMERGING_OPTIMIZERS) == set(_EMERGING_OPTIMIZERS)
+    # adam and sgd take the standard path; every other name goes to the emerging optimizers
+    assert _compared_words(get_megatron_optimizer, "optimizer") == {"adam", "sgd"}
+    assert {"adam", "sgd"} <= _compared_words(_get_megatron_optimizer_based_on_param_groups, "optimizer")
+    assert set(BY_KEY["optimizer.optimizer"].words) == {"adam", "sgd", *_EMERGING_OPTIMIZERS}
+
+
+def test_normalization_and_fp8_words_are_transformer_configs():
+    """Megatron Core types them as Literals; Megatron Bridge's provider retypes them as plain str."""
+    from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
+    from megatron.core.fp8_utils import get_fp8_recipe
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    hints = typing.get_type_hints(TransformerConfig)
+    assert set(BY_KEY["model.normalization"].words) == _literal_words(hints["normalization"])
+    assert set(BY_KEY["model.fp8"].words) == _literal_words(hints["fp8"]) == _compared_words(get_fp8_recipe, "fp8")
+    assert BY_KEY["model.fp8"].null_allowed and BY_KEY["mixed_precision.fp8"].words == BY_KEY["model.fp8"].words
+    assert typing.get_type_hints(MixedPrecisionConfig)["fp8"] == typing.Optional[str]  # unchecked upstream
+
+
+def test_load_balancing_words_are_the_routers():
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    routed = _compared_words(TopKRouter, "routing_type")
+    aux_losses = {"aux_loss", "seq_aux_loss", "global_aux_loss"}
+    assert aux_losses <= {node.value for node in ast.walk(ast.parse(_dedented(TopKRouter.is_aux_loss_enabled)))
+                          if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    with_capacity = _compared_words(TransformerConfig.__post_init__, "load_balancing_type")
+    assert set(BY_KEY["model.moe_router_load_balancing_type"].words) == routed | aux_losses | with_capacity
+
+
+def test_fsdp_sharding_words_are_megatron_fsdps():
+    import importlib
+
+    # the package's fully_shard is the function of the same name: the module by its path
+    fully_shard = importlib.import_module("megatron.core.distributed.fsdp.src.megatron_fsdp.fully_shard")
+    param_and_grad_buffer = importlib.import_module("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer")
+
+    buffers = param_and_grad_buffer.ParamAndGradBuffer._init_each_parameter_group_buffers
+    assert set(BY_KEY["ddp.data_parallel_sharding_strategy"].words) == _compared_words(
+        buffers, "data_parallel_sharding_strategy")
+    assert set(BY_KEY["ddp.outer_dp_sharding_strategy"].words) == _compared_words(
+        fully_shard.fully_shard_model, "outer_dp_sharding_strategy")
+
+
+def test_every_key_is_a_plain_str_field_of_the_recipes_config(built):
+    """The keys exist where the recipes put them, and upstream does not type them as a choice (else the override
+    layer would refuse a wrong word already)."""
+    cfg = built(DENSE)
+    for choice in CHOICES_TABLE:
+        section, name = choice.key.split(".")
+        owner = getattr(cfg, section)
+        if section == "mixed_precision":  # a preset name in the recipes; a MixedPrecisionConfig when given whole
+            from megatron.bridge.training.mixed_precision import MixedPrecisionConfig as owner_type
+        else:
+            owner_type = type(owner)
+        annotation = typing.get_type_hints(owner_type)[name]
+        assert not _literal_words(annotation), (choice.key, annotation)
+
+
+@pytest.mark.parametrize("key,typed,near", [
+    ("model.normalization", "rmsnorm", "RMSNorm"), ("model.normalization", "LayerNrom", "LayerNorm"),
+    ("optimizer.optimizer", "adamw", "adam"), ("optimizer.optimizer", "moun", "muon"),
+    ("model.fp8", "hybird", "hybrid"), ("ddp.data_parallel_sharding_strategy", "optim_grad", "optim_grads"),
+])
+def test_a_close_word_is_suggested_and_its_fix_resolves_the_problem(recipe, key, typed, near):
+    from overrides import apply_overrides
+
+    cfg = recipe(DENSE)
+    set_path(cfg, key, typed)
+    (problem,) = [p for p in check_rules(Context(cfg, 1, environ={})) if p.key == key and p.rule_id.startswith("choices/")]
+    assert problem.value == typed and problem.fix.startswith(f"{key}={near}  (did you mean {near}?")
+    assert "allowed: " in problem.fix and BY_KEY[key].words[0] in problem.fix
+    fixed = apply_overrides(cfg, [problem.fix.split()[0]])
+    assert problem.rule_id not in {p.rule_id for p in check_rules(Context(fixed, 1, environ={}))}
+
+
+def test_a_far_word_gets_the_default_and_fp8_gets_null(recipe):
+    from overrides import apply_overrides
+
+    cfg = recipe(DENSE)
+    set_path(cfg, "model.fp8", "bf16")  # bf16 training without FP8: fp8 off
+    set_path(cfg, "optimizer.optimizer", "foo")
+    problems = {p.key: p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id.startswith("choices/")}
+    assert problems["model.fp8"].fix.startswith("model.fp8=null  (allowed: e4m3, hybrid or null")
+    assert problems["optimizer.optimizer"].fix.startswith("optimizer.optimizer=adam  (allowed: adam, sgd, muon")
+    fixed = apply_overrides(cfg, [problems["model.fp8"].fix.split()[0], problems["optimizer.optimizer"].fix.split()[0]])
+    assert not [p for p in check_rules(Context(fixed, 1, environ={})) if p.rule_id.startswith("choices/")]
+
+
+def test_a_list_of_load_balancing_types_is_checked_word_by_word(recipe):
+    cfg = recipe("qwen3_30b_a3b_pretrain_config")
+    set_path(cfg, "model.moe_router_load_balancing_type", ["aux_loss", "seq_aux_loss"])
+    assert not [p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id == "choices/moe-load-balancing"]
+    set_path(cfg, "model.moe_router_load_balancing_type", ["aux_loss", "seq_aux_los"])
+    (problem,) = [p for p in check_rules(Context(cfg, 16, environ={})) if p.rule_id == "choices/moe-load-balancing"]
+    assert problem.fix.startswith("model.moe_router_load_balancing_type=[aux_loss,seq_aux_loss]  (did you mean "
+                                  "seq_aux_los -> seq_aux_loss?")
+
+
+def test_a_deprecated_dist_spelling_passes_and_dist_adam_does_not(recipe):
+    """_get_megatron_emerging_optimizer strips dist_ from an emerging optimizer's name; dist_adam names none."""
+    cfg = recipe(DENSE)
+    for name, ok in (("dist_muon", True), ("dist_adam", False), ("Adam", False), ("", False)):
+        set_path(cfg, "optimizer.optimizer", name)
+        found = [p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id == "choices/optimizer"]
+        assert (not found) is ok, name
+
+
+def test_dry_run_refuses_every_wrong_word_at_once_and_exits_2():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_recipe.py"), "--recipe", DENSE, "--dry-run",
+         "optimizer.optimizer=foo", "model.normalization=Foo"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "Validation for 1 GPU: FAILED" in out, out
+    assert "[choices/optimizer] optimizer.optimizer = foo" in out
+    assert "[choices/normalization] model.normalization = Foo" in out
+    assert "fix:  model.normalization=RMSNorm  (allowed: LayerNorm, RMSNorm)" in out
+    assert "fix:  optimizer.optimizer=adam  (allowed: adam, sgd, " in out
+    assert "Traceback" not in out
