@@ -191,7 +191,10 @@ def prepare_fast(recipe: Any, overrides: Sequence[str], **kwargs: Any) -> FastAn
         return None
     base, presets = cached
     from overrides.grammar import key_of
+    from mbridge_offload.facts.import_notices import quiet_import_notices
     from mbridge_offload.planning import AUTO_OVERRIDE
+
+    quiet_import_notices()  # what the look-alike's validation and what_would_fit import may print otherwise
 
     if not all(answerable(base, key_of(o)) for o in overrides if o != AUTO_OVERRIDE):
         return None

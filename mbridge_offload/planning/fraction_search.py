@@ -73,6 +73,15 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     if cfg.train.micro_batch_size > 1:
         tries.append(("train.micro_batch_size=1", what_if({"train.micro_batch_size": 1}),
                       num_gpus))
+    if m.recompute_granularity != "full":  # every layer's activations recomputed: its input kept, nothing else
+        full = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
+                "model.recompute_num_layers": 1}
+        if m.cpu_offloading:  # layer-level activation offload refuses recompute (activation-offload/recompute)
+            full["model.cpu_offloading"] = False
+        tries.append((" ".join(f"{key}={value}" for key, value in full.items()), what_if(full), num_gpus))
+    if m.context_parallel_size == 1:  # each GPU holds half of every sequence's activations
+        tries.append((f"model.context_parallel_size=2 with --num-gpus {num_gpus * 2}",
+                      what_if({"model.context_parallel_size": 2}), num_gpus * 2))
     if m.pipeline_model_parallel_size == 1 and not m.cpu_offloading and not m.fine_grained_activation_offloading:
         tries.append((f"activation offload: model.cpu_offloading=True model.cpu_offloading_num_layers={m.num_layers - 1}",
                       what_if({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": m.num_layers - 1}),

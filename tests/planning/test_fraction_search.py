@@ -62,3 +62,18 @@ def test_auto_says_when_no_fraction_fits_both_gpu_and_host(capsys):
     assert run_recipe.main([*args, "--host-memory-gib", "40"]) == 2
     err = capsys.readouterr().err
     assert "auto: nothing fits both: the GPU needs fraction" in err and "40.0 GiB given (--host-memory-gib)" in err
+
+
+def test_when_activations_do_not_fit_full_recompute_and_context_parallelism_are_offered(built):
+    """Qwen3-0.6B at 32768 tokens on a 60 GiB GPU: its activations, not its optimizer state, do not fit, so no
+    fraction helps; recomputing every layer or splitting the sequence over 2 GPUs does, and both are offered. A
+    config that already recomputes every layer is not offered it again."""
+    long = ["model.seq_length=32768", "dataset.seq_length=32768"]
+    cfg = apply_overrides(built("qwen3_0p6b_pretrain_config"), long)
+    assert smallest_fitting_fraction(cfg, 1, gpu_memory_gib=60)[0] is None
+    options = what_would_fit(cfg, 1, gpu_memory_gib=60)
+    assert any(o.startswith("model.recompute_granularity=full model.recompute_method=uniform") for o in options)
+    assert any(o.startswith("model.context_parallel_size=2 with --num-gpus 2") for o in options)
+    recomputed = apply_overrides(cfg, ["model.recompute_granularity=full", "model.recompute_method=uniform",
+                                       "model.recompute_num_layers=1"])
+    assert not any("recompute_granularity" in o for o in what_would_fit(recomputed, 1, gpu_memory_gib=8))
