@@ -178,3 +178,20 @@ def test_dry_run_refuses_every_wrong_word_at_once_and_exits_2():
     assert "fix:  model.normalization=RMSNorm  (allowed: LayerNorm, RMSNorm)" in out
     assert "fix:  optimizer.optimizer=adam  (allowed: adam, sgd, " in out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("raised,rule_id", [
+    ("ValueError: E4M3 and HYBRID are the only supported FP8 formats.", "choices/fp8-format"),
+    ("ValueError: Unsupported emerging optimizer: foo", "choices/optimizer"),
+    ("Exception: Only LayerNorm and RMSNorm are currently supported", "choices/normalization"),
+    ("ValueError: Invalid data_parallel_sharding_strategy: optim_grad", "choices/fsdp-sharding"),
+])
+def test_diagnose_names_the_rule_from_the_error_a_run_raised(tmp_path, raised, rule_id):
+    """A run launched without the validator fails on the word after launch: diagnose reads the same rule off its log."""
+    from mbridge_offload.diagnosis.engine import diagnose
+
+    log = tmp_path / "run.log"
+    log.write_text(f"[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in f\n"
+                   f"[rank0]: {raised}\n")
+    (diagnosis,) = diagnose([log], build_config=False)
+    assert rule_id in {finding.rule_id for finding in diagnosis.findings}
