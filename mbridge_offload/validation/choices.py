@@ -160,6 +160,16 @@ CHOICES_TABLE: tuple[WordChoice, ...] = (
     WordChoice(id="choices/fsdp-outer-sharding", key="ddp.outer_dp_sharding_strategy", words=("no_shard", "optim"),
                what="Megatron FSDP's outer (hybrid) data-parallel sharding (any other word reads as optim)",
                default="no_shard", log_signatures=(r"Invalid Hybrid DP-Outer Sharding Strategy",)),
+    # megatron/core/dist_checkpointing/strategies/torch.py get_async_strategy: if 'nvrx' / elif 'mcore' / else raise
+    # TypeError (at the first asynchronous save's worker set-up, bridge/training/state.py).
+    WordChoice(id="choices/async-checkpoint-strategy", key="checkpoint.async_strategy", words=("nvrx", "mcore"),
+               what="the asynchronous checkpoint strategy", default="nvrx",
+               log_signatures=(r"async_strategy \S+ is not supported\. Available strategies",)),
+    # megatron/bridge/training/utils/train_utils.py report_runtime: 'seconds' / 'minutes' / 'hours' / 'days', else
+    # raise ValueError (at the first logged step with logger.log_runtime_to_tensorboard).
+    WordChoice(id="choices/runtime-time-unit", key="logger.runtime_time_unit",
+               words=("seconds", "minutes", "hours", "days"), what="the unit of the logged run time", default="hours",
+               log_signatures=(r"Invalid time_unit: ",)),
 )
 
 

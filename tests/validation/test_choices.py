@@ -101,6 +101,14 @@ def test_fsdp_sharding_words_are_megatron_fsdps():
         fully_shard.fully_shard_model, "outer_dp_sharding_strategy")
 
 
+def test_checkpoint_and_logger_words_are_megatrons():
+    from megatron.bridge.training.utils.train_utils import report_runtime
+    from megatron.core.dist_checkpointing.strategies.torch import get_async_strategy
+
+    assert set(BY_KEY["checkpoint.async_strategy"].words) == _compared_words(get_async_strategy, "async_strategy")
+    assert set(BY_KEY["logger.runtime_time_unit"].words) == _compared_words(report_runtime, "time_unit")
+
+
 def test_every_key_is_a_plain_str_field_of_the_recipes_config(built):
     """The keys exist where the recipes put them, and upstream does not type them as a choice (else the override
     layer would refuse a wrong word already)."""
@@ -185,6 +193,10 @@ def test_dry_run_refuses_every_wrong_word_at_once_and_exits_2():
     ("ValueError: Unsupported emerging optimizer: foo", "choices/optimizer"),
     ("Exception: Only LayerNorm and RMSNorm are currently supported", "choices/normalization"),
     ("ValueError: Invalid data_parallel_sharding_strategy: optim_grad", "choices/fsdp-sharding"),
+    ("TypeError: async_strategy nvrxx is not supported. Available strategies: nvrx, mcore.",
+     "choices/async-checkpoint-strategy"),
+    ('ValueError: Invalid time_unit: hour. Must be one of "seconds", "minutes", "hours", or "days".',
+     "choices/runtime-time-unit"),
 ])
 def test_diagnose_names_the_rule_from_the_error_a_run_raised(tmp_path, raised, rule_id):
     """A run launched without the validator fails on the word after launch: diagnose reads the same rule off its log."""

@@ -246,6 +246,10 @@ CASES.update({
                                   {"ddp.data_parallel_sharding_strategy": "optim_grad"}),
     "choices/fsdp-outer-sharding": case(DENSE, {"ddp.outer_dp_sharding_strategy": "optim"},
                                         {"ddp.outer_dp_sharding_strategy": "full"}),
+    "choices/async-checkpoint-strategy": case(DENSE, {"checkpoint.async_strategy": "mcore"},
+                                              {"checkpoint.async_strategy": "torch"}),
+    "choices/runtime-time-unit": case(DENSE, {"logger.runtime_time_unit": "minutes"},
+                                      {"logger.runtime_time_unit": "hour"}),
 })
 # Qwen3-30B-A3B's TP2 with sequence parallelism (the recipe's), and without: Megatron Core raises in the first forward
 CASES["parallel/moe-tp-needs-sequence-parallel"] = case(MOE, {"model.sequence_parallel": True},
