@@ -73,6 +73,9 @@ CASES = {
     "precision/fp4-options": case({"mixed_precision": None, "model.fp4": "nvfp4"},
                                   {"mixed_precision": None, "model.fp4": "nvfp4", "model.fp8": "hybrid"}),
     "precision/preset-known": case({}, {"mixed_precision": "bf16_with_nothing_mixed"}),
+    # bf16_mixed (the recipes' preset) sets fp8 to null at setup: a format set on the model alone is dropped
+    "precision/preset-replaces-fp8": case({"model.fp8": "hybrid", "mixed_precision": "bf16_with_fp8_current_scaling_mixed"},
+                                          {"model.fp8": "hybrid"}),
     "moe/ffn-hidden-size-needs-experts": case({"model.moe_ffn_hidden_size": 512, "model.moe_layer_freq": 2},
                                               {"model.moe_ffn_hidden_size": 512}),
     "moe/single-grouped-weight": case(
