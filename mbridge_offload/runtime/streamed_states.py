@@ -325,7 +325,6 @@ class StateStreamingEngine(StreamingEngine):
         self.chunk_of_model = {model: tuple(chunks) for model, chunks in chunks_of_model.items()}
         self.slot_free: list = [None] * self.slots
         self.ready: list = [None] * len(self.chunks)  # chunk: CUDA event after its update and cast
-        self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for
         self._adopt_states()
 
     def _say_what_is_offloaded(self, owner) -> None:
@@ -553,15 +552,10 @@ class StateStreamingEngine(StreamingEngine):
             current.wait_event(self.ready[chunk])
             self.waited.add(chunk)
 
-    def gate_param_gather(self, bucket_group) -> None:
-        """Before a bucket group's parameter all-gather (several data-parallel ranks): the training stream, which
-        the collective follows, waits for this rank's update of its shards in the group."""
-        if not self.pending or getattr(bucket_group, "intra_distributed_optimizer_instance_size", None) == 1:
-            return  # one rank: nothing is sent, and each module's forward waits for its own chunks
-        chunks = self._gather_chunks.get(bucket_group)
-        if chunks is None:
-            chunks = self._gather_chunks[bucket_group] = chunks_of(bucket_group.params, self.chunk_of_model)
-        self._wait_chunks(None, chunks)
+    def _chunks_of(self, params) -> tuple[int, ...]:
+        """The chunks holding this rank's offloaded shards of ``params`` (gate_param_gather: a parameter's shard
+        may span several chunks here)."""
+        return chunks_of(params, self.chunk_of_model)
 
     def unseen(self) -> set[int]:
         return {c for p, chunks in self.chunk_of_model.items() if p not in self.seen_params for c in chunks}

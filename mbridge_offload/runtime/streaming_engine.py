@@ -136,7 +136,7 @@ class StreamingEngine:
                     self.casts[chunk].append((main, _model_shard_view(owner, model_param)))
             self.library_groups[model_name], self.library_groups[main_name] = kept_model, kept_main
         self._maps_for = hdo.cpu_optimizers
-        self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for (exact, several ranks)
+        self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for (several ranks)
         fp32_owned = sum(1 for group in owner.shard_fp32_groups for main in group if main in chunk_of_main)
         if self.mode == DELAYED and fp32_owned:
             raise EngineError(
@@ -247,20 +247,24 @@ class StreamingEngine:
             job.waited.add(chunk)
 
     def gate_param_gather(self, bucket_group) -> None:
-        """Before a bucket group's parameter all-gather (several data-parallel ranks): in exact mode the all-gather
-        sends this rank's shards, cast by the worker, so it waits for the chunks that hold them (the training thread
-        until the worker has stepped them, the training stream for their copies). The delayed mode sends the
-        weights before its pending update by design: nothing to wait for."""
+        """Before a bucket group's parameter all-gather (several data-parallel ranks): the all-gather sends this
+        rank's shards, so it waits for the chunks of the pending update that hold them (exact: the training thread
+        until the worker has stepped them, the training stream for their copies; stream: the training stream, which
+        the collective follows). The delayed mode sends the weights before its pending update by design: nothing to
+        wait for."""
         job = self.job
-        if (job is None or self.mode != EXACT
+        if (job is None or self.mode == DELAYED
                 or getattr(bucket_group, "intra_distributed_optimizer_instance_size", None) == 1):
             return  # one rank: nothing is sent, and each module's forward waits for its own chunks
         self._maps()
         chunks = self._gather_chunks.get(bucket_group)
         if chunks is None:
-            chunks = self._gather_chunks[bucket_group] = frozenset(
-                self.chunk_of_model[p] for p in bucket_group.params if p in self.chunk_of_model)
+            chunks = self._gather_chunks[bucket_group] = self._chunks_of(bucket_group.params)
         self._wait_chunks(job, chunks)
+
+    def _chunks_of(self, params) -> frozenset[int]:
+        """The chunks holding this rank's offloaded shards of ``params`` (one chunk per parameter here)."""
+        return frozenset(self.chunk_of_model[p] for p in params if p in self.chunk_of_model)
 
     def gate_unseen(self) -> None:
         """Before the model's forward (exact mode): wait for the chunks of parameters whose own module's forward
