@@ -26,17 +26,18 @@ def _streaming_offload(ctx: Context) -> bool:
     return _streaming(ctx) and bool(ctx.opt.optimizer_cpu_offload)
 
 
-def _stream_offload(ctx: Context) -> bool:
-    return _streaming_offload(ctx) and _mode(ctx) == STREAM
+def _offload_with(mode: str):
+    """Whether ``mode``'s engine runs the offloaded optimizer step (a rule's ``applies``)."""
+    return lambda ctx: _streaming_offload(ctx) and _mode(ctx) == mode
+
+
+_stream_offload = _offload_with(STREAM)
+_delayed_offload = _offload_with(DELAYED)
 
 
 def _cpu_adam_offload(ctx: Context) -> bool:
     """exact or delayed: the engines that run the library's CPU Adam."""
     return _streaming_offload(ctx) and _mode(ctx) != STREAM
-
-
-def _delayed_offload(ctx: Context) -> bool:
-    return _streaming_offload(ctx) and _mode(ctx) == DELAYED
 
 
 def _one_shard(ctx: Context) -> bool:
@@ -100,7 +101,7 @@ RULES: tuple[Rule, ...] = guarded(
            text=f"the {mode} engine with several data-parallel or expert-data-parallel ranks has not run on several "
                 f"GPUs yet ({how}; its scenarios ran on gloo ranks on the CPU): compare the first steps' loss with "
                 "the library engine's",
-           applies=sane(lambda c, mode=mode: _streaming_offload(c) and _mode(c) == mode),
+           applies=sane(_offload_with(mode)),
            holds=_one_shard,
            fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning")
       for mode, how in ((STREAM, "each bucket's parameter all-gather waits on the GPU for this rank's update"),
@@ -127,7 +128,7 @@ RULES: tuple[Rule, ...] = guarded(
                  fix=f"checkpoint.async_save=False  (or ++{ENGINE_KEY}=exact)"),
     _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
                  "is its own fp32 copy, which the delayed update would overwrite during the next step",
-                 key="model.bf16", applies=lambda c: _streaming_offload(c) and _mode(c) == DELAYED,
+                 key="model.bf16", applies=_delayed_offload,
                  holds=lambda c: bool(getattr(c.model, "bf16", False) or getattr(c.model, "fp16", False)),
                  fix=f"model.bf16=True  (or ++{ENGINE_KEY}=exact)"),
     Rule(id="offload-engine/params-norm", mechanism=OPTIMIZER, key="logger.log_params_norm",
