@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from mbridge_offload.facts.config_tree import walk
-
-# Keys longer than this are not compared letter by letter (difflib is quadratic): nobody mistypes 200 letters.
-_LONGEST_COMPARED = 200
-
-
-def _close(word: str, choices: list[str], n: int, cutoff: float) -> list[str]:
-    if len(word) > _LONGEST_COMPARED:
-        return []
-    return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
+from mbridge_offload.facts.spelling import close_words as _close
 
 
 def suggest(typed_key: str, root: Any, siblings: list[str], limit: int = 3, upto: int | None = None) -> list[str]:

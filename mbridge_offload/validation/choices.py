@@ -19,17 +19,13 @@ Keys already checked elsewhere are not repeated here: ``model.recompute_granular
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
 from mbridge_offload.facts.config_tree import get_path, show
+from mbridge_offload.facts.spelling import close_words
 from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import CHOICES, Context, Rule
-
-# difflib is quadratic: a value longer than this is not compared letter by letter (as overrides/suggest.py does)
-_LONGEST_COMPARED = 200
-
 
 @dataclass(frozen=True)
 class WordChoice:
@@ -58,13 +54,11 @@ class WordChoice:
 
     def closest(self, value: Any) -> str | None:
         """The listed word closest to ``value`` (did-you-mean), or None when none is close."""
-        text = str(value)
-        if len(text) > _LONGEST_COMPARED:
-            return None
+        text = str(value).lower()
         by_case = {word.lower(): word for word in self.words}  # normalization=rmsnorm -> RMSNorm
-        if text.lower() in by_case:
-            return by_case[text.lower()]
-        close = difflib.get_close_matches(text.lower(), list(by_case), n=1, cutoff=0.6)
+        if text in by_case:
+            return by_case[text]
+        close = close_words(text, by_case, n=1, cutoff=0.6)
         return by_case[close[0]] if close else None
 
     @property
