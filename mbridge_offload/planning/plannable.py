@@ -53,6 +53,7 @@ def _fraction_problem(fraction: Any) -> Problem:
 def unplannable_problems(cfg: Any, num_gpus: Any, fraction: Any = None) -> tuple[Problem, ...]:
     """Why ``cfg`` on ``num_gpus`` GPUs at offload ``fraction`` cannot be planned, as problems naming each key, its
     value, the rule and the fix (empty when it can be planned)."""
+    from mbridge_offload.validation.checks import breaches
     from mbridge_offload.validation.registry import RULES_BY_ID
     from mbridge_offload.validation.rule import Context
 
@@ -61,10 +62,9 @@ def unplannable_problems(cfg: Any, num_gpus: Any, fraction: Any = None) -> tuple
     problems = [] if fraction is None or (is_number(fraction) and 0 <= fraction <= 1) else [_fraction_problem(fraction)]
     ctx = Context(cfg=cfg, num_gpus=num_gpus, environ={})
     try:
-        for rule in [RULES_BY_ID[r.id] for r in KEY_RANGES] + [RULES_BY_ID[i] for i in GRID_RULES_THE_PLAN_NEEDS]:
-            if rule.applies(ctx) and not rule.holds(ctx):
-                problems.append(Problem(key=rule.key, value=rule.value(ctx), rule=rule.text, fix=rule.fix(ctx),
-                                        severity="error", rule_id=rule.id, source=PLANNER_SOURCE))
+        rules = [RULES_BY_ID[r.id] for r in KEY_RANGES] + [RULES_BY_ID[i] for i in GRID_RULES_THE_PLAN_NEEDS]
+        # one by one: a rule that raises keeps the problems found before it
+        problems.extend(breaches(rules, ctx, severity="error", source=PLANNER_SOURCE))
     except Exception as error:  # noqa: BLE001 - the rules are guarded; a config they cannot read is no config to plan
         problems.append(Problem(key="(the config)", value=f"{type(error).__name__}: {error}"[:200],
                                 rule="the planner reads the model, parallel and batch sizes of a Megatron Bridge "

@@ -9,8 +9,9 @@ problem the rule table already reported).
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from mbridge_offload.validation.problem import Problem, Report
 from mbridge_offload.validation.registry import RULES
@@ -18,13 +19,18 @@ from mbridge_offload.validation.rule import Context
 from mbridge_offload.validation.upstream import translate_upstream, upstream_failure
 
 
-def check_rules(ctx: Context) -> list[Problem]:
-    problems = []
-    for rule in RULES:
+def breaches(rules: Iterable[Any], ctx: Context, **fields: Any) -> Iterator[Problem]:
+    """A problem for each of ``rules`` that applies to ``ctx`` and does not hold, in order; ``fields`` replace the
+    rule's own (the planner's source and severity)."""
+    for rule in rules:
         if rule.applies(ctx) and not rule.holds(ctx):
-            problems.append(Problem(key=rule.key, value=rule.value(ctx), rule=rule.text, fix=rule.fix(ctx),
-                                    severity=rule.severity, rule_id=rule.id))
-    return problems
+            problem = Problem(key=rule.key, value=rule.value(ctx), rule=rule.text, fix=rule.fix(ctx),
+                              severity=rule.severity, rule_id=rule.id)
+            yield dataclasses.replace(problem, **fields) if fields else problem
+
+
+def check_rules(ctx: Context) -> list[Problem]:
+    return list(breaches(RULES, ctx))
 
 
 def validate(cfg: Any, num_gpus: int, environ: Mapping[str, str] | None = None,
