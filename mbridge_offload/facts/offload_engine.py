@@ -33,7 +33,8 @@ ENGINE_MODES = {
             "offload: bit-identical in deterministic mode, measured over 50 steps on one GPU, on the dense 1.1B "
             "proxy at fractions 1 and 0.25 and on the 4-layer MoE proxy at fraction 1; the CPU runs no Adam)",
     DELAYED: "one-step delayed parameter update (ZeRO-Offload's DPU): step k's CPU Adam runs during step k+1, "
-             "whose forward and backward use the parameters before it; gradient clipping stays exact; NOT the "
+             "whose forward and backward use the offloaded parameters before it (those kept on the GPU update in "
+             "their step); gradient clipping stays exact; NOT the "
              "same training as without offload: on the 1.1B proxy (mock data, 50 steps) its loss trailed no "
              "offload's by up to 3.73 while the loss fell fastest and by 0.081 at step 50 "
              "(docs/benchmarks/offload-engine/parity/)",

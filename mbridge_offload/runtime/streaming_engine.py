@@ -36,12 +36,19 @@ update of its shards in the group (``gate_param_gather``): with the all-gather o
 all-gather keeps about one bucket group behind the worker; without it the all-gather runs at the end of the step
 and waits for the whole update. tests/runtime/test_exact_ranks.py runs this path on 2 gloo ranks; no GPU has.
 
-Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): delayed needs one data-parallel
-and one expert-data-parallel rank (a drain that applies its pending update outside a step, at a save or an
-evaluation, would have to all-gather the applied shards in a collective every rank reaches in the same order:
-not built); both modes need the D2H/H2D overlap streams, and bf16/fp32 parameters (no fp8/fp4 parameter
-gather, no precision-aware optimizer, no Megatron FSDP); ``delayed`` needs bf16/fp16 model weights (an fp32
-weight is its own fp32 copy, which the delayed update would overwrite mid-step: refused at start-up too).
+With several data-parallel ranks the delayed mode's weights stay one step behind on every rank alike: each step's
+copy to the model and its all-gather send the weights before the pending update. A drain outside a step that
+applies the update writes only this rank's shards, so it applies it only where an all-gather that every rank makes
+at the same point follows: the save's and the evaluation's (``drain_all`` then gathers, ``_gather_applied_weights``)
+and Megatron Bridge's forced parameter sync (``prepare_model_params_for_param_sync``, before its all-gather). Other
+drains outside a step (the optimizer's state dict and loads) complete the update in the optimizer's state only; the
+next step's copy brings it to the weights, as in a run without the drain. tests/runtime/test_delayed_ranks.py runs
+this on 2 gloo ranks; no GPU has.
+
+Limits, refused by the validator (mbridge_offload/validation/offload_engine.py): both modes need the D2H/H2D overlap
+streams, and bf16/fp32 parameters (no fp8/fp4 parameter gather, no precision-aware optimizer, no Megatron FSDP);
+``delayed`` needs bf16/fp16 model weights (an fp32 weight is its own fp32 copy, which the delayed update would
+overwrite mid-step: refused at start-up too).
 ``logger.log_params_norm`` reads the fp32 weights after every step, so the engine then waits each step (warned).
 With MoE the dense and expert optimizers share one worker, in that order: the experts' update waits for the
 dense one.
@@ -61,7 +68,10 @@ from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, L
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
 NEVER_STEPS = "_mbridge_never_steps"  # on a HybridDeviceOptimizer built only to be read (_install_stream_selection)
 _STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet(),
-                          "building": None}  # the distributed optimizer whose __init__ is running
+                          "building": None,  # the distributed optimizer whose __init__ is running
+                          # delayed: a training step ran since the last all-gather of applied weights (set on every
+                          # rank alike, so every rank makes the same all-gathers)
+                          "delayed_steps_ungathered": False}
 
 
 class EngineError(RuntimeError):
@@ -296,6 +306,16 @@ class StreamingEngine:
         if self.mode == DELAYED and apply_delayed:
             self._owner()._copy_main_params_to_model_params()
 
+    def applies_without_gather(self) -> bool:
+        """Whether a drain outside a step with no all-gather after it may apply the pending update (``drain``'s
+        ``apply_delayed``): the delayed mode's writes this rank's shards of the model's weights, which the other
+        ranks see only through an all-gather, so there only with one data-parallel rank in this optimizer's group.
+        The other modes' weights are current already (their ``apply_delayed`` only brings host copies home)."""
+        if self.mode != DELAYED:
+            return True
+        group = getattr(self._owner(), "data_parallel_group", None)
+        return group is None or group.size() == 1
+
     @staticmethod
     def _raise_if_failed(job: _Job) -> None:
         if job.error is not None:
@@ -378,8 +398,31 @@ def engines() -> list[StreamingEngine]:
 
 
 def drain_all(apply_delayed: bool = True) -> None:
+    """Wait for every engine's pending update (a save, an evaluation, the run's end). ``apply_delayed``: the delayed
+    mode's update also reaches the model's weights on every rank (an all-gather with several ranks: every rank must
+    call this at the same point, as it calls the save and the evaluation)."""
     for engine in engines():
         engine.drain(apply_delayed=apply_delayed)
+    if apply_delayed:
+        _gather_applied_weights()
+
+
+def _gather_applied_weights() -> None:
+    """delayed, several data-parallel ranks: the drain wrote this rank's shards of the applied update into the
+    parameter buffers; every bucket group's all-gather brings the other ranks' (once per training step since the
+    last one: the flag is set alike on every rank, so the ranks make the same collectives)."""
+    if not _STATE["delayed_steps_ungathered"]:
+        return
+    _STATE["delayed_steps_ungathered"] = False
+    chunks: dict[int, Any] = {}  # the model chunks in their list's order: the same on every rank
+    for engine in engines():
+        owner = engine._owner()
+        for chunk in getattr(owner, "model_chunks", ()):
+            chunks.setdefault(id(chunk), chunk)
+    for chunk in chunks.values():
+        groups = list(chunk.bucket_groups) + list(getattr(chunk, "expert_parallel_bucket_groups", []))
+        if any(getattr(g, "intra_distributed_optimizer_instance_size", 1) > 1 for g in groups):
+            chunk.start_param_sync(force_sync=True)
 
 
 def take_wait_s() -> float | None:
@@ -429,6 +472,8 @@ def install(mode: str) -> None:
                                   "optimizer.use_distributed_optimizer=True, or ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
             return library_step(self, closure)
         started = time.perf_counter()
+        if engine.mode == DELAYED and _STATE["in_train_step"]:
+            _STATE["delayed_steps_ungathered"] = True
         try:
             if engine.mode == STREAM:
                 engine.step(closure)
@@ -436,7 +481,7 @@ def install(mode: str) -> None:
                     engine.drain(apply_delayed=True)
                 return None
             if not (_STATE["in_train_step"] and self.cpu_optimizers):
-                engine.drain(apply_delayed=True)
+                engine.drain(apply_delayed=engine.applies_without_gather())
                 return library_step(self, closure)  # e.g. the checkpoint loader's dummy step: synchronous
             return engine.step(closure)
         finally:
@@ -495,9 +540,12 @@ def install(mode: str) -> None:
 
     for name in ("state_dict", "sharded_state_dict", "load_state_dict", "save_parameter_state",
                  "load_parameter_state", "get_parameter_state_dp_zero", "get_parameter_state_dp_reshardable",
-                 "reload_model_params"):
+                 "reload_model_params", "prepare_model_params_for_param_sync"):
         if hasattr(DistributedOptimizer, name):
-            setattr(DistributedOptimizer, name, _draining_method(getattr(DistributedOptimizer, name)))
+            # Megatron Bridge all-gathers the parameters right after prepare_model_params_for_param_sync (its save's
+            # and evaluation's forced sync, on every rank): a delayed update applied there reaches every rank
+            gathered = name == "prepare_model_params_for_param_sync"
+            setattr(DistributedOptimizer, name, _draining_method(getattr(DistributedOptimizer, name), gathered))
     for module in (bridge_train, bridge_pretrain):
         for name in ("save_checkpoint_and_time", "evaluate_and_print_results"):
             if hasattr(module, name):
@@ -560,11 +608,13 @@ def _install_param_gather_gate() -> None:
     _ParamAndGradBucketGroup.start_param_sync = start_param_sync
 
 
-def _draining_method(method):
+def _draining_method(method, gathered: bool = False):
+    """``method`` after the drain of its optimizer's engine; ``gathered``: an all-gather of the parameters follows
+    on every rank, so the delayed update may be applied with several ranks too."""
     def drained(self, *args, **kwargs):
         engine = _engine_of(self)
         if engine is not None:
-            engine.drain(apply_delayed=True)
+            engine.drain(apply_delayed=gathered or engine.applies_without_gather())
         return method(self, *args, **kwargs)
 
     drained.__wrapped__ = method

@@ -89,25 +89,20 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=_cpu_adam_offload,
                  holds=lambda c: bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
                  fix="optimizer.overlap_cpu_optimizer_d2h_h2d=True"),
-    _engine_rule("one-shard", "the delayed engine needs every optimizer shard to be its whole parameter: one "
-                 "data-parallel rank and one expert-data-parallel rank (with several, a drain that applies its "
-                 "pending update at a save or an evaluation would need an all-gather of the applied shards that every "
-                 "rank makes in the same order: not built; the exact and stream engines gate the all-gather)",
-                 applies=sane(_delayed_offload),
-                 holds=_one_shard,
-                 observed=_shards,
-                 fix=f"++{ENGINE_KEY}=exact  (or stream, or library, or one data-parallel rank)"),
     *(Rule(id=f"offload-engine/{mode}-several-ranks", mechanism=OPTIMIZER, key=ENGINE_KEY,
            text=f"the {mode} engine with several data-parallel or expert-data-parallel ranks has not run on several "
                 f"GPUs yet ({how}; its scenarios ran on gloo ranks on the CPU): compare the first steps' loss with "
                 "the library engine's",
            applies=sane(_offload_with(mode)),
            holds=_one_shard,
+           observed=_shards,
            fix=fixed(f"++{ENGINE_KEY}=library  (to compare the loss of the first steps)"), severity="warning")
       for mode, how in ((STREAM, "each bucket's parameter all-gather waits on the GPU for this rank's update"),
                         (EXACT, "each bucket's parameter all-gather waits for this rank's CPU update of its shards; "
                                 "without ddp.overlap_param_gather it runs at the end of the step and waits for the "
-                                "whole update"))),
+                                "whole update"),
+                        (DELAYED, "every rank's weights stay one step behind alike; a save or an evaluation applies "
+                                  "the pending update and all-gathers it on every rank"))),
     # What the engines have not run with: allowed, said before launch, and compared by the user on the first steps.
     *(Rule(id=f"offload-engine/not-run-with-{name}", mechanism=OPTIMIZER, key=key,
            text=f"the streaming offload engines have not run with {what} yet ({why}): compare the first steps' loss "

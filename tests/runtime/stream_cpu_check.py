@@ -1,5 +1,6 @@
 """Runs stream_cpu_scenarios.py's scenarios in a process of its own (the CPU stand-in for the GPU changes torch for
-the whole process): ``python tests/runtime/stream_cpu_check.py ranks|resume|exact-ranks`` (the last with the exact engine). Prints one line per scenario and
+the whole process): ``python tests/runtime/stream_cpu_check.py ranks|resume|exact-ranks|delayed-ranks`` (the last two with the exact and
+the delayed engine). Prints one line per scenario and
 ALL OK or FAILED; exits 0 only when every scenario ended as it should.
 
 The scenarios live in a module of their own: dist_checkpointing's save starts a process with the spawn method,
@@ -9,8 +10,9 @@ import os
 import sys
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["exact-ranks"]:  # the exact engine's scenarios: installed when the module is imported
-        os.environ["MBRIDGE_CPU_CHECK_ENGINE"] = "exact"
+    engine_of = {"exact-ranks": "exact", "delayed-ranks": "delayed"}  # installed when the module is imported
+    if sys.argv[1] in engine_of:
+        os.environ["MBRIDGE_CPU_CHECK_ENGINE"] = engine_of[sys.argv[1]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import stream_cpu_scenarios
 

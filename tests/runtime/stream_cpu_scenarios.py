@@ -235,11 +235,12 @@ def _close(a, b, rtol, atol):
     return int(bad.sum()), (float((a - b).abs().max()) if a.numel() else 0.0)
 
 
-def check_seen_weights(run: Run, reference: Reference, after: int) -> None:
-    """Every module's forward used the weights after ``after`` updates, on every rank: the shards of the other
-    ranks came through Megatron's all-gather after their update, this rank's through the engine's cast."""
+def check_seen_weights(run: Run, reference: Reference, after: int, weights: dict | None = None) -> None:
+    """Every module's forward used the weights after ``after`` updates (the reference's now, or ``weights``), on
+    every rank: the shards of the other ranks came through Megatron's all-gather after their update, this rank's
+    through the engine's cast."""
     for name, used in SEEN:
-        bad, worst = _close(used, reference.params[name], rtol=2 ** -7, atol=1e-5)
+        bad, worst = _close(used, (weights or reference.params)[name], rtol=2 ** -7, atol=1e-5)
         check(bad == 0, "forward-weights", f"rank {run.rank}: the forward after update {after} used {name} with "
               f"{bad} of {used.numel()} elements off the reference (max {worst:.3g})")
     check(len(SEEN) == 1 + 3 * BLOCKS, "forward-weights", f"{len(SEEN)} modules ran")
@@ -481,6 +482,86 @@ def exact_ranks_case(rank: int, world: int, port: int, fraction: float, overlap_
     check_library_states(run, reference)
 
 
+def check_full_weights(run: Run, reference: Reference, after: int, what: str) -> None:
+    """Every parameter, whole, as this rank holds it (its own shards and the other ranks' from the all-gathers),
+    equals the reference's after ``after`` updates within bf16's rounding."""
+    for name, param in run.params.items():
+        bad, worst = _close(param.detach(), reference.params[name], rtol=2 ** -7, atol=1e-5)
+        check(bad == 0, "applied-weights", f"rank {run.rank}: after {what}, {name} has {bad} of {param.numel()} "
+              f"elements off the weights after update {after} (max {worst:.3g})")
+
+
+def offloaded_elements(run: Run) -> dict:
+    """Each parameter's elements whose shard its owning rank offloaded (a flat mask, the same on every rank)."""
+    models_of = streamed_states.main_to_model(run.distopt)
+    mine = []
+    for main in run.hdo.gpu_params_map_cpu_copy:
+        model = models_of[main]
+        r = run.shard_range(model)
+        mine.append((run.names[model], r.start, r.end))
+    everyone = [None] * run.world
+    dist.all_gather_object(everyone, mine)
+    masks = {name: torch.zeros(math.prod(shape), dtype=torch.bool) for name, shape in _shapes().items()}
+    for part in everyone:
+        for name, start, end in part:
+            masks[name][start:end] = True
+    return masks
+
+
+def delayed_weights(history: list, masks: dict, step: int) -> dict:
+    """The weights the forward of ``step`` uses with the delayed engine: the offloaded elements after update
+    step - 2 (their update runs during the step after it), the rest (updated on the GPU in their step) after
+    step - 1."""
+    late, current = history[max(0, step - 2)], history[max(0, step - 1)]
+    return {name: torch.where(masks[name], late[name].reshape(-1), current[name].reshape(-1)).reshape(current[name].shape)
+            for name in current}
+
+
+def delayed_ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
+                       through: str) -> None:
+    """The delayed engine (step k's CPU Adam during step k+1, whose forward uses the weights before it) on several
+    data-parallel ranks: the forward of step k uses the weights after update k-2 on every rank; what a save or an
+    evaluation does first (``through``: ``drain`` for the plugin's wrapper of save_checkpoint_and_time and
+    evaluate_and_print_results, which drains and all-gathers; ``param-sync`` for Megatron Bridge's
+    disable_forward_pre_hook with its parameter sync, which the evaluation calls first with the overlapped
+    all-gather) leaves every rank with the whole weights after the last update; the next step's forward uses them;
+    every shard, host copy and moment equals torch AdamW's on the full tensors."""
+    from megatron.bridge.training.train import disable_forward_pre_hook, enable_forward_pre_hook
+
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h=True)
+    check(run.engine.mode == "delayed" and run.model.bucket_groups[0].intra_distributed_optimizer_instance_size
+          == world, "setup", "not the delayed engine over the data-parallel ranks")
+    reference = Reference(run.weights(), run.hyper(), world)
+    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
+    masks = offloaded_elements(run)
+    check(all(m.all() for m in masks.values()) if fraction == 1 else any(m.any() for m in masks.values()) and not
+          all(m.all() for m in masks.values()), "setup", f"the offloaded elements do not fit fraction {fraction}")
+    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step, before its update
+        if step > RANKS_STEPS:
+            run.forward_only()
+        else:
+            run.train_step(step)
+        check_seen_weights(run, reference, max(0, step - 2), delayed_weights(history, masks, step))
+        if step > RANKS_STEPS:
+            break
+        check(run.engine.job is not None, "pending", "the step did not leave its update to the worker")
+        reference.step(step)
+        history.append({name: value.clone() for name, value in reference.params.items()})
+    if through == "drain":
+        streaming_engine.drain_all(apply_delayed=True)
+    else:
+        disable_forward_pre_hook([run.model], optimizer=run.optimizer)
+        enable_forward_pre_hook([run.model])
+    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
+    check_library_states(run, reference)
+    run.train_step(RANKS_STEPS + 1)  # as after a save: the forward uses the update the drain applied
+    check_seen_weights(run, reference, RANKS_STEPS)
+    reference.step(RANKS_STEPS + 1)
+    streaming_engine.drain_all(apply_delayed=True)
+    check_full_weights(run, reference, RANKS_STEPS + 1, "the next step and its drain")
+    check_library_states(run, reference)
+
+
 RESUME_SAVE_AT, RESUME_STEPS = 2, 2
 SHARDING = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
             "chained_optim_avoid_prefix": True}  # what Megatron Bridge's checkpointing asks for (its default)
@@ -669,6 +750,8 @@ def _slow_worker_without_gather_gate() -> None:
 
 
 BREAKS = {
+    # delayed: the drain of a save or an evaluation applies this rank's shards and gathers nobody's
+    "delayed-no-gather": lambda: setattr(streaming_engine, "_gather_applied_weights", lambda: None),
     # the all-gather of a bucket group no longer waits for this rank's update of its shards
     "no-gather-gate": lambda: setattr(streamed_states.StateStreamingEngine, "gate_param_gather",
                                       lambda self, bucket_group: None),
@@ -716,6 +799,13 @@ def main(argv: list[str]) -> int:
                      ("2 ranks, broken: no-gather-gate, slow worker", 2, (1.0, True), "exact-no-gather-gate",
                       "forward-weights")]
         ok &= run_scenarios(exact_ranks_case, scenarios)
+    if what == "delayed-ranks":
+        scenarios = [("2 ranks, fraction 0.6, overlapped all-gather, drained", 2, (0.6, True, "drain"), None, None),
+                     ("2 ranks, fraction 1, all-gather in the step, drained", 2, (1.0, False, "drain"), None, None),
+                     ("2 ranks, fraction 1, overlapped all-gather, Bridge's parameter sync", 2,
+                      (1.0, True, "param-sync"), None, None),
+                     ("2 ranks, broken: no-gather", 2, (1.0, False, "drain"), "delayed-no-gather", "applied-weights")]
+        ok &= run_scenarios(delayed_ranks_case, scenarios)
     if what == "resume":
         import tempfile
 

@@ -20,8 +20,7 @@ rank checks:
   weights of the other rank.
 
 The GPU is stream_cpu_device.py's stand-in (what that hides: its docstring); the worker thread and its waits are
-real. The delayed engine still refuses several data-parallel ranks (mbridge_offload/runtime/streaming_engine.py
-says why).
+real. The delayed engine's several-rank path has scenarios of its own (test_delayed_ranks.py).
 """
 
 from __future__ import annotations

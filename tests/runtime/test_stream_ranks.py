@@ -31,8 +31,8 @@ are the same arithmetic in torch. So this cannot see: the overlap of the copy st
 or misplaced event wait (every wait is satisfied at once; only a wait on no event is refused), pinned-memory DMA,
 NCCL, the real kernels' rounding, GPU memory (a gate that waits before it enqueues fails here only when the
 all-gather is in the step; otherwise it waits on the previous update's event, which the stand-in cannot tell).
-The exact engine's several-rank path has scenarios of its own (test_exact_ranks.py); the delayed engine refuses
-several data-parallel ranks (mbridge_offload/validation/offload_engine.py). ~90 s here: ~55 s of it imports Megatron Bridge, once, in the process
+The exact and delayed engines' several-rank paths have scenarios of their own (test_exact_ranks.py,
+test_delayed_ranks.py). ~90 s here: ~55 s of it imports Megatron Bridge, once, in the process
 that forks the ranks.
 """
 

@@ -84,7 +84,7 @@ CASES = {
                                                                       "optimizer.optimizer_offload_fraction": 0.0}),
     "offload-engine/needs-overlap-streams": case(DENSE_OPT, DELAYED,
                                                  {**DELAYED, "optimizer.overlap_cpu_optimizer_d2h_h2d": False}),
-    "offload-engine/one-shard": case(DENSE_OPT, DELAYED, DELAYED, gpus=(1, 2)),
+    "offload-engine/delayed-several-ranks": case(DENSE_OPT, DELAYED, DELAYED, gpus=(1, 2)),
     "offload-engine/stream-adam": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                        {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream", "optimizer.optimizer": "sgd"}),
     "offload-engine/stream-several-ranks": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},

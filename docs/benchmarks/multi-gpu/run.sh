@@ -35,12 +35,23 @@ $py scripts/plan_offload.py --compare "$runs/moe-pp2-n$n"
 d="$runs/engines-dp2"; mkdir -p "$d"
 for engine in library exact stream; do
   $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 2 --deterministic \
-    --offload-engine $engine --out "$d/$engine" train.train_iters=20 train.global_batch_size=2 \
+    --offload-engine $engine --out "$d/$engine" train.train_iters=20 train.global_batch_size=4 \
     optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 > "$d/$engine.log" 2>&1
   echo "$engine: exit $?"
 done
 $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 2 --deterministic --out "$d/no-offload" \
-  train.train_iters=20 train.global_batch_size=2 optimizer.optimizer_cpu_offload=False \
+  train.train_iters=20 train.global_batch_size=4 optimizer.optimizer_cpu_offload=False \
   optimizer.optimizer_offload_fraction=0 > "$d/no-offload.log" 2>&1; echo "no offload: exit $?"
 $py -m mbridge_offload.bench.engine_parity --out "$d" "exact vs library (DP 2)=$d/library:$d/exact" \
   "stream vs no offload (DP 2)=$d/no-offload:$d/stream"
+# 7. The delayed engine with two data-parallel ranks. Its several-rank path has run only on gloo ranks on the CPU
+#    (tests/runtime/test_delayed_ranks.py): every rank's weights one step behind alike; a save or an evaluation
+#    applies the pending update and all-gathers it. The same 20 steps as step 6 with a save and an evaluation every 7
+#    steps and Megatron Bridge's check, every step, that the weights hash the same on both ranks (it stops the run
+#    if not); its loss against step 6's exact engine is delayed's deviation, reported, not expected to be 0.
+$py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --num-gpus 2 --deterministic \
+  --offload-engine delayed --out "$d/delayed" train.train_iters=20 train.global_batch_size=4 \
+  optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
+  checkpoint.save="$d/delayed-ckpt" checkpoint.save_interval=7 validation.eval_interval=7 validation.eval_iters=2 \
+  train.check_weight_hash_across_dp_replicas_interval=1 > "$d/delayed.log" 2>&1; echo "delayed: exit $?"
+$py -m mbridge_offload.bench.engine_parity --out "$d" "delayed vs exact (DP 2)=$d/exact:$d/delayed"
