@@ -105,16 +105,19 @@ def _value(ctx: Context, key: str) -> Any:
 EMERGING_OPTIMIZERS = ("muon", "adaptive_muon", "laprop", "lion", "mop", "muon_hyperball", "polargrad", "rekls",
                        "scion", "sinkhorn_muon", "soap", "spel")
 
+# megatron/core/optimizer/__init__.py get_megatron_optimizer: 'adam' and 'sgd' build the standard optimizer
+# (_get_megatron_optimizer_based_on_param_groups: if 'adam' / elif 'sgd' / else raise), any other name goes to
+# _get_megatron_emerging_optimizer, which strips a deprecated 'dist_' prefix and raises "Unsupported emerging
+# optimizer" for a name not in _EMERGING_OPTIMIZERS. Read only when the optimizer is built: after launch.
+# Named: optimizer offload's rule reads it too (a word outside it is this rule's problem alone).
+OPTIMIZER_WORDS = WordChoice(id="choices/optimizer", key="optimizer.optimizer",
+                             words=("adam", "sgd", *EMERGING_OPTIMIZERS), what="the optimizer Megatron Core builds",
+                             default="adam", more_words=tuple(f"dist_{name}" for name in EMERGING_OPTIMIZERS),
+                             more_text="dist_<emerging optimizer> is a deprecated spelling",
+                             log_signatures=(r"Unsupported emerging optimizer: ",))
+
 CHOICES_TABLE: tuple[WordChoice, ...] = (
-    # megatron/core/optimizer/__init__.py get_megatron_optimizer: 'adam' and 'sgd' build the standard optimizer
-    # (_get_megatron_optimizer_based_on_param_groups: if 'adam' / elif 'sgd' / else raise), any other name goes to
-    # _get_megatron_emerging_optimizer, which strips a deprecated 'dist_' prefix and raises "Unsupported emerging
-    # optimizer" for a name not in _EMERGING_OPTIMIZERS. Read only when the optimizer is built: after launch.
-    WordChoice(id="choices/optimizer", key="optimizer.optimizer", words=("adam", "sgd", *EMERGING_OPTIMIZERS),
-               what="the optimizer Megatron Core builds", default="adam",
-               more_words=tuple(f"dist_{name}" for name in EMERGING_OPTIMIZERS),
-               more_text="dist_<emerging optimizer> is a deprecated spelling",
-               log_signatures=(r"Unsupported emerging optimizer: ",)),
+    OPTIMIZER_WORDS,
     # megatron/core/transformer/transformer_config.py: normalization: Literal['LayerNorm', 'RMSNorm'] (Megatron
     # Bridge's GPTModelProvider retypes it as plain str); TENorm (extensions/transformer_engine.py) takes the same
     # two and raises otherwise when the model is built. (WrappedTorchNorm also names 'L2Norm', as torch.nn.L2Norm,

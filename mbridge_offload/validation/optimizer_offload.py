@@ -6,6 +6,7 @@ from typing import Any
 
 from mbridge_offload.facts.dtypes import dtype_bytes  # the planner's bytes per element: one notion of "below fp32"
 from mbridge_offload.facts.key_ranges import OPTIMIZER_OFFLOAD_FRACTION, fixed, is_number
+from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
@@ -39,8 +40,9 @@ RULES: tuple[Rule, ...] = guarded(
          fix=fixed("optimizer.use_distributed_optimizer=True ddp.use_distributed_optimizer=True")),
     Rule(id="optimizer-offload/optimizer-kind", mechanism=OPTIMIZER, key="optimizer.optimizer",
          text="optimizer offload supports only 'adam' and 'sgd' (CPU twins exist for these two)",
-         applies=optimizer_offload_on, holds=lambda c: c.opt.optimizer in ("adam", "sgd"),
-         fix=fixed("optimizer.optimizer=adam")),
+         # only a word Megatron Core knows: any other is refused once, by choices/optimizer with its did-you-mean
+         applies=lambda c: optimizer_offload_on(c) and OPTIMIZER_WORDS.admits(c.opt.optimizer),
+         holds=lambda c: c.opt.optimizer in ("adam", "sgd"), fix=fixed("optimizer.optimizer=adam")),
     Rule(id="optimizer-offload/decoupled-weight-decay", mechanism=OPTIMIZER, key="optimizer.decoupled_weight_decay",
          text="optimizer offload supports AdamW-style decoupled weight decay only",
          applies=optimizer_offload_on, holds=lambda c: bool(c.opt.decoupled_weight_decay),

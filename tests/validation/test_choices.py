@@ -173,6 +173,24 @@ def test_a_deprecated_dist_spelling_passes_and_dist_adam_does_not(recipe):
         assert (not found) is ok, name
 
 
+@pytest.mark.parametrize("name,rule_ids", [
+    ("foo", ["choices/optimizer"]),  # no word Megatron Core knows: one problem, the fixed word's, with its fix
+    ("adamw", ["choices/optimizer"]),
+    ("muon", ["optimizer-offload/optimizer-kind"]),  # a known optimizer offload has no CPU twin for
+    ("dist_muon", ["optimizer-offload/optimizer-kind"]),
+    ("sgd", []),
+])
+def test_an_optimizer_under_offload_is_refused_once(recipe, name, rule_ids):
+    cfg = recipe("qwen3_1b_proxy_optimizer_offload_config")
+    set_path(cfg, "optimizer.optimizer", name)
+    found = [p for p in check_rules(Context(cfg, 1, environ={})) if p.key == "optimizer.optimizer"]
+    assert [p.rule_id for p in found] == rule_ids
+    if rule_ids == ["choices/optimizer"]:
+        assert found[0].value == name and found[0].fix.startswith("optimizer.optimizer=adam  (")
+    if rule_ids == ["optimizer-offload/optimizer-kind"]:
+        assert found[0].fix == "optimizer.optimizer=adam" and "'adam' and 'sgd'" in found[0].rule
+
+
 def test_dry_run_refuses_every_wrong_word_at_once_and_exits_2():
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_recipe.py"), "--recipe", DENSE, "--dry-run",
