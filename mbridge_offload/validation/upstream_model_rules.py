@@ -595,21 +595,35 @@ RULES: tuple[Rule, ...] = guarded(
           lambda c: isinstance(c.cfg.mixed_precision, str), lambda c: _preset_known(c.cfg.mixed_precision),
           "mixed_precision=bf16_mixed"),
     # Megatron Bridge applies every field of the preset over the model's at setup (mixed_precision.py,
-    # update_config_with_precision_overrides; only a debug log says so): an FP8 format set on the model alone is
-    # dropped. (FP4 is left out: the nvfp4 preset writes fp4='e2m1' where the model's field reads 'nvfp4', and which
-    # spellings Megatron Core takes as the same format was not checked.)
-    *(_rule(f"precision/preset-replaces-{name}", PRECISION, f"model.{name}",
+    # update_config_with_precision_overrides; only a debug log says so): a precision choice made on the model alone
+    # is dropped where the preset's differs.
+    *(_rule(f"precision/preset-replaces-{name.replace('_', '-')}", PRECISION, f"model.{name}",
             f"model.{name} set on the model is replaced at setup by the mixed_precision preset's {name} (every field "
-            f"of the preset is applied over the model's, with no message): the run would not train in the {label} "
-            "format it asks for",
-            lambda c, name=name: getattr(c.model, name, None) is not None and _mixed_precision(c) is not None,
-            lambda c, name=name: getattr(_mixed_precision(c), name, None) == getattr(c.model, name, None),
-            fix, observed=lambda c, name=name: (f"{getattr(c.model, name)} (mixed_precision="
+            f"of the preset is applied over the model's, with no message): {effect}",
+            lambda c, name=name, when=when: (getattr(c.model, name, None) is not None and _mixed_precision(c) is not None
+                                             and when(c)),
+            lambda c, name=name, same=same: same(getattr(_mixed_precision(c), name, None), getattr(c.model, name, None)),
+            fix, observed=lambda c, name=name: (f"{_name(getattr(c.model, name))} (mixed_precision="
                                                 f"{show(c.cfg.mixed_precision)} sets "
-                                                f"{getattr(_mixed_precision(c), name, None)})"))
-      for name, label, fix in (
-          ("fp8", "FP8", "mixed_precision=bf16_with_fp8_current_scaling_mixed  (a preset whose fp8 is the format you "
-                         "want, or mixed_precision.fp8=<format> where mixed_precision is a config)"),)),
+                                                f"{_name(getattr(_mixed_precision(c), name, None)) or None})"))
+      for name, when, same, effect, fix in (
+          ("fp8", always, lambda preset, model: preset == model,
+           "the run would not train in the FP8 format it asks for",
+           "mixed_precision=bf16_with_fp8_current_scaling_mixed  (a preset whose fp8 is the format you want, or "
+           "mixed_precision.fp8=<format> where mixed_precision is a config)"),
+          # Megatron Core reads model.fp4 only as on or off (`if config.fp4`, fp4_utils.py and the layers); its one
+          # format word is e2m1 (the nvfp4 presets write it), the kind of FP4 is fp4_recipe: any two set values agree.
+          ("fp4", always, lambda preset, model: bool(preset) == bool(model),
+           "the run would not train in FP4 (of the presets, only the nvfp4 ones have it)",
+           "mixed_precision=bf16_with_nvfp4_mixed  (the preset with FP4: fp4=e2m1, fp4_recipe=nvfp4, FP4 parameters; "
+           "or mixed_precision.fp4=e2m1 where mixed_precision is a config)"),
+          # Every preset writes fp4_recipe (nvfp4 unless it says otherwise). Only where the preset turns FP4 on does
+          # the recipe train: where it does not, FP4 is off (and a model.fp4 of the user's is the rule above's).
+          ("fp4_recipe", lambda c: bool(getattr(_mixed_precision(c), "fp4", None)),
+           lambda preset, model: _name(preset) == _name(model),
+           "the run would train FP4 with the preset's recipe, not the one it asks for",
+           "model.fp4_recipe=nvfp4  (what every mixed_precision preset writes; another FP4 recipe needs "
+           "mixed_precision as a config with that fp4_recipe)"))),
     # MoE
     _rule("moe/ffn-hidden-size-needs-experts", MODEL, "model.moe_ffn_hidden_size",
           "model.moe_ffn_hidden_size needs num_moe_experts (unless moe_layer_freq leaves dense layers)",

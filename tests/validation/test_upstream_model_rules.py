@@ -6,6 +6,8 @@ reaches are checked where they state a fact of the installed packages."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,6 +78,10 @@ CASES = {
     # bf16_mixed (the recipes' preset) sets fp8 to null at setup: a format set on the model alone is dropped
     "precision/preset-replaces-fp8": case({"model.fp8": "hybrid", "mixed_precision": "bf16_with_fp8_current_scaling_mixed"},
                                           {"model.fp8": "hybrid"}),
+    "precision/preset-replaces-fp4": case({"model.fp4": "e2m1", "mixed_precision": "bf16_with_nvfp4_mixed"},
+                                          {"model.fp4": "e2m1"}),
+    "precision/preset-replaces-fp4-recipe": case({"mixed_precision": "bf16_with_nvfp4_mixed"},
+                                                 {"model.fp4_recipe": "custom", "mixed_precision": "bf16_with_nvfp4_mixed"}),
     "moe/ffn-hidden-size-needs-experts": case({"model.moe_ffn_hidden_size": 512, "model.moe_layer_freq": 2},
                                               {"model.moe_ffn_hidden_size": 512}),
     "moe/single-grouped-weight": case(
@@ -234,6 +240,55 @@ def test_rule_fails_with_key_value_rule_and_fix(recipe, rule_id):
     assert problem.key == rule.key and problem.rule == rule.text
     assert problem.value and problem.value != "?" and "unreadable" not in problem.value and problem.fix
     assert "could not" not in problem.fix, problem.fix  # the guard's words: the rule itself raised
+
+
+def _after_setup(cfg):
+    """The model as Megatron Bridge leaves it at setup: the preset finalized and applied over it (runtime_config_update)."""
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    model, preset = copy.deepcopy(cfg.model), get_mixed_precision_config(cfg.mixed_precision)
+    preset.finalize()
+    preset.setup(model)
+    return model
+
+
+def _preset_problems(cfg):
+    return [p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id.startswith("precision/preset-replaces")]
+
+
+def test_an_fp4_choice_the_preset_drops_is_refused_once_and_its_fix_keeps_it(recipe):
+    from overrides import apply_overrides
+
+    # the recipes' bf16_mixed: FP4 asked for on the model (with a recipe of its own too) is gone after setup
+    cfg = apply_overrides(recipe(DENSE), ["model.fp4=e2m1", "model.fp4_recipe=custom"])
+    assert _after_setup(cfg).fp4 is None
+    (problem,) = _preset_problems(cfg)
+    assert problem.key == "model.fp4" and problem.value == "e2m1 (mixed_precision=bf16_mixed sets None)"
+    assert problem.rule == RULES_BY_ID["precision/preset-replaces-fp4"].text
+    assert problem.fix.startswith("mixed_precision=bf16_with_nvfp4_mixed  (")
+    kept = apply_overrides(cfg, ["model.fp4_recipe=nvfp4", problem.fix.split()[0]])
+    assert _after_setup(kept).fp4 == "e2m1" and not check_rules(Context(kept, 1, environ={}))
+
+
+def test_an_fp4_recipe_the_nvfp4_preset_replaces_is_refused(recipe):
+    from overrides import apply_overrides
+
+    cfg = apply_overrides(recipe(DENSE), ["mixed_precision=bf16_with_nvfp4_mixed", "model.fp4_recipe=custom",
+                                          "model.fp4_quantizer_factory=my.quantizers.factory"])
+    assert _after_setup(cfg).fp4_recipe == "nvfp4"
+    (problem,) = _preset_problems(cfg)
+    assert problem.key == "model.fp4_recipe" and problem.value == "custom (mixed_precision=bf16_with_nvfp4_mixed sets nvfp4)"
+    assert not _preset_problems(apply_overrides(cfg, [problem.fix.split()[0]]))
+
+
+@pytest.mark.parametrize("value", ["e2m1", "nvfp4"])
+def test_an_fp4_value_the_nvfp4_preset_keeps_on_passes(recipe, value):
+    """Megatron Core reads model.fp4 as on or off: the preset's e2m1 over a model's nvfp4 (a Python recipe may write
+    it; the override layer takes only e2m1) changes nothing it reads."""
+    cfg = recipe(DENSE)
+    set_path(cfg, "mixed_precision", "bf16_with_nvfp4_mixed")
+    set_path(cfg, "model.fp4", value)
+    assert bool(_after_setup(cfg).fp4) and not _preset_problems(cfg)
 
 
 def test_valid_recipes_break_none_of_these_rules(built):
