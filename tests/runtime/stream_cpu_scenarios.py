@@ -60,17 +60,20 @@ from megatron.core.transformer.module import MegatronModule  # noqa: E402
 
 EMBED = (700, 701)
 HIDDEN, FFN, BLOCKS = 1000, 1500, 4
+EXPERT_FFN = 500  # the MoE scenarios' expert matrix of each block: a tensor of its own on each expert-parallel rank
 BUCKET = 2_500_000  # elements: several buckets, each its own bucket group (each its own parameter all-gather)
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 0.05, 0.1, (0.9, 0.95), 1e-8, 1.0
 SEEN: list = []  # (name, the weight a module's forward used)
 
 
 class Weight(torch.nn.Module):
-    def __init__(self, name: str, *shape: int) -> None:
+    def __init__(self, name: str, *shape: int, expert: bool = False) -> None:
         super().__init__()
         self.name = name
         self.weight = torch.nn.Parameter(
             torch.empty(*shape, device=torch.cuda.current_device(), dtype=torch.bfloat16).uniform_(-1, 1))
+        if expert:
+            self.weight.allreduce = False  # how Megatron marks an expert's parameter: its own buffers and optimizer
 
     def forward(self, x, coefficients):
         SEEN.append((self.name, self.weight.detach().clone()))
@@ -78,11 +81,13 @@ class Weight(torch.nn.Module):
 
 
 class Toy(MegatronModule):
-    def __init__(self, config) -> None:
+    def __init__(self, config, experts: bool = False) -> None:
         super().__init__(config=config)
         layers = [Weight("embed", *EMBED)]
         for i in range(BLOCKS):
             layers += [Weight(f"norm{i}", HIDDEN), Weight(f"fc1_{i}", FFN, HIDDEN), Weight(f"fc2_{i}", HIDDEN, FFN)]
+            if experts:
+                layers.append(Weight(f"exp{i}", EXPERT_FFN, HIDDEN, expert=True))
         self.layers = torch.nn.ModuleList(layers)
 
     def forward(self, coefficients):
@@ -92,10 +97,12 @@ class Toy(MegatronModule):
         return x
 
 
-def _shapes() -> dict:
+def _shapes(experts: bool = False) -> dict:
     out = {"embed": EMBED}
     for i in range(BLOCKS):
         out.update({f"norm{i}": (HIDDEN,), f"fc1_{i}": (FFN, HIDDEN), f"fc2_{i}": (HIDDEN, FFN)})
+    if experts:  # after the others: their coefficients come after the others' from the same generator
+        out.update({f"exp{i}": (EXPERT_FFN, HIDDEN) for i in range(BLOCKS)})
     return out
 
 
@@ -103,7 +110,7 @@ def base_coefficients(step: int) -> dict:
     """c_k: values (+-1..8)/8, exact in bf16; rank r uses (r + 1) * c_k."""
     generator = torch.Generator().manual_seed(1000 + step)
     out = {}
-    for name, shape in _shapes().items():
+    for name, shape in _shapes(experts=True).items():
         magnitude = torch.randint(1, 9, shape, generator=generator).float() / 8
         sign = torch.randint(0, 2, shape, generator=generator).float() * 2 - 1
         out[name] = magnitude * sign
@@ -125,10 +132,18 @@ class Reference:
             [{"params": [p], "lr": hyper[n][0], "weight_decay": hyper[n][1]} for n, p in self.params.items()],
             betas=BETAS, eps=EPS, foreach=False)
 
-    def step(self, step: int) -> None:
+    def gradients(self, step: int) -> dict:
+        """Each tensor's gradient after Megatron's reduce-scatter: the ranks' mean."""
         mean = (self.world + 1) / 2
-        grads = {name: c * mean for name, c in base_coefficients(step).items()}
-        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+        return {name: c * mean for name, c in base_coefficients(step).items() if name in self.params}
+
+    def norm(self, step: int, grads: dict) -> float:
+        """The global norm Megatron clips by: of every gradient of the model."""
+        return math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+
+    def step(self, step: int) -> None:
+        grads = self.gradients(step)
+        norm = self.norm(step, grads)
         coefficient = CLIP / (norm + 1e-6)
         for name, param in self.params.items():
             param.grad = grads[name] * coefficient if coefficient < 1 else grads[name]
@@ -139,23 +154,56 @@ class Reference:
         return state["exp_avg"], state["exp_avg_sq"]
 
 
+class ExpertReference(Reference):
+    """The reference of the model with experts, on one rank: the dense tensors as ``Reference``; this rank's experts,
+    whose gradient is the sum over the ranks holding the same experts (their expert-data-parallel group) scaled by
+    1 / world, as Megatron's DDP scales an expert's; the clipping norm over the dense gradients and every
+    expert-parallel rank's experts."""
+
+    def __init__(self, initial: dict, hyper: dict, run: "Run") -> None:
+        super().__init__(initial, hyper, run.world)
+        self.experts = run.experts
+        expert = next(iter(run.experts))
+        everyone = [None] * run.world
+        dist.all_gather_object(everyone, tuple(run.replica_ranks(expert)))
+        self.expert_groups = sorted(set(everyone))  # one per expert-parallel rank
+        self.my_group = tuple(run.replica_ranks(expert))
+
+    def _scale(self, group) -> float:
+        return sum(r + 1 for r in group) / self.world
+
+    def gradients(self, step: int) -> dict:
+        base = base_coefficients(step)
+        return {name: base[name] * (self._scale(self.my_group) if name in self.experts else (self.world + 1) / 2)
+                for name in self.params}
+
+    def norm(self, step: int, grads: dict) -> float:
+        base = base_coefficients(step)
+        squares = sum(float((g.double() ** 2).sum()) for name, g in grads.items() if name not in self.experts)
+        for group in self.expert_groups:
+            squares += sum(float(((base[name] * self._scale(group)).double() ** 2).sum()) for name in self.experts)
+        return math.sqrt(squares)
+
+
 class Run:
     """One rank's model and optimizer, built as Megatron Bridge builds them."""
 
     def __init__(self, rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
-                 overlap_d2h: bool, seed: int = 0) -> None:
+                 overlap_d2h: bool, seed: int = 0, expert_parallel: int = 0) -> None:
+        """``expert_parallel``: 0 for the model without experts, else the expert-parallel size of the model with
+        them (each expert-parallel rank holds other experts)."""
         self.rank, self.world = rank, world
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=120))
-            parallel_state.initialize_model_parallel()
+            parallel_state.initialize_model_parallel(expert_model_parallel_size=max(1, expert_parallel))
         torch.manual_seed(seed)
         config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True,
                                    params_dtype=torch.bfloat16)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
                                                    overlap_param_gather=overlap_param_gather,
                                                    use_distributed_optimizer=True, bucket_size=BUCKET)
-        self.model = DistributedDataParallel(config, ddp_config, Toy(config))
+        self.model = DistributedDataParallel(config, ddp_config, Toy(config, experts=bool(expert_parallel)))
         optimizer_config = OptimizerConfig(
             optimizer="adam", lr=LR, weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
             adam_eps=EPS, bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=CLIP,
@@ -163,11 +211,14 @@ class Run:
             overlap_cpu_optimizer_d2h_h2d=overlap_d2h)
         optimizer = get_megatron_optimizer(optimizer_config, [self.model])
         self.optimizer = optimizer
-        chained = getattr(optimizer, "chained_optimizers", None)
-        self.distopt = chained[0] if chained else optimizer
+        # the distributed optimizers: one, or the dense one and the experts' (each with its HybridDeviceOptimizer and
+        # the engine of it)
+        self.distopts = list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+        self.distopt = self.distopts[0]
         self.hdo = self.distopt.optimizer
         self.engine = self.hdo._mbridge_offload_engine
         self.names = {layer.weight: layer.name for layer in self.model.module.layers}
+        self.experts = {layer.name for layer in self.model.module.layers if not getattr(layer.weight, "allreduce", True)}
         self.params = {name: param for param, name in self.names.items()}
         self.enqueued: list[int] = []
         if ENGINE_UNDER_CHECK == "stream":
@@ -180,11 +231,12 @@ class Run:
             self.engine._enqueue = enqueue
 
     def hyper(self) -> dict:
-        """Each tensor's lr and weight decay as the DistributedOptimizer groups them, from every rank."""
+        """Each tensor's lr and weight decay as the DistributedOptimizers group them, from every rank."""
         mine = {}
-        for param, (group, _) in self.distopt.model_param_group_index_map.items():
-            settings = self.hdo.param_groups[group]
-            mine[self.names[param]] = (settings["lr"], settings["weight_decay"])
+        for distopt in self.distopts:
+            for param, (group, _) in distopt.model_param_group_index_map.items():
+                settings = distopt.optimizer.param_groups[group]
+                mine[self.names[param]] = (settings["lr"], settings["weight_decay"])
         everyone = [None] * self.world
         dist.all_gather_object(everyone, mine)
         return {k: v for part in everyone for k, v in part.items()}
@@ -217,7 +269,15 @@ class Run:
             streaming_engine._STATE["in_train_step"] = False
 
     def shard_range(self, model_param):
-        return self.distopt._get_model_param_range_map(model_param)["param"]
+        distopt = next(d for d in self.distopts if model_param in d.model_param_group_index_map)
+        return distopt._get_model_param_range_map(model_param)["param"]
+
+    def replica_ranks(self, name: str) -> list[int]:
+        """The ranks holding the same tensor ``name`` (the data-parallel ranks; for an expert's, those of the same
+        expert-parallel rank: its expert-data-parallel group)."""
+        group = (parallel_state.get_expert_data_parallel_group() if name in self.experts
+                 else parallel_state.get_data_parallel_group())
+        return dist.get_process_group_ranks(group)
 
 
 class CheckFailed(AssertionError):
@@ -243,7 +303,7 @@ def check_seen_weights(run: Run, reference: Reference, after: int, weights: dict
         bad, worst = _close(used, (weights or reference.params)[name], rtol=2 ** -7, atol=1e-5)
         check(bad == 0, "forward-weights", f"rank {run.rank}: the forward after update {after} used {name} with "
               f"{bad} of {used.numel()} elements off the reference (max {worst:.3g})")
-    check(len(SEEN) == 1 + 3 * BLOCKS, "forward-weights", f"{len(SEEN)} modules ran")
+    check(len(SEEN) == len(run.params), "forward-weights", f"{len(SEEN)} modules ran")
     SEEN.clear()
 
 
@@ -492,19 +552,22 @@ def check_full_weights(run: Run, reference: Reference, after: int, what: str) ->
 
 
 def offloaded_elements(run: Run) -> dict:
-    """Each parameter's elements whose shard its owning rank offloaded (a flat mask, the same on every rank)."""
-    models_of = streamed_states.main_to_model(run.distopt)
+    """Each parameter's elements whose shard its owning rank offloaded (a flat mask, the same on the ranks that
+    hold the tensor)."""
     mine = []
-    for main in run.hdo.gpu_params_map_cpu_copy:
-        model = models_of[main]
-        r = run.shard_range(model)
-        mine.append((run.names[model], r.start, r.end))
+    for distopt in run.distopts:
+        models_of = streamed_states.main_to_model(distopt)
+        for main in distopt.optimizer.gpu_params_map_cpu_copy:
+            model = models_of[main]
+            r = run.shard_range(model)
+            mine.append((run.names[model], r.start, r.end))
     everyone = [None] * run.world
     dist.all_gather_object(everyone, mine)
-    masks = {name: torch.zeros(math.prod(shape), dtype=torch.bool) for name, shape in _shapes().items()}
-    for part in everyone:
+    masks = {name: torch.zeros(param.numel(), dtype=torch.bool) for name, param in run.params.items()}
+    for rank, part in enumerate(everyone):
         for name, start, end in part:
-            masks[name][start:end] = True
+            if rank in run.replica_ranks(name):
+                masks[name][start:end] = True
     return masks
 
 
@@ -560,6 +623,74 @@ def delayed_ranks_case(rank: int, world: int, port: int, fraction: float, overla
     streaming_engine.drain_all(apply_delayed=True)
     check_full_weights(run, reference, RANKS_STEPS + 1, "the next step and its drain")
     check_library_states(run, reference)
+
+
+def check_optimizers_states(run: Run, reference: Reference) -> None:
+    """After a drain, for the dense and the experts' optimizer alike and any engine: every fp32 shard of this rank
+    and its Adam moments equal the reference's; each offloaded shard's host copy (what a checkpoint saves) equals
+    it."""
+    for distopt in run.distopts:
+        hdo = distopt.optimizer
+        check(hdo._mbridge_offload_engine.job is None, "drain", "the update is still pending after drain_all")
+        hdo._sync_sub_optimizers_state_to_hdo()  # the HybridDeviceOptimizer's view of its sub-optimizers' states
+        models_of = streamed_states.main_to_model(distopt)
+        offloaded = 0
+        for main in (p for g in hdo.param_groups for p in g["params"]):
+            model = models_of[main]
+            name, r = run.names[model], run.shard_range(model)
+            bad, worst = _close(main, reference.params[name].reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-6)
+            check(bad == 0, "main-weights", f"rank {run.rank} {name}: {bad} elements off (max {worst:.3g})")
+            for key, want in zip(("exp_avg", "exp_avg_sq"), reference.moments(name)):
+                bad, worst = _close(hdo.state[main][key], want.reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-9)
+                check(bad == 0, "moments", f"rank {run.rank} {name} {key}: {bad} elements off (max {worst:.3g})")
+            if main in hdo.gpu_params_map_cpu_copy:
+                offloaded += 1
+                check(torch.equal(hdo.gpu_params_map_cpu_copy[main].reshape(-1), main.reshape(-1)), "host-copy",
+                      f"rank {run.rank} {name}: the host copy of the weights is not the drained shard")
+        check(offloaded > 0, "setup", f"rank {run.rank}: nothing of an optimizer offloaded")
+
+
+def experts_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
+                 expert_parallel: int) -> None:
+    """The engine under check on the model with experts, over several data-parallel ranks: a dense and an experts'
+    distributed optimizer, each with its HybridDeviceOptimizer and its engine, both on the one worker thread, the
+    experts' sharded over their own (smaller) expert-data-parallel group. Every forward, on every rank, uses the
+    weights the engine promises (exact, stream: after every earlier update; delayed: the offloaded elements one
+    update behind), each rank its own experts; after the drain of a save or an evaluation every rank holds the
+    weights after the last update, and every shard, host copy and moment of both optimizers equals torch AdamW's on
+    the full tensors."""
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h=True, expert_parallel=expert_parallel)
+    engines = [d.optimizer._mbridge_offload_engine for d in run.distopts]
+    sizes = sorted({g.intra_distributed_optimizer_instance_size
+                    for g in run.model.bucket_groups + run.model.expert_parallel_bucket_groups})
+    check(len(engines) == 2 and all(e is not None and e.mode == ENGINE_UNDER_CHECK for e in engines)
+          and sizes == sorted({world, world // expert_parallel}), "setup",
+          f"not two {ENGINE_UNDER_CHECK} engines over {world} data-parallel and {world // expert_parallel} "
+          f"expert-data-parallel ranks: {len(engines)} engines, groups of {sizes}")
+    reference = ExpertReference(run.weights(), run.hyper(), run)
+    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
+    delayed = ENGINE_UNDER_CHECK == "delayed"
+    masks = offloaded_elements(run) if delayed else None
+    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step
+        if step > RANKS_STEPS:
+            run.forward_only()
+        else:
+            run.train_step(step)
+        expected = delayed_weights(history, masks, step) if delayed else history[step - 1]
+        check_seen_weights(run, reference, step - (2 if delayed else 1), expected)
+        if step > RANKS_STEPS:
+            break
+        reference.step(step)
+        history.append({name: value.clone() for name, value in reference.params.items()})
+    streaming_engine.drain_all(apply_delayed=True)  # what a checkpoint save or an evaluation does first
+    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
+    check_optimizers_states(run, reference)
+
+
+EXPERT_SCENARIOS = [("2 ranks, EP 2 (experts on one rank each), fraction 0.6, overlapped all-gather", 2, (0.6, True, 2),
+                     None, None),
+                    ("4 ranks, EP 2 (experts on two ranks each), fraction 1, all-gather in the step", 4,
+                     (1.0, False, 2), None, None)]
 
 
 RESUME_SAVE_AT, RESUME_STEPS = 2, 2
@@ -793,12 +924,14 @@ def main(argv: list[str]) -> int:
                      ("4 ranks, fraction 1, overlapped all-gather", 4, (1.0, True, False), None, None),
                      ("2 ranks, broken: no-gather-gate", 2, (1.0, True, False), "no-gather-gate", "forward-weights")]
         ok &= run_scenarios(ranks_case, scenarios)
+        ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
     if what == "exact-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),
                      ("2 ranks, broken: no-gather-gate, slow worker", 2, (1.0, True), "exact-no-gather-gate",
                       "forward-weights")]
         ok &= run_scenarios(exact_ranks_case, scenarios)
+        ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
     if what == "delayed-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather, drained", 2, (0.6, True, "drain"), None, None),
                      ("2 ranks, fraction 1, all-gather in the step, drained", 2, (1.0, False, "drain"), None, None),
@@ -806,6 +939,7 @@ def main(argv: list[str]) -> int:
                       (1.0, True, "param-sync"), None, None),
                      ("2 ranks, broken: no-gather", 2, (1.0, False, "drain"), "delayed-no-gather", "applied-weights")]
         ok &= run_scenarios(delayed_ranks_case, scenarios)
+        ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
     if what == "resume":
         import tempfile
 
