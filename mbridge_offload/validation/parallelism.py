@@ -1,5 +1,6 @@
 """Rules of the parallel grid: what the GPU count, layers, heads, experts, batch and sequence length
-must divide. Each fix is computed (the nearest valid size), so that it can be pasted as it is."""
+must divide. Each fix is computed (the nearest valid size), so that it can be pasted as it is. Beside the
+vocabulary's tensor-parallel rule, the other size Megatron checks of it after launch: the tokenizer's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from mbridge_offload.facts.key_ranges import GRID_RANGES, MODEL_COUNT_RANGES, fixed, grid_sane, is_count
 from mbridge_offload.validation.guard import gpus_ok, guarded, sane
 from mbridge_offload.validation.rule import PARALLELISM, Context, Rule
+from mbridge_offload.validation.upstream_rules import MODEL
 
 
 def _divisors(n: int) -> list[int]:
@@ -137,6 +139,28 @@ def _expert_ffn(ctx: Context) -> int:
 # transformer_engine.py), which asserts when the model is built, after the job has started: the widths each splits.
 VOCAB_PADDING = 128  # Megatron's make_vocab_size_divisible_by default: how a tokenizer's vocabulary is padded
 
+# Tokenizers whose vocabulary is known before launch: Megatron Core's NullTokenizer reports tokenizer.vocab_size as it
+# is (core/tokenizers/text/libraries/null_tokenizer.py). Every other tokenizer's is known only once its files are
+# loaded, at launch (a Hugging Face one may need the hub).
+VOCAB_FROM_CONFIG_TOKENIZERS = ("NullTokenizer",)
+
+
+def _tokenizer_vocab(ctx: Context) -> int | None:
+    """The vocabulary size the tokenizer will report at setup, where the config alone says it; else None."""
+    tokenizer = getattr(ctx.cfg, "tokenizer", None)
+    if tokenizer is None or getattr(tokenizer, "tokenizer_type", None) not in VOCAB_FROM_CONFIG_TOKENIZERS:
+        return None
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if is_count(size, 1) else None
+
+
+def _model_vocab_checked_against_tokenizer(ctx: Context) -> bool:
+    """Megatron Bridge's setup (_validate_and_set_vocab_size) compares a model.vocab_size that is set with the
+    tokenizer's, unless tokenizer.use_tokenizer_vocab_size replaces the model's with the tokenizer's."""
+    tokenizer = getattr(ctx.cfg, "tokenizer", None)
+    return (is_count(ctx.model.vocab_size, 1) and _tokenizer_vocab(ctx) is not None
+            and not getattr(tokenizer, "use_tokenizer_vocab_size", False))
+
 
 RULES: tuple[Rule, ...] = guarded(
     *(Rule.of_range(PARALLELISM, key_range) for key_range in (*GRID_RANGES, *MODEL_COUNT_RANGES)),
@@ -224,6 +248,18 @@ RULES: tuple[Rule, ...] = guarded(
                         f"{_next_multiple(c.model.vocab_size, VOCAB_PADDING * c.model.tensor_model_parallel_size)}"
                         f"  (padded up to a multiple of {VOCAB_PADDING} x TP, as Megatron pads a tokenizer's)"),
          fix_text="model.vocab_size=<padded up to a multiple of 128 x TP>"),
+    Rule(id="model/vocab-below-tokenizer", mechanism=MODEL, key="model.vocab_size",
+         text="model.vocab_size, where set, must be at least the tokenizer's vocabulary (Megatron Bridge raises at "
+              "setup, after launch, otherwise; checked before launch where the config gives the tokenizer's "
+              "vocabulary: the NullTokenizer's tokenizer.vocab_size)",
+         applies=sane(_model_vocab_checked_against_tokenizer),
+         holds=lambda c: c.model.vocab_size >= _tokenizer_vocab(c),
+         observed=lambda c: (f"{c.model.vocab_size} (tokenizer {c.cfg.tokenizer.tokenizer_type} with "
+                             f"tokenizer.vocab_size={_tokenizer_vocab(c)})"),
+         fix=lambda c: (f"tokenizer.vocab_size={c.model.vocab_size}  (the null tokenizer's ids then stay inside the "
+                        f"model's vocabulary; or model.vocab_size={_tokenizer_vocab(c)})"),
+         fix_text="tokenizer.vocab_size=<model.vocab_size>, or model.vocab_size=<the tokenizer's vocabulary>",
+         log_signatures=(r"Model vocab_size \(\d+\) cannot be smaller than tokenizer's vocab_size",)),
     Rule(id="parallel/experts-per-ep", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="model.num_moe_experts must be divisible by the expert parallel size",
          applies=sane(lambda c: c.num_experts > 0), holds=lambda c: c.num_experts % c.model.expert_model_parallel_size == 0,

@@ -264,6 +264,9 @@ CASES.update({
     "parallel/vocab-per-tp": case(DENSE, {"model.tensor_model_parallel_size": 2},
                                   {"model.tensor_model_parallel_size": 2, "model.vocab_size": 151001}, gpus=(2, 2)),
 })
+# the recipes' NullTokenizer has the model's vocabulary (151936): a smaller model.vocab_size is refused at setup
+CASES["model/vocab-below-tokenizer"] = case(DENSE, {"model.vocab_size": 1024, "tokenizer.vocab_size": 1024},
+                                            {"model.vocab_size": 1024})
 
 
 @pytest.mark.parametrize("rule_id", ["parallel/ffn-per-tp", "parallel/expert-ffn-per-etp", "parallel/vocab-per-tp",
@@ -327,6 +330,40 @@ def test_rule_fails_with_key_value_rule_and_fix(recipe, rule_id):
     rule = RULES_BY_ID[rule_id]
     assert problem.key == rule.key and problem.rule == rule.text
     assert problem.value and problem.fix and problem.severity == rule.severity
+
+
+def _bridge_setup_vocab(cfg):
+    """What Megatron Bridge's setup makes of the model's vocabulary with the tokenizer it builds (after launch)."""
+    from megatron.bridge.training.setup import _validate_and_set_vocab_size
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    return _validate_and_set_vocab_size(model_vocab_size=cfg.model.vocab_size,
+                                        tokenizer_vocab_size=build_tokenizer(cfg.tokenizer).vocab_size,
+                                        use_tokenizer_vocab_size=cfg.tokenizer.use_tokenizer_vocab_size)
+
+
+def test_a_vocabulary_below_the_tokenizers_is_refused_before_bridge_raises_at_setup(recipe):
+    import re
+
+    from overrides import apply_overrides
+
+    rule = RULES_BY_ID["model/vocab-below-tokenizer"]
+    cfg = apply_overrides(recipe(DENSE), ["model.vocab_size=1024"])
+    with pytest.raises(ValueError) as raised:
+        _bridge_setup_vocab(cfg)
+    assert any(re.search(signature, str(raised.value)) for signature in rule.log_signatures)  # diagnose reads it
+    (problem,) = [p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id == rule.id]
+    assert problem.key == "model.vocab_size" and problem.value.startswith("1024 (tokenizer NullTokenizer")
+    assert problem.fix.startswith("tokenizer.vocab_size=1024  (")
+    # either fix passes the rule and Bridge's check alike
+    for fix in (problem.fix.split()[0], problem.fix.rsplit("or ", 1)[1].rstrip(")")):
+        fixed = apply_overrides(cfg, [fix])
+        assert _bridge_setup_vocab(fixed)[0] >= 1024, fix
+        assert rule.id not in {p.rule_id for p in check_rules(Context(fixed, 1, environ={}))}, fix
+    # tokenizer.use_tokenizer_vocab_size takes the tokenizer's vocabulary instead: Bridge does not raise, nor the rule
+    taken = apply_overrides(cfg, ["tokenizer.use_tokenizer_vocab_size=True"])
+    assert _bridge_setup_vocab(taken) == (151936, True)
+    assert rule.id not in {p.rule_id for p in check_rules(Context(taken, 1, environ={}))}
 
 
 def test_num_layers_range_is_strictly_below_num_layers(recipe):
