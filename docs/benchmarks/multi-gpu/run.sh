@@ -18,9 +18,10 @@ $py scripts/sweep_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --frac
   --out "$runs/moe-n1" train.train_iters=8
 # 3. CPU threads per rank with several ranks on the host: stock 1 thread (torchrun's default), stock with
 #    every core per rank, the library's overlap, overlap in 8 chunks with every core per rank, and tuned
-#    (each rank its share of the cores, pinned, overlap in 8 chunks), against the floor.
+#    (each rank its share of the cores, pinned, overlap in 8 chunks), against the floor. --short-runs: 8 steps leave 6
+#    measured, under the bench's 30 for a speed figure (it refused the command without it; bench-moe ran so too).
 $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --num-gpus "$n" --out "$runs/bench-n$n" \
-  --fractions 0.5,1 --baseline-runs 1 train.train_iters=8 "${par[@]}"
+  --fractions 0.5,1 --baseline-runs 1 --short-runs train.train_iters=8 "${par[@]}"
 # 4. Activation offload must be refused with PP>1 (exit 2), fine-grained offload must train with PP>1.
 $py scripts/run_recipe.py --recipe qwen3_1b_proxy_activation_offload_config --num-gpus 2 \
   model.pipeline_model_parallel_size=2; echo "activation offload with PP2: exit $? (expected 2)"
