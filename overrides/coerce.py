@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-import difflib
 import enum
 import functools
 import math
@@ -19,6 +18,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
+
+from mbridge_offload.facts.spelling import close_words
 
 _NONE = type(None)
 
@@ -172,7 +173,7 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
         for choice in args:
             if choice == value or (isinstance(choice, str) and str(text) == choice):
                 return choice
-        close = difflib.get_close_matches(str(text), [str(a) for a in args], n=1)
+        close = close_words(str(text), [str(a) for a in args])
         raise CoerceError(f"expects one of {', '.join(map(str, args))}, got {_show(value, raw)}",
                           f"did you mean {key}={close[0]}?" if close else
                           f"{key}=<one of {', '.join(map(str, args))}>")
@@ -224,7 +225,7 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
         name = _DTYPE_ALIASES.get(text.removeprefix("torch.").lower())
         if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        close = difflib.get_close_matches(text.removeprefix("torch."), list(_DTYPE_ALIASES), n=1)
+        close = close_words(text.removeprefix("torch."), _DTYPE_ALIASES)
         raise CoerceError(f"expects a dtype (float32, bfloat16, float16), got {_show(value, raw)}",
                           f"did you mean {key}={close[0]}?" if close else f"{key}=bf16, {key}=fp16 or {key}=fp32")
 
@@ -233,7 +234,7 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
         for member in annotation:
             if text in (member.name, str(member.value)) or value == member.value:
                 return member
-        close = difflib.get_close_matches(text, [m.name for m in annotation], n=1)
+        close = close_words(text, [m.name for m in annotation])
         raise CoerceError(f"expects {describe(annotation)}, got {_show(value, raw)}",
                           f"did you mean {key}={close[0]}?" if close else
                           f"{key}=<{describe(annotation)}>")

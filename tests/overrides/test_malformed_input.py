@@ -133,6 +133,31 @@ def test_control_characters_are_shown_escaped_and_long_overrides_shortened(dense
     assert "' optimizer.lr=1'" in refusal(dense, [" optimizer.lr=1"]).format()
 
 
+@pytest.mark.parametrize("key,allowed", [
+    ("model.fp4", "e2m1"),  # a Literal
+    ("model.params_dtype", "bf16"),  # a dtype
+    ("model.attention_backend", "flash"),  # an enum
+])
+def test_a_100000_character_wrong_value_is_refused_quickly(dense, key, allowed):
+    """A wrong word's did-you-mean (facts/spelling.close_words: difflib, on no word over 200 letters) costs nothing
+    on a pasted blob: it is refused at once, with the key, the value shown shortened and the allowed words."""
+    import random
+    import time
+
+    letters = random.Random(0)
+    value = "".join(letters.choice("abcdefghijklmnopqrstuvwxyz0123456789_") for _ in range(100_000))
+    for word in (value, "bfloat16" * 12_500):
+        started = time.perf_counter()
+        with pytest.raises(OverrideErrors) as caught:
+            apply_overrides(dense, [f"{key}={word}"])
+        elapsed = time.perf_counter() - started
+        assert elapsed < 2.0, f"{key}: {elapsed:.1f} s"
+        errors = caught.value
+        (error,) = errors.errors
+        assert error.key == key and "did you mean" not in error.fix and allowed in error.fix
+        assert "characters)" in errors.format() and len(errors.format()) < 3000
+
+
 def test_a_sweep_of_a_number_is_not_offered_as_a_list(dense):
     fix = refusal(dense, ["optimizer.optimizer_offload_fraction=0,0.5"]).errors[0].fix
     assert "sweep_offload" in fix and "[" not in fix
