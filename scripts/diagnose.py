@@ -14,6 +14,8 @@ log), else from the run_recipe.py command the log starts with; without either th
 
 Exit codes: 0 it ran, whatever it found (it says so plainly when it recognises nothing); 2 a LOG is missing,
 unreadable, empty or not text (one line names it and the problem), or invalid arguments.
+With --json: a JSON list, one report per LOG; with exit 2, {"ok": false, "refused": true, "error": "...",
+"problems": []} on stdout as well as the words on stderr.
 The command is mbridge_offload/cli/diagnose.py, also run as ``python -m mbridge_offload.cli.diagnose``.
 """
 

@@ -7,6 +7,10 @@
 
 Exit codes: 0 the plan fits; 2 invalid arguments or overrides, no fraction fits (auto), or the plan
 does not fit (GPU, host memory, or the --step-time-budget-s offload-time gate).
+With --json stdout is always one JSON object: the plan with "ok" and "refused" (true with exit 2) and its
+"problems", or, when no plan is made (a bad argument, recipe or override, auto where nothing fits),
+{"ok": false, "refused": true, "error": "...", "problems": [{"id", "key", "value", "rule", "fix", "severity"}]};
+the words on stderr are the same as without --json.
 The command is mbridge_offload/cli/plan_offload.py, also run as ``python -m mbridge_offload.cli.plan_offload``.
 """
 

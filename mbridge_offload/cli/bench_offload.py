@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 from overrides.grammar import key_of
-from recipes import registry
 from mbridge_offload.bench import overhead
 from mbridge_offload.bench.sweep import parse_fractions
 from mbridge_offload.cli.parsing import (CommandParser, at_least_one, check_writable, make_dir, not_negative,
-                                         positive_seconds, read_json, readable_file, refuse_bad_overrides)
+                                         positive_seconds, read_json, readable_file, recipe_or_exit,
+                                         refuse_bad_overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_intermixed_args(argv)
-    recipe = registry.get_or_exit(parser, args.recipe)
+    recipe = recipe_or_exit(parser, args.recipe)
     names = list(overhead.configurations(1))
     chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in names]

@@ -11,18 +11,22 @@ import json
 import sys
 from pathlib import Path
 
+from mbridge_offload.cli.parsing import RefusalParser
+
 EXIT_OK, EXIT_UNREADABLE = 0, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diagnose.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RefusalParser(prog="diagnose.py", description=__doc__.split("\n\n")[0], json_flag="--json",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="*", type=Path, metavar="LOG",
                         help="a rank's log, torchrun/Slurm output (plain, .gz, .bz2 or .xz), a failure.json, a run "
                              "folder (DIR with log.txt / failure.json / summary.json), or - for a log pasted on "
                              "standard input; several: one report each, and a run without offload among them is "
                              "the baseline of the slowdown check")
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help='print the findings as JSON (a list, one report per LOG); when it exits 2, '
+                             '{"ok": false, "refused": true, "error": ..., "problems": []}')
     parser.add_argument("--no-build", action="store_true",
                         help="never build the recipe of the log's command (no Megatron import): fixes then come "
                              "from a saved run_config.yaml or stay generic")
@@ -45,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least one LOG (or --list)")
     for path in args.logs:  # before anything is read: one clear line for a missing file
         if str(path) != "-" and not path.exists():
-            print(f"diagnose.py: no such file: {path}", file=sys.stderr)
-            return EXIT_UNREADABLE
+            return parser.refuse(f"no such file: {path}", code=EXIT_UNREADABLE,
+                                 said=f"diagnose.py: no such file: {path}")
 
     from mbridge_offload.diagnosis import LogError, diagnose, format_diagnosis
     from mbridge_offload.facts.import_notices import quiet_import_notices
@@ -55,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         diagnoses = diagnose(args.logs, build_config=not args.no_build)
     except LogError as error:
-        print(f"diagnose.py: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return parser.refuse(str(error), code=EXIT_UNREADABLE, said=f"diagnose.py: {error}")
     if args.json:
         print(json.dumps([d.to_json() for d in diagnoses], indent=2))
     else:

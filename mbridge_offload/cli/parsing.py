@@ -1,6 +1,13 @@
 """What every command does first: parse its line, refuse what it cannot use in one line with exit 2 (an
 unknown recipe with suggestions, a bad flag, a file it cannot read, a folder it cannot write), and only
-then import anything heavy. Nothing here imports Megatron."""
+then import anything heavy. Nothing here imports Megatron.
+
+A command with a JSON output mode (``--json``) refuses in JSON too: besides the words on stderr, stdout gets one
+object, ``{"ok": false, "refused": true, "error": "...", "problems": [...]}`` (``problem_json``'s fields, as the
+command's own output has them; empty where the refusal is no list of problems), so that a program reading stdout
+gets the reason instead of nothing. Every refusal of such a command goes through ``RefusalParser``: its
+``error`` and ``exit`` (argparse's errors, parse_intermixed_args' included) and its ``refuse`` (what the
+command finds after parsing)."""
 
 from __future__ import annotations
 
@@ -9,24 +16,130 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Sequence
 
 from recipes import registry
 
 EXIT_INVALID = 2
 
 
-class CommandParser(argparse.ArgumentParser):
+def problem_json(problem: Any) -> dict[str, Any]:
+    """A report's problem (validation.Problem) as the commands' JSON says it."""
+    return {"id": problem.rule_id, "key": problem.key, "value": problem.value, "rule": problem.rule,
+            "fix": problem.fix, "severity": problem.severity}
+
+
+def refusal_json(error: str, problems: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """What a command with a JSON output mode prints on stdout when it refuses (exit 2)."""
+    return {"ok": False, "refused": True, "error": error, "problems": list(problems)}
+
+
+def not_prepared_problems(refusal: BaseException) -> list[dict[str, Any]]:
+    """The problems of a refused command line (prepare's NotPrepared): each override that cannot be applied,
+    from the override errors it was raised on; none for a refusal that is no list of problems (auto where
+    nothing fits, flags that clash), whose message says it all."""
+    from overrides.errors import OverrideErrors
+
+    errors = refusal.__context__  # prepare raises NotPrepared(...) from None on the OverrideErrors it caught
+    if not isinstance(errors, OverrideErrors):
+        return []
+    return [{"id": "override/invalid", "key": e.key, "value": str(e.text).partition("=")[2], "rule": e.message,
+             "fix": e.fix, "severity": "error"} for e in errors.errors]
+
+
+class RefusalParser(argparse.ArgumentParser):
+    """An ArgumentParser that refuses in JSON on stdout too (``refusal_json``) when its command line asks for
+    JSON with ``json_flag`` (a store_true flag, e.g. "--json"; None: the command has no JSON output). The
+    words on stderr and the exit code are argparse's (or the subclass's); --help is unchanged."""
+
+    def __init__(self, *args: Any, json_flag: str | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.json_flag = json_flag
+        self.wants_json = False  # set from the command line as soon as it is parsed (before any error)
+        self._said_json = self._parsing = False
+        self._refusal: tuple[str, list[dict[str, Any]]] | None = None
+
+    def _asks_json(self, argv: Sequence[str]) -> bool:
+        if not self.json_flag:
+            return False
+        for token in argv:
+            token = str(token)
+            if token == "--":
+                break
+            if token == self.json_flag:
+                return True
+            if self.allow_abbrev and token.startswith("--") and len(token) > 2 and "=" not in token:
+                matches = [o for o in self._option_string_actions if o.startswith(token)]
+                if matches == [self.json_flag]:
+                    return True
+        return False
+
+    def _parse(self, parse: Any, args: Sequence[str] | None, namespace: Any):
+        """``parse(args, namespace)``, wants_json set from the whole command line first (parse_intermixed_args
+        parses its positionals again without the options: that inner call leaves it as it is)."""
+        if self._parsing:
+            return parse(args, namespace)
+        self.wants_json = self._asks_json(sys.argv[1:] if args is None else list(args))
+        self._parsing = True
+        try:
+            return parse(args, namespace)
+        finally:
+            self._parsing = False
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None):
+        return self._parse(super().parse_known_args, args, namespace)
+
+    def parse_known_intermixed_args(self, args: Sequence[str] | None = None, namespace: Any = None):
+        return self._parse(super().parse_known_intermixed_args, args, namespace)
+
+    def _say_json(self, error: str, problems: Sequence[dict[str, Any]] = ()) -> None:
+        if self.wants_json and not self._said_json:
+            self._said_json = True
+            print(json.dumps(refusal_json(error, problems), indent=2), flush=True)
+
+    def error(self, message: str, problems: Sequence[dict[str, Any]] = ()) -> NoReturn:
+        self._refusal = (" ".join(str(message).split()), list(problems))
+        super().error(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if status:
+            error, problems = self._refusal or ((message or "").strip() or f"exit {status}", [])
+            self._say_json(error, problems)
+        super().exit(status, message)
+
+    def refuse(self, message: str, problems: Sequence[dict[str, Any]] = (), code: int = EXIT_INVALID,
+               said: str | None = None) -> int:
+        """A refusal the command found after parsing: ``said`` (default ``message``) on stderr, the JSON
+        refusal on stdout when asked for; returns ``code`` for main to return."""
+        print(message if said is None else said, file=sys.stderr, flush=True)
+        self._say_json(message, problems)
+        return code
+
+
+class CommandParser(RefusalParser):
     """An ArgumentParser whose refusals are one line (``prog: error: ...``) and exit 2; --help is unchanged."""
 
-    def error(self, message: str) -> NoReturn:
+    def error(self, message: str, problems: Sequence[dict[str, Any]] = ()) -> NoReturn:
         message = " ".join(str(message).split())
+        self._refusal = (message, list(problems))
         self.exit(EXIT_INVALID, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def recipe_or_exit(parser: RefusalParser, name: str) -> registry.Recipe:
+    """The recipe, or the command's argument error (exit 2) with did-you-mean (in JSON: the fix)."""
+    try:
+        return registry.get(name)
+    except registry.UnknownRecipe as unknown:
+        fix = (" or ".join(f"--recipe {s}" for s in unknown.suggestions) if unknown.suggestions
+               else "run_recipe.py --list shows every recipe")
+        problem = {"id": "recipe/unknown", "key": "--recipe", "value": str(name), "rule": "unknown recipe",
+                   "fix": fix, "severity": "error"}
+        parser.error(str(unknown), problems=[problem])
 
 
 def parse_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
-    registry.get_or_exit(parser, args.recipe)
+    recipe_or_exit(parser, args.recipe)
     return args
 
 
@@ -172,7 +285,7 @@ def split_fraction_overrides(parser: argparse.ArgumentParser, overrides: list[st
         parser.error(str(stop.code).split(": ", 1)[-1] if isinstance(stop.code, str) else "invalid overrides")
 
 
-def refuse_bad_overrides(parser: argparse.ArgumentParser, recipe_name: str, overrides: list[str]) -> None:
+def refuse_bad_overrides(parser: RefusalParser, recipe_name: str, overrides: list[str]) -> None:
     """Before any training starts: overrides that cannot be applied to the recipe are refused (exit 2, the
     override errors), from the cache of the recipe (mbridge_offload/fast_check), else by building the recipe
     here once; each run's run_recipe.py validates the rest."""
@@ -180,8 +293,7 @@ def refuse_bad_overrides(parser: argparse.ArgumentParser, recipe_name: str, over
 
     message = fast_check.override_errors(registry.get(recipe_name), overrides, build=True)
     if message:
-        print(f"{parser.prog}: error: " + message, file=sys.stderr)
-        parser.exit(EXIT_INVALID)
+        sys.exit(parser.refuse(message, said=f"{parser.prog}: error: " + message))
 
 
 def parse_single_fraction_command(parser: argparse.ArgumentParser, argv: list[str] | None,

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
-from recipes import registry
-from mbridge_offload.cli.parsing import CommandParser, at_least_one, readable_dir
+from mbridge_offload.cli.parsing import (CommandParser, at_least_one, not_prepared_problems, problem_json, readable_dir,
+                                         recipe_or_exit)
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
 
@@ -21,14 +21,16 @@ EXIT_OK, EXIT_INVALID = 0, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="plan_offload.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="plan_offload.py", description=__doc__.split("\n\n")[0], json_flag="--json",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", metavar="NAME")
     parser.add_argument("--compare", type=readable_dir, nargs="+", metavar="SWEEP_DIR",
                         help="compare the plan with the peak memory measured by sweep_offload.py runs "
                              "(markdown table) instead of planning one recipe")
     parser.add_argument("--num-gpus", type=at_least_one("GPU"), metavar="N", help="default: the recipe's GPU count")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help='print the plan as JSON ("ok": false and "refused": true when it exits 2; a refusal '
+                             'without a plan prints {"ok": false, "refused": true, "error": ..., "problems": [...]})')
     add_plan_arguments(parser)
     for flag in SHORT_FLAGS:
         parser.add_argument(*flag.flags, dest=dest(flag), type=flag.type, help=argparse.SUPPRESS)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if not args.recipe:
         parser.error("--recipe NAME is required (or --compare SWEEP_DIR ...)")
-    recipe = registry.get_or_exit(parser, args.recipe)
+    recipe = recipe_or_exit(parser, args.recipe)
     num_gpus = args.num_gpus or recipe.num_gpus
 
     from mbridge_offload import fast_check
@@ -63,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                    step_time_budget_s=args.step_time_budget_s, validated=False)
     fast = fast_check.prepare_fast(recipe, overrides, **options)  # from the cache of this recipe, when there
     if fast is not None and fast.refusal is not None:
-        print(fast.refusal.message, file=sys.stderr)
-        return EXIT_INVALID
+        return parser.refuse(fast.refusal.message, not_prepared_problems(fast.refusal))
     if fast is not None:
         prepared = fast.prepared
     else:
@@ -80,13 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             with fast_check.recording(recipe) as building:
                 prepared = prepare(building, overrides, validator=building.validator, **options)
         except NotPrepared as refusal:
-            print(refusal.message, file=sys.stderr)
-            return EXIT_INVALID
+            return parser.refuse(refusal.message, not_prepared_problems(refusal))
     result, problems = prepared.memory, prepared.report.problems
-    if args.json:
-        print(json.dumps({**result.to_json(), "problems": [
-            {"id": p.rule_id, "key": p.key, "value": p.value, "rule": p.rule, "fix": p.fix, "severity": p.severity}
-            for p in problems]}, indent=2))
+    if args.json:  # the plan's fields in their order; ok and refused as a refusal without a plan has them
+        print(json.dumps({"ok": not problems, "refused": bool(problems), **result.to_json(),
+                          "problems": [problem_json(p) for p in problems]}, indent=2))
     else:
         print(f"Memory plan for {recipe.name} on {num_gpus} GPU{'s' if num_gpus != 1 else ''}"
               + (" (fraction=auto)" if prepared.auto_fraction is not None else "") + ":")

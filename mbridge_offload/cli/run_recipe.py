@@ -14,7 +14,7 @@ from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
 from recipes import registry
-from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable, refuse
+from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable, recipe_or_exit, refuse
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
 from mbridge_offload.facts.offload_engine import ENGINE_ENV, ENGINE_MODES
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if not args.recipe:
         parser.error("--recipe NAME is required (see --list)")
-    recipe = registry.get_or_exit(parser, args.recipe)
+    recipe = recipe_or_exit(parser, args.recipe)
     num_gpus, gpus_from = _num_gpus(parser, args, recipe)
     if not args.dry_run:  # a dry run writes nothing; a launch writes its run folder
         check_writable(parser, "--out", args.out or Path("runs") / recipe.name)

@@ -154,6 +154,8 @@ def test_world_size_that_is_not_a_count(monkeypatch):
 @pytest.mark.parametrize("argv", [
     ["scripts/run_recipe.py", "--recipe", "qwen3_30b_a3b_pretrain_confg", "--dry-run"],
     ["scripts/plan_offload.py", "--recipe", "nope"],
+    ["scripts/plan_offload.py", "--recipe", "nope", "--json"],  # its JSON refusal on stdout, no import either
+    ["scripts/plan_offload.py", "--recipe", RECIPE, "--json", "--num-gpus", "0"],
     ["scripts/sweep_offload.py", "--recipe", RECIPE, "--out", "/dev/null/x"],
     ["scripts/bench_offload.py", "--recipe", RECIPE, "--out", "o", "--host-json", "/nonexistent.json"],
     ["scripts/check_resume.py", "--recipe", RECIPE, "--out", "o", "--bogus"],

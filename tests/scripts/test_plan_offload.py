@@ -3,6 +3,7 @@ nothing fits (it used to plan fraction 1 then)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from mbridge_offload.cli import plan_offload, run_recipe
@@ -25,7 +26,9 @@ def test_auto_refuses_with_the_alternatives_when_nothing_fits(capsys):
 def test_auto_refuses_when_no_fraction_fits_both_gpu_and_host(capsys):
     assert plan_offload.main([*EIGHT_B, "--json", "--host-memory-gib", "40"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "auto: nothing fits both: the GPU needs fraction" in captured.err
+    assert "auto: nothing fits both: the GPU needs fraction" in captured.err
+    # --json: the refusal in JSON on stdout too, in the same words (tests/scripts/test_json_refusals.py)
+    assert json.loads(captured.out) == {"ok": False, "refused": True, "error": captured.err.strip(), "problems": []}
 
 
 def test_auto_plans_the_fraction_run_recipe_would_run(capsys):

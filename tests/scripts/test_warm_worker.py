@@ -4,6 +4,7 @@ code as the command answering alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from mbridge_offload.fast_check import warm_worker
 
 REPO = Path(__file__).resolve().parents[2]
 DRY_RUN = [sys.executable, "scripts/run_recipe.py", "--recipe", "qwen3_1b_proxy_pretrain_config", "--dry-run"]
+PLAN_REFUSED = ["scripts/plan_offload.py", "--recipe", "qwen3_0p6b_pretrain_config", "--json", "model.num_layerz=3",
+                "optimizer.lr"]  # test_json_refusals.py's SAME_EVERYWHERE
 
 
 @pytest.fixture
@@ -53,6 +56,15 @@ def test_a_new_configuration_is_answered_by_the_worker_in_seconds_and_the_same(w
         assert refused.returncode == 2 and "tensor_model_parallel_size" in refused.stdout + refused.stderr
         alone, _ = _run(command, {**worker_env, "MBRIDGE_OFFLOAD_NO_WORKER": "1", "MBRIDGE_OFFLOAD_NO_CACHE": "1"})
         assert alone.returncode == 0 and alone.stdout == fast.stdout
+        # plan_offload --json's refusal: the worker's (a recipe this cache has not seen) is the fast path's, which
+        # test_json_refusals.py finds equal to the slow path's
+        plan = [sys.executable, *PLAN_REFUSED]
+        by_worker, seconds = _run(plan, worker_env)
+        assert by_worker.returncode == 2 and seconds < 20, (seconds, by_worker.stderr)
+        assert json.loads(by_worker.stdout)["problems"][0]["key"] == "model.num_layerz"
+        from_cache, _ = _run(plan, worker_env)  # the worker's answer stored the recipe
+        assert from_cache.returncode == 2 and from_cache.stdout == by_worker.stdout
+        assert from_cache.stderr == by_worker.stderr
     finally:
         worker.terminate()
         worker.wait(timeout=30)
