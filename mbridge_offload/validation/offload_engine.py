@@ -71,7 +71,7 @@ NOT_RUN_WITH = (
      "fine-grained activation offload", _SHARED_LINK),
     ("pipeline", "model.pipeline_model_parallel_size", lambda c: c.model.pipeline_model_parallel_size == 1,
      "pipeline parallelism", "the forward hooks that wait for each module's update then run across a stage's micro "
-     "batches"),
+     "batches; Megatron's 1F1B schedule with them ran on gloo ranks on the CPU"),
 )
 
 

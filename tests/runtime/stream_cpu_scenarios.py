@@ -60,6 +60,7 @@ from megatron.core.transformer.module import MegatronModule  # noqa: E402
 
 EMBED = (700, 701)
 HIDDEN, FFN, BLOCKS = 1000, 1500, 4
+MICRO_BATCHES, PIPELINE_SEQ = 4, 2  # the pipeline scenarios' schedule: micro batches per step, their length
 EXPERT_FFN = 500  # the MoE scenarios' expert matrix of each block: a tensor of its own on each expert-parallel rank
 BUCKET = 2_500_000  # elements: several buckets, each its own bucket group (each its own parameter all-gather)
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 0.05, 0.1, (0.9, 0.95), 1e-8, 1.0
@@ -81,17 +82,33 @@ class Weight(torch.nn.Module):
 
 
 class Toy(MegatronModule):
-    def __init__(self, config, experts: bool = False) -> None:
+    """The model, or with pipeline parallelism one stage of it: the embedding and its share of the blocks."""
+
+    share_embeddings_and_output_weights = False  # read by Megatron's finalize_model_grads with several stages
+
+    def __init__(self, config, experts: bool = False, stage: int = 0, stages: int = 1) -> None:
         super().__init__(config=config)
-        layers = [Weight("embed", *EMBED)]
-        for i in range(BLOCKS):
+        layers = [Weight("embed", *EMBED)] if stage == 0 else []
+        per_stage = BLOCKS // stages
+        for i in range(stage * per_stage, (stage + 1) * per_stage):
             layers += [Weight(f"norm{i}", HIDDEN), Weight(f"fc1_{i}", FFN, HIDDEN), Weight(f"fc2_{i}", HIDDEN, FFN)]
             if experts:
                 layers.append(Weight(f"exp{i}", EXPERT_FFN, HIDDEN, expert=True))
         self.layers = torch.nn.ModuleList(layers)
+        self.pre_process, self.post_process = stage == 0, stage == stages - 1  # what the schedule reads
+        self.input_tensor = None
 
-    def forward(self, coefficients):
-        x = torch.zeros((), device=torch.cuda.current_device())
+    def set_input_tensor(self, tensor) -> None:
+        """The pipeline schedule's hand-over of the previous stage's output."""
+        self.input_tensor = tensor[0] if isinstance(tensor, (list, tuple)) else tensor
+
+    def forward(self, coefficients, shape=()):
+        """Each layer adds sum(weight * c) to every element of x: zeros of ``shape`` on the first stage, the
+        previous stage's output on the others."""
+        if self.pre_process:
+            x = torch.zeros(shape, device=torch.cuda.current_device())
+        else:
+            x = self.input_tensor
         for layer in self.layers:
             x = layer(x, coefficients)
         return x
@@ -189,21 +206,33 @@ class Run:
     """One rank's model and optimizer, built as Megatron Bridge builds them."""
 
     def __init__(self, rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
-                 overlap_d2h: bool, seed: int = 0, expert_parallel: int = 0) -> None:
+                 overlap_d2h: bool, seed: int = 0, expert_parallel: int = 0, stages: int = 1) -> None:
         """``expert_parallel``: 0 for the model without experts, else the expert-parallel size of the model with
-        them (each expert-parallel rank holds other experts)."""
-        self.rank, self.world = rank, world
+        them (each expert-parallel rank holds other experts). ``stages``: pipeline-parallel stages, each trained
+        through Megatron's 1F1B schedule in ``MICRO_BATCHES`` micro batches."""
+        self.rank, self.world, self.stages = rank, world, stages
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=120))
-            parallel_state.initialize_model_parallel(expert_model_parallel_size=max(1, expert_parallel))
+            parallel_state.initialize_model_parallel(pipeline_model_parallel_size=stages,
+                                                     expert_model_parallel_size=max(1, expert_parallel))
+        self.dp_rank, self.dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+        self.microbatches = MICRO_BATCHES if stages > 1 else 1
         torch.manual_seed(seed)
-        config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True,
-                                   params_dtype=torch.bfloat16)
+        config = TransformerConfig(num_layers=stages, hidden_size=8, num_attention_heads=1, bf16=True,
+                                   params_dtype=torch.bfloat16, pipeline_model_parallel_size=stages,
+                                   pipeline_dtype=torch.float32 if stages > 1 else None)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
                                                    overlap_param_gather=overlap_param_gather,
                                                    use_distributed_optimizer=True, bucket_size=BUCKET)
-        self.model = DistributedDataParallel(config, ddp_config, Toy(config, experts=bool(expert_parallel)))
+        stage = parallel_state.get_pipeline_model_parallel_rank()
+        self.model = DistributedDataParallel(config, ddp_config, Toy(config, experts=bool(expert_parallel),
+                                                                     stage=stage, stages=stages))
+        if stages > 1:  # as Megatron Bridge sets them up for its pipeline schedules
+            from megatron.core.distributed import finalize_model_grads
+
+            config.finalize_model_grads_func = finalize_model_grads
+            config.no_sync_func = self.model.no_sync
         optimizer_config = OptimizerConfig(
             optimizer="adam", lr=LR, weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
             adam_eps=EPS, bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=CLIP,
@@ -246,14 +275,18 @@ class Run:
 
     def train_step(self, step: int) -> None:
         """Megatron Bridge's train_step, in order: zero the gradient buffers and the optimizer's gradients, the
-        forward and backward, the gradient reduce-scatter, the optimizer step (inside the engine's train step)."""
+        forward and backward (with stages: Megatron's 1F1B schedule, whose end reduce-scatters the gradients), the
+        gradient reduce-scatter, the optimizer step (inside the engine's train step)."""
         streaming_engine._STATE["in_train_step"] = True
         try:
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
-            loss = self.model(rank_coefficients(step, self.rank))
-            loss.backward()
-            self.model.finish_grad_sync()
+            if self.stages > 1:
+                self._pipeline(rank_coefficients(step, self.dp_rank), forward_only=False)
+            else:
+                loss = self.model(rank_coefficients(step, self.dp_rank))
+                loss.backward()
+                self.model.finish_grad_sync()
             self.optimizer.step()
         finally:
             streaming_engine._STATE["in_train_step"] = False
@@ -264,9 +297,28 @@ class Run:
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
             with torch.no_grad():
-                self.model(rank_coefficients(0, self.rank))
+                if self.stages > 1:
+                    self._pipeline(rank_coefficients(0, self.dp_rank), forward_only=True)
+                else:
+                    self.model(rank_coefficients(0, self.dp_rank))
         finally:
             streaming_engine._STATE["in_train_step"] = False
+
+    def _pipeline(self, coefficients: dict, forward_only: bool) -> None:
+        """Megatron's pipeline schedule over ``microbatches`` micro batches, each the same: the loss is the last
+        stage's output's mean (the gradient of each weight is its coefficient after the schedule's division by
+        the micro batches and their sum)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        shape = (PIPELINE_SEQ, 1, self.model.config.hidden_size)
+
+        def forward_step(data_iterator, model):
+            output = model(coefficients, shape)
+            return output, lambda out: (out.float().mean(), {"loss": out.detach().float().mean()})
+
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(()), model=[self.model],
+                                    num_microbatches=self.microbatches, seq_length=PIPELINE_SEQ, micro_batch_size=1,
+                                    forward_only=forward_only)
 
     def shard_range(self, model_param):
         distopt = next(d for d in self.distopts if model_param in d.model_param_group_index_map)
@@ -303,7 +355,7 @@ def check_seen_weights(run: Run, reference: Reference, after: int, weights: dict
         bad, worst = _close(used, (weights or reference.params)[name], rtol=2 ** -7, atol=1e-5)
         check(bad == 0, "forward-weights", f"rank {run.rank}: the forward after update {after} used {name} with "
               f"{bad} of {used.numel()} elements off the reference (max {worst:.3g})")
-    check(len(SEEN) == len(run.params), "forward-weights", f"{len(SEEN)} modules ran")
+    check(len(SEEN) == len(run.params) * run.microbatches, "forward-weights", f"{len(SEEN)} modules ran")
     SEEN.clear()
 
 
@@ -566,7 +618,7 @@ def offloaded_elements(run: Run) -> dict:
     masks = {name: torch.zeros(param.numel(), dtype=torch.bool) for name, param in run.params.items()}
     for rank, part in enumerate(everyone):
         for name, start, end in part:
-            if rank in run.replica_ranks(name):
+            if name in masks and rank in run.replica_ranks(name):  # another stage's tensors are not this rank's
                 masks[name][start:end] = True
     return masks
 
@@ -577,7 +629,7 @@ def delayed_weights(history: list, masks: dict, step: int) -> dict:
     step - 1."""
     late, current = history[max(0, step - 2)], history[max(0, step - 1)]
     return {name: torch.where(masks[name], late[name].reshape(-1), current[name].reshape(-1)).reshape(current[name].shape)
-            for name in current}
+            for name in masks}  # this rank's tensors (another pipeline stage's are not)
 
 
 def delayed_ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
@@ -687,6 +739,46 @@ def experts_case(rank: int, world: int, port: int, fraction: float, overlap_para
     check_optimizers_states(run, reference)
 
 
+def pipeline_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool) -> None:
+    """The engine under check with two pipeline stages, each its own distributed optimizer and engine, trained by
+    Megatron's 1F1B schedule in several micro batches: every micro batch's forward, on every rank, uses the weights
+    the engine promises (exact, stream: after every earlier update; delayed: the offloaded elements one update
+    behind); after the drain of a save or an evaluation every rank holds its stage's weights after the last update,
+    and every shard, host copy and moment equals torch AdamW's on the full tensors, clipped by the norm over both
+    stages."""
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h=True, stages=2)
+    check(run.engine.mode == ENGINE_UNDER_CHECK and parallel_state.get_pipeline_model_parallel_world_size() == 2
+          and run.model.bucket_groups[0].intra_distributed_optimizer_instance_size == run.dp_size, "setup",
+          f"not the {ENGINE_UNDER_CHECK} engine on 2 stages of {run.dp_size} data-parallel rank(s)")
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {name: weight.cpu() for name, weight in run.weights().items()})
+    initial = {name: weight for stage_weights in everyone for name, weight in stage_weights.items()}
+    check(len(initial) == len(_shapes()), "setup", f"the stages hold {len(initial)} of {len(_shapes())} tensors")
+    reference = Reference(initial, run.hyper(), run.dp_size)  # the whole model: the clipping norm is over both stages
+    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
+    delayed = ENGINE_UNDER_CHECK == "delayed"
+    masks = offloaded_elements(run) if delayed else None
+    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step
+        if step > RANKS_STEPS:
+            run.forward_only()
+        else:
+            run.train_step(step)
+        expected = delayed_weights(history, masks, step) if delayed else history[step - 1]
+        check_seen_weights(run, reference, step - (2 if delayed else 1), expected)
+        if step > RANKS_STEPS:
+            break
+        reference.step(step)
+        history.append({name: value.clone() for name, value in reference.params.items()})
+    streaming_engine.drain_all(apply_delayed=True)  # what a checkpoint save or an evaluation does first
+    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
+    check_optimizers_states(run, reference)
+
+
+# Each stage over 2 data-parallel ranks: a stage of one rank all-gathers its parameters in place, which NCCL does
+# without touching them (the exact engine trained bit-identical to the library on one H200 with the overlapped
+# all-gather, whose prefetch runs while the worker casts) but gloo through a copy that races with the worker's cast.
+PIPELINE_SCENARIOS = [("4 ranks, 2 pipeline stages x DP 2, fraction 0.6, overlapped all-gather", 4, (0.6, True), None,
+                       None)]
 EXPERT_SCENARIOS = [("2 ranks, EP 2 (experts on one rank each), fraction 0.6, overlapped all-gather", 2, (0.6, True, 2),
                      None, None),
                     ("4 ranks, EP 2 (experts on two ranks each), fraction 1, all-gather in the step", 4,
@@ -925,6 +1017,7 @@ def main(argv: list[str]) -> int:
                      ("2 ranks, broken: no-gather-gate", 2, (1.0, True, False), "no-gather-gate", "forward-weights")]
         ok &= run_scenarios(ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
+        ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
     if what == "exact-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),
@@ -932,6 +1025,7 @@ def main(argv: list[str]) -> int:
                       "forward-weights")]
         ok &= run_scenarios(exact_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
+        ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
     if what == "delayed-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather, drained", 2, (0.6, True, "drain"), None, None),
                      ("2 ranks, fraction 1, all-gather in the step, drained", 2, (1.0, False, "drain"), None, None),
@@ -940,6 +1034,7 @@ def main(argv: list[str]) -> int:
                      ("2 ranks, broken: no-gather", 2, (1.0, False, "drain"), "delayed-no-gather", "applied-weights")]
         ok &= run_scenarios(delayed_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
+        ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
     if what == "resume":
         import tempfile
 
