@@ -32,12 +32,15 @@ from mbridge_offload.validation import Report, validate
 
 class NotPrepared(Exception):
     """The command line makes no config to plan or launch; ``message`` says why, for the user.
-    ``auto_line`` is what ``auto`` resolved to when the refusal came after it (run_recipe shows it)."""
+    ``auto_line`` is what ``auto`` resolved to when the refusal came after it (run_recipe shows it).
+    ``override_errors``: the overrides that cannot be applied, each with its key and fix, when those are the reason
+    (the JSON refusals list them)."""
 
-    def __init__(self, message: str, auto_line: str | None = None):
+    def __init__(self, message: str, auto_line: str | None = None, override_errors: tuple = ()):
         super().__init__(message)
         self.message = message
         self.auto_line = auto_line
+        self.override_errors = tuple(override_errors)
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,8 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             if auto_fraction is not None:
                 cfg = _apply_auto(cfg, overrides, auto_fraction)
     except OverrideErrors as errors:
-        raise NotPrepared(_with_the_rest_validated(errors, num_gpus, validated, validator), auto_line) from None
+        raise NotPrepared(_with_the_rest_validated(errors, num_gpus, validated, validator), auto_line,
+                          override_errors=errors.errors) from None
     given = {key_of(o) for o in overrides}
     run_lines = []
     if deterministic:

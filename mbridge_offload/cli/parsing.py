@@ -35,16 +35,11 @@ def refusal_json(error: str, problems: Sequence[dict[str, Any]] = ()) -> dict[st
 
 
 def not_prepared_problems(refusal: BaseException) -> list[dict[str, Any]]:
-    """The problems of a refused command line (prepare's NotPrepared): each override that cannot be applied,
-    from the override errors it was raised on; none for a refusal that is no list of problems (auto where
-    nothing fits, flags that clash), whose message says it all."""
-    from overrides.errors import OverrideErrors
-
-    errors = refusal.__context__  # prepare raises NotPrepared(...) from None on the OverrideErrors it caught
-    if not isinstance(errors, OverrideErrors):
-        return []
+    """The problems of a refused command line (prepare's NotPrepared): each override that cannot be applied; none
+    for a refusal that is no list of problems (auto where nothing fits, flags that clash), whose message says it
+    all."""
     return [{"id": "override/invalid", "key": e.key, "value": str(e.text).partition("=")[2], "rule": e.message,
-             "fix": e.fix, "severity": "error"} for e in errors.errors]
+             "fix": e.fix, "severity": "error"} for e in getattr(refusal, "override_errors", ())]
 
 
 class RefusalParser(argparse.ArgumentParser):

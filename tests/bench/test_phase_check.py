@@ -1,14 +1,14 @@
-"""The dry check of a GPU session's commands (mbridge_offload/bench/phase_check.py): every command of the phases
+"""The dry check of a GPU session's commands (mbridge_offload/cli/phase_check.py): every command of the phases
 docs/benchmarks/README.md lists as not run yet, and every step of multi-gpu/run.sh on 4 and on 2 GPUs, must pass
 the plugin's validation for the GPU count it names before device time is spent on it. The other h200.sh phases
-(already run; their commands are the record of what ran) are left to ``python -m mbridge_offload.bench.phase_check``.
+(already run; their commands are the record of what ran) are left to ``python -m mbridge_offload.cli.phase_check``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from mbridge_offload.bench import phase_check
+from mbridge_offload.cli import phase_check
 
 # docs/benchmarks/README.md's "Not run yet" list when this test was written; the check reads the list itself
 LISTED = {"planner-auto-6", "reserve-snapshot-order", "stream-moe-profile", "stream-lazy-bench", "delayed-bench"}

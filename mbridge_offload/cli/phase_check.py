@@ -1,9 +1,9 @@
 """A dry check, on the CPU, of the commands a GPU session would run: every phase of docs/benchmarks/h200.sh and
 every step of docs/benchmarks/multi-gpu/run.sh, before device time is spent on a command the plugin refuses.
 
-    python -m mbridge_offload.bench.phase_check                     # every h200.sh phase and multi-gpu/run.sh 4 and 2
-    python -m mbridge_offload.bench.phase_check not-run-yet multi-gpu
-    python -m mbridge_offload.bench.phase_check planner-auto-6 delayed-bench --host-memory-gib 120
+    python -m mbridge_offload.cli.phase_check                     # every h200.sh phase and multi-gpu/run.sh 4 and 2
+    python -m mbridge_offload.cli.phase_check not-run-yet multi-gpu
+    python -m mbridge_offload.cli.phase_check planner-auto-6 delayed-bench --host-memory-gib 120
 
 TARGET: an h200.sh phase, ``all`` (every phase), ``not-run-yet`` (the phases docs/benchmarks/README.md lists under
 "Not run yet") or ``multi-gpu`` (run.sh with 4 and with 2 GPUs; ``--gpus`` picks).
@@ -30,8 +30,7 @@ findings; warnings are counted. measure_host, pytest, gpu_trace and inline ``-c`
 Exit 0 when nothing is refused, 1 when a command is, 2 on a bad command line. Megatron Bridge is imported once
 (~35 s), then each configuration takes a fraction of a second.
 
-Layers: this module sits above the commands it checks (it uses the cli parsers and prepare.py, to the left of
-bench/), as a test does; nothing imports it.
+A command of its own among the commands it checks: it uses their parsers and prepare.py.
 """
 
 from __future__ import annotations
@@ -756,7 +755,7 @@ def report(found: list[Source], warnings: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mbridge_offload.bench.phase_check",
+    parser = argparse.ArgumentParser(prog="python -m mbridge_offload.cli.phase_check",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("targets", nargs="*", metavar="TARGET",
