@@ -702,6 +702,30 @@ def check_optimizers_states(run: Run, reference: Reference) -> None:
         check(offloaded > 0, "setup", f"rank {run.rank}: nothing of an optimizer offloaded")
 
 
+def train_and_check_any_engine(run: Run, reference: Reference) -> None:
+    """RANKS_STEPS steps and the forward after them, each forward's weights as the engine under check promises them
+    (exact, stream: after every earlier update; delayed: the offloaded elements one update behind, the rest
+    current); then what a save or an evaluation does first (the drain): every rank holds the weights after the last
+    update, and every optimizer's shards, moments and host copies equal the reference's."""
+    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
+    delayed = ENGINE_UNDER_CHECK == "delayed"
+    masks = offloaded_elements(run) if delayed else None
+    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step
+        if step > RANKS_STEPS:
+            run.forward_only()
+        else:
+            run.train_step(step)
+        expected = delayed_weights(history, masks, step) if delayed else history[step - 1]
+        check_seen_weights(run, reference, step - (2 if delayed else 1), expected)
+        if step > RANKS_STEPS:
+            break
+        reference.step(step)
+        history.append({name: value.clone() for name, value in reference.params.items()})
+    streaming_engine.drain_all(apply_delayed=True)
+    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
+    check_optimizers_states(run, reference)
+
+
 def experts_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
                  expert_parallel: int) -> None:
     """The engine under check on the model with experts, over several data-parallel ranks: a dense and an experts'
@@ -720,23 +744,7 @@ def experts_case(rank: int, world: int, port: int, fraction: float, overlap_para
           f"not two {ENGINE_UNDER_CHECK} engines over {world} data-parallel and {world // expert_parallel} "
           f"expert-data-parallel ranks: {len(engines)} engines, groups of {sizes}")
     reference = ExpertReference(run.weights(), run.hyper(), run)
-    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
-    delayed = ENGINE_UNDER_CHECK == "delayed"
-    masks = offloaded_elements(run) if delayed else None
-    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step
-        if step > RANKS_STEPS:
-            run.forward_only()
-        else:
-            run.train_step(step)
-        expected = delayed_weights(history, masks, step) if delayed else history[step - 1]
-        check_seen_weights(run, reference, step - (2 if delayed else 1), expected)
-        if step > RANKS_STEPS:
-            break
-        reference.step(step)
-        history.append({name: value.clone() for name, value in reference.params.items()})
-    streaming_engine.drain_all(apply_delayed=True)  # what a checkpoint save or an evaluation does first
-    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
-    check_optimizers_states(run, reference)
+    train_and_check_any_engine(run, reference)
 
 
 def pipeline_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool) -> None:
@@ -755,23 +763,7 @@ def pipeline_case(rank: int, world: int, port: int, fraction: float, overlap_par
     initial = {name: weight for stage_weights in everyone for name, weight in stage_weights.items()}
     check(len(initial) == len(_shapes()), "setup", f"the stages hold {len(initial)} of {len(_shapes())} tensors")
     reference = Reference(initial, run.hyper(), run.dp_size)  # the whole model: the clipping norm is over both stages
-    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
-    delayed = ENGINE_UNDER_CHECK == "delayed"
-    masks = offloaded_elements(run) if delayed else None
-    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step
-        if step > RANKS_STEPS:
-            run.forward_only()
-        else:
-            run.train_step(step)
-        expected = delayed_weights(history, masks, step) if delayed else history[step - 1]
-        check_seen_weights(run, reference, step - (2 if delayed else 1), expected)
-        if step > RANKS_STEPS:
-            break
-        reference.step(step)
-        history.append({name: value.clone() for name, value in reference.params.items()})
-    streaming_engine.drain_all(apply_delayed=True)  # what a checkpoint save or an evaluation does first
-    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
-    check_optimizers_states(run, reference)
+    train_and_check_any_engine(run, reference)
 
 
 # Each stage over 2 data-parallel ranks: a stage of one rank all-gathers its parameters in place, which NCCL does
