@@ -116,34 +116,44 @@ OPTIMIZER_WORDS = WordChoice(id="choices/optimizer", key="optimizer.optimizer",
                              more_text="dist_<emerging optimizer> is a deprecated spelling",
                              log_signatures=(r"Unsupported emerging optimizer: ",))
 
+# Named like OPTIMIZER_WORDS where another rule reads the same key: a word outside the set is this rule's problem
+# alone, the other rule judges only words the library knows (one problem for one mistake).
+# megatron/core/transformer/transformer_config.py: normalization: Literal['LayerNorm', 'RMSNorm'] (Megatron
+# Bridge's GPTModelProvider retypes it as plain str); TENorm (extensions/transformer_engine.py) takes the same
+# two and raises otherwise when the model is built. (WrappedTorchNorm also names 'L2Norm', as torch.nn.L2Norm,
+# which torch does not have.)
+NORMALIZATION_WORDS = WordChoice(id="choices/normalization", key="model.normalization", words=("LayerNorm", "RMSNorm"),
+                                 what="the model's normalization layer", default="RMSNorm",
+                                 log_signatures=(r"Only LayerNorm and RMSNorm are currently supported",
+                                                 r"Only LayerNorm, RMSNorm and L2Norm are currently supported"))
+
+# megatron/core/transformer/transformer_config.py: fp8: Optional[Literal['e4m3', 'hybrid']] (plain
+# Optional[str] in GPTModelProvider and MixedPrecisionConfig); fp8_utils.py get_fp8_recipe: if 'e4m3' / elif
+# 'hybrid' / else raise "E4M3 and HYBRID are the only supported FP8 formats". None: fp8 off. A mixed_precision
+# preset replaces model.fp8 with its own (bridge/training/mixed_precision.py update_config_with_precision_overrides).
+FP8_FORMAT_WORDS = WordChoice(id="choices/fp8-format", key="model.fp8", words=("e4m3", "hybrid"), null_allowed=True,
+                              what="the FP8 format (null: no FP8; the FP8 recipe is model.fp8_recipe; a mixed_precision "
+                                   "preset sets model.fp8 itself)", default="null",
+                              log_signatures=(r"E4M3 and HYBRID are the only supported FP8 formats",))
+
+# megatron/core/transformer/moe/router.py TopKRouter: routing 'sinkhorn' / 'quantile_balancing' / else top-k,
+# with the aux losses 'aux_loss', 'seq_aux_loss', 'global_aux_loss' (is_aux_loss_enabled); 'none' is named in
+# TransformerConfig's docstring and its capacity-factor check. Any other word silently routes top-k with no load
+# balancing. A list combines aux-loss types (one moe_aux_loss_coeff each).
+MOE_BALANCING_WORDS = WordChoice(id="choices/moe-load-balancing", key="model.moe_router_load_balancing_type",
+                                 words=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing",
+                                        "none"),
+                                 list_allowed=True,
+                                 what="the MoE router's load balancing (any other word silently routes with none)",
+                                 default="aux_loss")
+
 CHOICES_TABLE: tuple[WordChoice, ...] = (
     OPTIMIZER_WORDS,
-    # megatron/core/transformer/transformer_config.py: normalization: Literal['LayerNorm', 'RMSNorm'] (Megatron
-    # Bridge's GPTModelProvider retypes it as plain str); TENorm (extensions/transformer_engine.py) takes the same
-    # two and raises otherwise when the model is built. (WrappedTorchNorm also names 'L2Norm', as torch.nn.L2Norm,
-    # which torch does not have.)
-    WordChoice(id="choices/normalization", key="model.normalization", words=("LayerNorm", "RMSNorm"),
-               what="the model's normalization layer", default="RMSNorm",
-               log_signatures=(r"Only LayerNorm and RMSNorm are currently supported",
-                               r"Only LayerNorm, RMSNorm and L2Norm are currently supported")),
-    # megatron/core/transformer/transformer_config.py: fp8: Optional[Literal['e4m3', 'hybrid']] (plain
-    # Optional[str] in GPTModelProvider and MixedPrecisionConfig); fp8_utils.py get_fp8_recipe: if 'e4m3' / elif
-    # 'hybrid' / else raise "E4M3 and HYBRID are the only supported FP8 formats". None: fp8 off. A mixed_precision
-    # preset replaces model.fp8 with its own (bridge/training/mixed_precision.py update_config_with_precision_overrides).
-    WordChoice(id="choices/fp8-format", key="model.fp8", words=("e4m3", "hybrid"), null_allowed=True,
-               what="the FP8 format (null: no FP8; the FP8 recipe is model.fp8_recipe; a mixed_precision preset "
-                    "sets model.fp8 itself)", default="null",
-               log_signatures=(r"E4M3 and HYBRID are the only supported FP8 formats",)),
+    NORMALIZATION_WORDS,
+    FP8_FORMAT_WORDS,
     WordChoice(id="choices/preset-fp8-format", key="mixed_precision.fp8", words=("e4m3", "hybrid"), null_allowed=True,
                what="the FP8 format of a mixed_precision given as a config (null: no FP8)", default="null"),
-    # megatron/core/transformer/moe/router.py TopKRouter: routing 'sinkhorn' / 'quantile_balancing' / else top-k,
-    # with the aux losses 'aux_loss', 'seq_aux_loss', 'global_aux_loss' (is_aux_loss_enabled); 'none' is named in
-    # TransformerConfig's docstring and its capacity-factor check. Any other word silently routes top-k with no load
-    # balancing. A list combines aux-loss types (one moe_aux_loss_coeff each).
-    WordChoice(id="choices/moe-load-balancing", key="model.moe_router_load_balancing_type",
-               words=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"),
-               list_allowed=True, what="the MoE router's load balancing (any other word silently routes with none)",
-               default="aux_loss"),
+    MOE_BALANCING_WORDS,
     # megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py _init_each_parameter_group_buffers:
     # if 'no_shard' / 'optim' / 'optim_grads' / 'optim_grads_params' / else raise (Megatron FSDP builds the buffers
     # after launch); the same four in DistributedDataParallelConfig's docstring.

@@ -260,6 +260,27 @@ RULES: tuple[Rule, ...] = guarded(
                         f"model's vocabulary; or model.vocab_size={_tokenizer_vocab(c)})"),
          fix_text="tokenizer.vocab_size=<model.vocab_size>, or model.vocab_size=<the tokenizer's vocabulary>",
          log_signatures=(r"Model vocab_size \(\d+\) cannot be smaller than tokenizer's vocab_size",)),
+    # tokenizer.use_tokenizer_vocab_size: Bridge's setup returns the tokenizer's vocabulary whatever model.vocab_size
+    # says (_validate_and_set_vocab_size, no message). The validator sees the final config, not which keys the
+    # command line set; the recipes build the NullTokenizer with the model's vocabulary, so where the two differ one
+    # of them was changed, and the model's (what the planner counted) is not what trains. Other tokenizers' sizes are
+    # known only at launch: not checked (Bridge's own pretraining recipes set both on purpose).
+    Rule(id="model/vocab-replaced-by-tokenizer", mechanism=MODEL, key="model.vocab_size",
+         text="model.vocab_size is replaced at setup by the tokenizer's vocabulary where "
+              "tokenizer.use_tokenizer_vocab_size is True (Megatron Bridge, with no message): a model.vocab_size that "
+              "differs is not what trains (checked where the config gives the tokenizer's vocabulary: the "
+              "NullTokenizer's tokenizer.vocab_size)",
+         applies=sane(lambda c: (bool(getattr(c.cfg.tokenizer, "use_tokenizer_vocab_size", False))
+                                 and is_count(c.model.vocab_size, 1) and _tokenizer_vocab(c) is not None)),
+         holds=lambda c: c.model.vocab_size == _tokenizer_vocab(c),
+         observed=lambda c: (f"{c.model.vocab_size} (tokenizer.use_tokenizer_vocab_size=True: the "
+                             f"{c.cfg.tokenizer.tokenizer_type}'s tokenizer.vocab_size={_tokenizer_vocab(c)} trains)"),
+         fix=lambda c: (f"tokenizer.vocab_size={c.model.vocab_size}  (the tokenizer then has the model's vocabulary; "
+                        + ("or tokenizer.use_tokenizer_vocab_size=False to keep model.vocab_size; "
+                           if c.model.vocab_size >= _tokenizer_vocab(c) else "")
+                        + f"or model.vocab_size={_tokenizer_vocab(c)} to train with the tokenizer's)"),
+         fix_text="tokenizer.vocab_size=<model.vocab_size>, or model.vocab_size=<the tokenizer's vocabulary>",
+         severity="warning"),
     Rule(id="parallel/experts-per-ep", mechanism=PARALLELISM, key="model.expert_model_parallel_size",
          text="model.num_moe_experts must be divisible by the expert parallel size",
          applies=sane(lambda c: c.num_experts > 0), holds=lambda c: c.num_experts % c.model.expert_model_parallel_size == 0,

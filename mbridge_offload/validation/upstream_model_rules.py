@@ -20,7 +20,11 @@ import re
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
+import dataclasses
+
 from mbridge_offload.facts.config_tree import show
+from mbridge_offload.validation.choices import (FP8_FORMAT_WORDS, MOE_BALANCING_WORDS, NORMALIZATION_WORDS,
+                                                 OPTIMIZER_WORDS)
 from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import FINE_GRAINED, PARALLELISM, Context, Rule, always
 from mbridge_offload.validation.upstream_rules import DISTRIBUTED, MODEL, PRECISION, _mixed_precision, _rule
@@ -408,6 +412,126 @@ def _graph_offload_checks(c: Context) -> list[tuple[bool, str]]:
 
 # -- the rules -------------------------------------------------------------------------------------------
 
+# -- what a mixed_precision preset replaces on the model ------------------------------------------------------
+
+_NO_DEFAULT = object()
+
+
+def _declared_default(c: Context, name: str) -> Any:
+    """The model class's declared default of ``name`` (what an untouched model holds), or _NO_DEFAULT."""
+    for f in dataclasses.fields(type(c.model)) if dataclasses.is_dataclass(c.model) else ():
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else _NO_DEFAULT
+    return _NO_DEFAULT
+
+
+def _set_on_model(c: Context, name: str) -> bool:
+    """``model.<name>`` holds a value other than its class's default: a recipe or an override set it. (The validator
+    sees the final config only, not which keys the command line gave: a value set equal to the default reads as
+    unset.)"""
+    value, default = getattr(c.model, name, None), _declared_default(c, name)
+    return value is not None and (default is _NO_DEFAULT or _name(value) != _name(default))
+
+
+def _preset_value(c: Context, name: str) -> Any:
+    """What the preset writes over ``model.<name>`` at setup (finalize() first: fp8_param null -> fp8_param_gather)."""
+    mp = _mixed_precision(c)
+    value = getattr(mp, name, None)
+    if name == "fp8_param" and value is None:
+        value = getattr(mp, "fp8_param_gather", False)
+    return value
+
+
+def _preset_fp8(c: Context) -> bool:
+    return _mixed_precision(c) is not None and bool(getattr(_mixed_precision(c), "fp8", None))
+
+
+def _preset_fp8_or_fp4(c: Context) -> bool:
+    return _mixed_precision(c) is not None and bool(getattr(_mixed_precision(c), "fp8", None)
+                                                    or getattr(_mixed_precision(c), "fp4", None))
+
+
+def _preset_delayed(c: Context) -> bool:
+    return _preset_fp8(c) and _name(getattr(_mixed_precision(c), "fp8_recipe", None)) == "delayed"
+
+
+def _model_fp8_kept(c: Context) -> bool:
+    """No model.fp8 of the model's own that the preset replaces: where there is one, precision/preset-replaces-fp8
+    is the one problem (its fix names a preset with the model's FP8 recipe too)."""
+    fp8 = getattr(c.model, "fp8", None)
+    return fp8 is None or not FP8_FORMAT_WORDS.admits(fp8) or fp8 == getattr(_mixed_precision(c), "fp8", None)
+
+
+def _fp8_preset_for(c: Context) -> str | None:
+    """A registered mixed_precision preset that trains FP8 in the model's own format and recipe (where set on the
+    model), in the family (bf16 / fp16) of the preset given; None where none does."""
+    from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
+
+    if not _set_on_model(c, "fp8_recipe"):
+        return None  # a format alone: the fix names the current-scaling preset (mxfp8, the one e4m3, is Blackwell's)
+    want = {"fp8": getattr(c.model, "fp8", None) or None, "fp8_recipe": _name(c.model.fp8_recipe)}
+    family = "fp16" if getattr(_mixed_precision(c), "fp16", False) else "bf16"
+    for name, make in MIXED_PRECISION_RECIPES.items():
+        if not name.startswith(family + "_with_"):  # the generic presets, no model's own (nemotron_h_, nanov2_)
+            continue
+        preset = make()
+        if preset.fp8 and all(v is None or _name(getattr(preset, k)) == v for k, v in want.items()):
+            return name
+    return None
+
+
+def _preset_fp8_fix(c: Context) -> str:
+    """precision/preset-replaces-fp8's fix: the preset with the model's FP8 format (and recipe, where set)."""
+    name = _fp8_preset_for(c)
+    if name is None:
+        return ("mixed_precision=bf16_with_fp8_current_scaling_mixed  (a preset whose fp8 is the format you want, or "
+                "mixed_precision.fp8=<format> where mixed_precision is a config)")
+    return (f"mixed_precision={name}  (the preset with fp8={getattr(c.model, 'fp8')}"
+            + (f" and fp8_recipe={_name(c.model.fp8_recipe)}" if _set_on_model(c, "fp8_recipe") else "")
+            + "; or mixed_precision.fp8=<format> where mixed_precision is a config)")
+
+
+def _preset_fp8_recipe_fix(c: Context) -> str:
+    name, preset = _fp8_preset_for(c), _name(_preset_value(c, "fp8_recipe"))
+    if name is not None:
+        return (f"mixed_precision={name}  (the preset with fp8_recipe={_name(c.model.fp8_recipe)}; or "
+                f"model.fp8_recipe={preset} to train with the preset's)")
+    return (f"model.fp8_recipe={preset}  (what mixed_precision={show(c.cfg.mixed_precision)} writes; no preset has "
+            f"fp8_recipe={_name(c.model.fp8_recipe)}"
+            + (f" with fp8={c.model.fp8}" if getattr(c.model, "fp8", None) else "")
+            + ": that needs mixed_precision as a config with it)")
+
+
+def _preset_value_fix(name: str) -> Callable[[Context], str]:
+    return lambda c: (f"model.{name}={show(_preset_value(c, name))}  (what mixed_precision="
+                      f"{show(c.cfg.mixed_precision)} writes; model.{name}={show(getattr(c.model, name))} needs "
+                      f"mixed_precision as a config with {name}={show(getattr(c.model, name))})")
+
+
+# The FP8 settings every preset writes over the model's besides fp8 / fp8_recipe (MixedPrecisionConfig's fields that
+# TransformerConfig has too), each where Megatron Core reads it: (name, when the preset's run reads it, effect).
+# fp8_margin / fp8_amax_* / fp8_wgrad / fp8_multi_head_attention only with delayed scaling (fp8_utils.py
+# get_fp8_recipe: TEDelayedScaling alone takes them); first_last_layers_bf16 and its layer counts with FP8 or FP4
+# (fp8_utils.py / fp4_utils.py), the counts only where the preset keeps first and last layers in BF16.
+PRESET_FP8_SETTINGS: tuple[tuple[str, Callable[[Context], bool], str], ...] = (
+    ("fp8_param", _preset_fp8, "the parameters would be kept in the preset's precision, not the one asked for "
+                               "(and the memory plan would not be the run's)"),
+    ("fp8_dot_product_attention", _preset_fp8, "attention would not run as asked"),
+    ("fp8_multi_head_attention", _preset_delayed, "attention would not run as asked"),
+    ("fp8_amax_history_len", _preset_delayed, "delayed scaling would not use the amax history asked for"),
+    ("fp8_amax_compute_algo", _preset_delayed, "delayed scaling would not use the amax algorithm asked for"),
+    ("fp8_margin", _preset_delayed, "delayed scaling would not use the margin asked for"),
+    ("fp8_wgrad", _preset_delayed, "the weight gradients would not be computed in the precision asked for"),
+    ("first_last_layers_bf16", _preset_fp8_or_fp4, "the first and last layers would not be kept in BF16 as asked"),
+    *((f"num_layers_at_{end}_in_bf16",
+       lambda c: _preset_fp8_or_fp4(c) and bool(getattr(_mixed_precision(c), "first_last_layers_bf16", False)),
+       f"the number of {'first' if end == 'start' else 'last'} layers kept in BF16 would not be the one asked for")
+      for end in ("start", "end")),
+)
+
+
 def _flag(c: Context, name: str) -> bool:
     return bool(_m(c, name))
 
@@ -559,7 +683,9 @@ RULES: tuple[Rule, ...] = guarded(
           "model.activation_func_fp8_input_store=False"),
     _rule("model/fused-residual-rmsnorm", MODEL, "model.fused_residual_rmsnorm",
           "fused_residual_rmsnorm needs normalization=RMSNorm", lambda c: _flag(c, "fused_residual_rmsnorm"),
-          lambda c: _m(c, "normalization") == "RMSNorm", "model.fused_residual_rmsnorm=False"),
+          # a word Megatron Core does not know (rmsnorm) is choices/normalization's one problem
+          lambda c: _m(c, "normalization") == "RMSNorm" or not NORMALIZATION_WORDS.admits(_m(c, "normalization")),
+          "model.fused_residual_rmsnorm=False"),
     _rule("model/mup-base-hidden-size", MODEL, "model.mup_base_hidden_size",
           "use_mup needs mup_base_hidden_size > 0 (null: the hidden size)", lambda c: _flag(c, "use_mup"),
           lambda c: (_m(c, "mup_base_hidden_size") or c.model.hidden_size) > 0, "model.mup_base_hidden_size=null"),
@@ -605,12 +731,14 @@ RULES: tuple[Rule, ...] = guarded(
             lambda c, name=name, same=same: same(getattr(_mixed_precision(c), name, None), getattr(c.model, name, None)),
             fix, observed=lambda c, name=name: (f"{_name(getattr(c.model, name))} (mixed_precision="
                                                 f"{show(c.cfg.mixed_precision)} sets "
-                                                f"{_name(getattr(_mixed_precision(c), name, None)) or None})"))
+                                                f"{_name(getattr(_mixed_precision(c), name, None)) or None})"),
+            fix_text="" if isinstance(fix, str) else ("mixed_precision=<a preset with your fp8 (and fp8_recipe)>  (or "
+                                                      "mixed_precision.fp8=<format> where mixed_precision is a config)"))
       for name, when, same, effect, fix in (
-          ("fp8", always, lambda preset, model: preset == model,
-           "the run would not train in the FP8 format it asks for",
-           "mixed_precision=bf16_with_fp8_current_scaling_mixed  (a preset whose fp8 is the format you want, or "
-           "mixed_precision.fp8=<format> where mixed_precision is a config)"),
+          # a word Megatron Core does not know is choices/fp8-format's one problem (with its did-you-mean)
+          ("fp8", lambda c: FP8_FORMAT_WORDS.admits(getattr(c.model, "fp8", None)),
+           lambda preset, model: preset == model,
+           "the run would not train in the FP8 format it asks for", _preset_fp8_fix),
           # Megatron Core reads model.fp4 only as on or off (`if config.fp4`, fp4_utils.py and the layers); its one
           # format word is e2m1 (the nvfp4 presets write it), the kind of FP4 is fp4_recipe: any two set values agree.
           ("fp4", always, lambda preset, model: bool(preset) == bool(model),
@@ -624,6 +752,31 @@ RULES: tuple[Rule, ...] = guarded(
            "the run would train FP4 with the preset's recipe, not the one it asks for",
            "model.fp4_recipe=nvfp4  (what every mixed_precision preset writes; another FP4 recipe needs "
            "mixed_precision as a config with that fp4_recipe)"))),
+    # fp8_recipe: every preset writes one (tensorwise unless it says otherwise); only where the preset turns FP8 on
+    # does it train. The model's own is the one set apart from Megatron Core's default (delayed): the validator sees
+    # the final config, not the command line, so model.fp8_recipe=delayed reads as untouched. Where model.fp8 is
+    # replaced too, that rule's problem is the one (its fix names a preset with this recipe as well).
+    _rule("precision/preset-replaces-fp8-recipe", PRECISION, "model.fp8_recipe",
+          "model.fp8_recipe set on the model is replaced at setup by the mixed_precision preset's fp8_recipe (every "
+          "field of the preset is applied over the model's, with no message): the run would train FP8 with the "
+          "preset's scaling recipe, not the one it asks for",
+          lambda c: _preset_fp8(c) and _set_on_model(c, "fp8_recipe") and _model_fp8_kept(c),
+          lambda c: _name(_preset_value(c, "fp8_recipe")) == _name(c.model.fp8_recipe), _preset_fp8_recipe_fix,
+          observed=lambda c: (f"{_name(c.model.fp8_recipe)} (mixed_precision={show(c.cfg.mixed_precision)} sets "
+                              f"{_name(_preset_value(c, 'fp8_recipe'))})"),
+          fix_text="mixed_precision=<the preset with your fp8_recipe>, or model.fp8_recipe=<the preset's>"),
+    *(_rule(f"precision/preset-replaces-{name.replace('_', '-')}", PRECISION, f"model.{name}",
+            f"model.{name} set on the model is replaced at setup by the mixed_precision preset's {name} (every field "
+            f"of the preset is applied over the model's, with no message; checked where the preset's FP8"
+            f"{' or FP4' if 'bf16' in name else ''}{' delayed scaling' if when is _preset_delayed else ''} reads it): "
+            f"{effect}",
+            lambda c, name=name, when=when: when(c) and _set_on_model(c, name) and _model_fp8_kept(c),
+            lambda c, name=name: _name(_preset_value(c, name)) == _name(getattr(c.model, name)),
+            _preset_value_fix(name),
+            observed=lambda c, name=name: (f"{show(getattr(c.model, name))} (mixed_precision="
+                                           f"{show(c.cfg.mixed_precision)} sets {show(_preset_value(c, name))})"),
+            fix_text=f"model.{name}=<the preset's>  (another value needs mixed_precision as a config)")
+      for name, when, effect in PRESET_FP8_SETTINGS),
     # MoE
     _rule("moe/ffn-hidden-size-needs-experts", MODEL, "model.moe_ffn_hidden_size",
           "model.moe_ffn_hidden_size needs num_moe_experts (unless moe_layer_freq leaves dense layers)",
@@ -686,9 +839,11 @@ RULES: tuple[Rule, ...] = guarded(
     _rule("moe/capacity-factor-balancing", MODEL, "model.moe_router_load_balancing_type",
           "moe_expert_capacity_factor works only with load balancing aux_loss, seq_aux_loss, global_aux_loss or none",
           lambda c: _m(c, "moe_expert_capacity_factor") is not None and _m(c, "moe_expert_capacity_factor") >= 0,
-          lambda c: all(t in ("aux_loss", "seq_aux_loss", "global_aux_loss", "none") for t in (
-              _m(c, "moe_router_load_balancing_type") if isinstance(_m(c, "moe_router_load_balancing_type"), list)
-              else [_m(c, "moe_router_load_balancing_type")])),
+          # only the words Megatron Core knows: another is choices/moe-load-balancing's one problem
+          lambda c: all(t in ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+                        for t in (_m(c, "moe_router_load_balancing_type")
+                                  if isinstance(_m(c, "moe_router_load_balancing_type"), list)
+                                  else [_m(c, "moe_router_load_balancing_type")]) if MOE_BALANCING_WORDS.admits(t)),
           "model.moe_router_load_balancing_type=aux_loss  (or model.moe_expert_capacity_factor=null)"),
     _rule("moe/pad-needs-capacity", MODEL, "model.moe_expert_capacity_factor",
           "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor",
@@ -952,7 +1107,9 @@ RULES: tuple[Rule, ...] = guarded(
     _rule("optimizer/precision-aware-adam", OPTIMIZER_SECTION, "optimizer.use_precision_aware_optimizer",
           "optimizer.use_precision_aware_optimizer needs optimizer=adam and use_distributed_optimizer",
           lambda c: bool(c.opt.use_precision_aware_optimizer),
-          lambda c: c.opt.optimizer == "adam" and bool(c.opt.use_distributed_optimizer),
+          # an optimizer word Megatron Core does not know is choices/optimizer's problem alone (its did-you-mean)
+          lambda c: (c.opt.optimizer == "adam" or not OPTIMIZER_WORDS.admits(c.opt.optimizer))
+          and bool(c.opt.use_distributed_optimizer),
           "optimizer.use_precision_aware_optimizer=False  (or optimizer.optimizer=adam "
           "optimizer.use_distributed_optimizer=True)"),
     _rule("optimizer/dtypes-need-precision-aware", OPTIMIZER_SECTION, "optimizer.use_precision_aware_optimizer",

@@ -191,6 +191,54 @@ def test_an_optimizer_under_offload_is_refused_once(recipe, name, rule_ids):
         assert found[0].fix == "optimizer.optimizer=adam" and "'adam' and 'sgd'" in found[0].rule
 
 
+@pytest.mark.parametrize("settings,key,word,other_rule", [
+    # use_precision_aware_optimizer needs adam: a word Megatron Core does not know is the fixed-word rule's alone
+    ({"optimizer.use_precision_aware_optimizer": True}, "optimizer.optimizer", "foo", "optimizer/precision-aware-adam"),
+    # a preset replaces model.fp8 (bf16_mixed: with null); a misspelt format is one problem still
+    ({}, "model.fp8", "hybird", "precision/preset-replaces-fp8"),
+    ({"mixed_precision": "bf16_with_fp8_current_scaling_mixed"}, "model.fp8", "hybird", "precision/preset-replaces-fp8"),
+    # a capacity factor needs an aux-loss balancing (or none): a misspelt aux_loss is one problem
+    ({"model.num_moe_experts": 8, "model.moe_expert_capacity_factor": 1.0}, "model.moe_router_load_balancing_type",
+     "aux_los", "moe/capacity-factor-balancing"),
+    ({"model.fused_residual_rmsnorm": True}, "model.normalization", "rmsnorm", "model/fused-residual-rmsnorm"),
+])
+def test_an_unknown_word_another_rule_reads_is_one_problem(recipe, settings, key, word, other_rule):
+    cfg = recipe(DENSE)
+    for k, v in settings.items():
+        set_path(cfg, k, v)
+    set_path(cfg, key, word)
+    found = [p.rule_id for p in check_rules(Context(cfg, 1, environ={}))]
+    assert other_rule not in found and found.count(next(c.id for c in CHOICES_TABLE if c.key == key)) == 1, found
+
+
+def test_an_unknown_optimizer_upstream_trips_on_is_one_problem_with_upstream_validation_too(recipe):
+    """Megatron Core's OptimizerConfig raises 'only supported with adam' for optimizer=foo with the precision-aware
+    optimizer; validate() runs it after the rule table: the unknown word is still the one problem."""
+    from mbridge_offload.validation import validate
+
+    cfg = recipe(DENSE)
+    set_path(cfg, "optimizer.use_precision_aware_optimizer", True)
+    set_path(cfg, "optimizer.optimizer", "foo")
+    assert [p.rule_id for p in validate(cfg, 1, environ={}).errors] == ["choices/optimizer"]
+    set_path(cfg, "optimizer.optimizer", "sgd")  # a word Megatron Core knows: upstream's check is the rule's
+    assert [p.rule_id for p in validate(cfg, 1, environ={}).errors] == ["optimizer/precision-aware-adam"]
+
+
+@pytest.mark.parametrize("settings,other_rule", [
+    ({"optimizer.use_precision_aware_optimizer": True, "optimizer.optimizer": "sgd"}, "optimizer/precision-aware-adam"),
+    ({"model.fp8": "hybrid"}, "precision/preset-replaces-fp8"),
+    ({"model.num_moe_experts": 8, "model.moe_expert_capacity_factor": 1.0,
+      "model.moe_router_load_balancing_type": "sinkhorn"}, "moe/capacity-factor-balancing"),
+    ({"model.fused_residual_rmsnorm": True, "model.normalization": "LayerNorm"}, "model/fused-residual-rmsnorm"),
+])
+def test_a_known_word_those_rules_refuse_is_still_refused(recipe, settings, other_rule):
+    cfg = recipe(DENSE)
+    for k, v in settings.items():
+        set_path(cfg, k, v)
+    found = [p.rule_id for p in check_rules(Context(cfg, 1, environ={}))]
+    assert other_rule in found and not [r for r in found if r.startswith("choices/")], found
+
+
 def test_dry_run_refuses_every_wrong_word_at_once_and_exits_2():
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_recipe.py"), "--recipe", DENSE, "--dry-run",

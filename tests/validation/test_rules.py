@@ -265,6 +265,9 @@ CASES.update({
                                   {"model.tensor_model_parallel_size": 2, "model.vocab_size": 151001}, gpus=(2, 2)),
 })
 # the recipes' NullTokenizer has the model's vocabulary (151936): a smaller model.vocab_size is refused at setup
+# tokenizer.use_tokenizer_vocab_size takes the NullTokenizer's 151936 over a model.vocab_size that differs
+CASES["model/vocab-replaced-by-tokenizer"] = case(DENSE, {"tokenizer.use_tokenizer_vocab_size": True},
+                                                  {"tokenizer.use_tokenizer_vocab_size": True, "model.vocab_size": 200000})
 CASES["model/vocab-below-tokenizer"] = case(DENSE, {"model.vocab_size": 1024, "tokenizer.vocab_size": 1024},
                                             {"model.vocab_size": 1024})
 
@@ -364,6 +367,29 @@ def test_a_vocabulary_below_the_tokenizers_is_refused_before_bridge_raises_at_se
     taken = apply_overrides(cfg, ["tokenizer.use_tokenizer_vocab_size=True"])
     assert _bridge_setup_vocab(taken) == (151936, True)
     assert rule.id not in {p.rule_id for p in check_rules(Context(taken, 1, environ={}))}
+
+
+@pytest.mark.parametrize("vocab", [200000, 1024])
+def test_a_model_vocabulary_the_tokenizer_replaces_is_warned_and_each_fix_trains_it(recipe, vocab):
+    from overrides import apply_overrides
+
+    rule = RULES_BY_ID["model/vocab-replaced-by-tokenizer"]
+    cfg = apply_overrides(recipe(DENSE), [f"model.vocab_size={vocab}", "tokenizer.use_tokenizer_vocab_size=True"])
+    assert _bridge_setup_vocab(cfg) == (151936, True)  # Bridge trains the tokenizer's vocabulary, not the model's
+    found = [p for p in check_rules(Context(cfg, 1, environ={})) if p.key == "model.vocab_size"]
+    assert [p.rule_id for p in found] == [rule.id]  # one problem (not vocab-below-tokenizer too, for 1024)
+    (problem,) = found
+    assert problem.severity == "warning" and rule.severity == "warning"
+    assert problem.value == (f"{vocab} (tokenizer.use_tokenizer_vocab_size=True: the NullTokenizer's "
+                             "tokenizer.vocab_size=151936 trains)")
+    assert problem.fix.startswith(f"tokenizer.vocab_size={vocab}  (") and "model.vocab_size=151936" in problem.fix
+    assert ("tokenizer.use_tokenizer_vocab_size=False" in problem.fix) is (vocab >= 151936)  # else Bridge raises
+    fixes = [problem.fix.split()[0], "model.vocab_size=151936"] + (
+        ["tokenizer.use_tokenizer_vocab_size=False"] if vocab >= 151936 else [])
+    for fix in fixes:
+        fixed = apply_overrides(cfg, [fix])
+        assert _bridge_setup_vocab(fixed)[0] == fixed.model.vocab_size, fix  # what the config says trains
+        assert not [p for p in check_rules(Context(fixed, 1, environ={})) if p.key == "model.vocab_size"], fix
 
 
 def test_num_layers_range_is_strictly_below_num_layers(recipe):

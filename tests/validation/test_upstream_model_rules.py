@@ -33,6 +33,24 @@ EP_OVERLAP = {"model.overlap_moe_expert_parallel_comm": True, "model.expert_mode
 FINE = {"model.fine_grained_activation_offloading": True, "model.offload_modules": ["expert_fc1"]}
 
 
+CURRENT, DELAYED = "bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed"
+
+
+class Preset:
+    """A mixed_precision preset as a config (MixedPrecisionConfig), some fields changed: made when a case is set up."""
+
+    def __init__(self, name, **fields):
+        self.name, self.fields = name, fields
+
+    def make(self):
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        preset = get_mixed_precision_config(self.name)
+        for key, value in self.fields.items():
+            setattr(preset, key, value)
+        return preset
+
+
 def case(passing, failing, recipe=DENSE, gpus=(1, 1), passing_ctx=None, failing_ctx=None):
     return dict(recipe=recipe, passing=passing, failing=failing, gpus=gpus, passing_ctx=passing_ctx or {},
                 failing_ctx=failing_ctx or {})
@@ -82,6 +100,35 @@ CASES = {
                                           {"model.fp4": "e2m1"}),
     "precision/preset-replaces-fp4-recipe": case({"mixed_precision": "bf16_with_nvfp4_mixed"},
                                                  {"model.fp4_recipe": "custom", "mixed_precision": "bf16_with_nvfp4_mixed"}),
+    # a value other than Megatron Core's default, set on the model, where the preset's FP8 reads it: kept only where
+    # the preset writes the same (a preset given as a config, where no registered one does)
+    "precision/preset-replaces-fp8-recipe": case({"mixed_precision": CURRENT, "model.fp8_recipe": "tensorwise"},
+                                                 {"mixed_precision": CURRENT, "model.fp8_recipe": "blockwise"}),
+    "precision/preset-replaces-fp8-param": case({"mixed_precision": CURRENT, "model.fp8_param": True},
+                                                {"mixed_precision": "bf16_with_fp8_subchannel_scaling_mixed",
+                                                 "model.fp8_param": True}),
+    "precision/preset-replaces-fp8-dot-product-attention": case(
+        {"mixed_precision": Preset(CURRENT, fp8_dot_product_attention=True), "model.fp8_dot_product_attention": True},
+        {"mixed_precision": CURRENT, "model.fp8_dot_product_attention": True}),
+    "precision/preset-replaces-fp8-multi-head-attention": case(
+        {"mixed_precision": Preset(DELAYED, fp8_multi_head_attention=True), "model.fp8_multi_head_attention": True},
+        {"mixed_precision": DELAYED, "model.fp8_multi_head_attention": True}),
+    "precision/preset-replaces-fp8-amax-history-len": case(
+        {"mixed_precision": DELAYED, "model.fp8_amax_history_len": 1024},
+        {"mixed_precision": DELAYED, "model.fp8_amax_history_len": 16}),
+    "precision/preset-replaces-fp8-amax-compute-algo": case(
+        {"mixed_precision": DELAYED, "model.fp8_amax_compute_algo": "max"},
+        {"mixed_precision": Preset(DELAYED, fp8_amax_compute_algo="most_recent"), "model.fp8_amax_compute_algo": "max"}),
+    "precision/preset-replaces-fp8-margin": case({"mixed_precision": Preset(DELAYED, fp8_margin=2), "model.fp8_margin": 2},
+                                                 {"mixed_precision": DELAYED, "model.fp8_margin": 2}),
+    "precision/preset-replaces-fp8-wgrad": case({"mixed_precision": Preset(DELAYED, fp8_wgrad=False), "model.fp8_wgrad": False},
+                                                {"mixed_precision": DELAYED, "model.fp8_wgrad": False}),
+    "precision/preset-replaces-first-last-layers-bf16": case(
+        {"mixed_precision": CURRENT, "model.first_last_layers_bf16": True},
+        {"mixed_precision": DELAYED, "model.first_last_layers_bf16": True}),
+    **{f"precision/preset-replaces-num-layers-at-{end}-in-bf16": case(
+        {"mixed_precision": "nemotron_h_bf16_with_fp8_current_scaling_mixed", f"model.num_layers_at_{end}_in_bf16": 2},
+        {"mixed_precision": CURRENT, f"model.num_layers_at_{end}_in_bf16": 2}) for end in ("start", "end")},
     "moe/ffn-hidden-size-needs-experts": case({"model.moe_ffn_hidden_size": 512, "model.moe_layer_freq": 2},
                                               {"model.moe_ffn_hidden_size": 512}),
     "moe/single-grouped-weight": case(
@@ -215,7 +262,7 @@ def test_every_rule_has_a_case():
 def _problems(recipe, spec, which):
     cfg = recipe(spec["recipe"])
     for key, value in spec[which].items():
-        set_path(cfg, key, value)
+        set_path(cfg, key, value.make() if isinstance(value, Preset) else value)
     extra = dict(spec[f"{which}_ctx"])
     torch_version = extra.pop("torch_version", None)
     ctx = Context(cfg, spec["gpus"][0 if which == "passing" else 1], environ={}, **extra)
@@ -289,6 +336,94 @@ def test_an_fp4_value_the_nvfp4_preset_keeps_on_passes(recipe, value):
     set_path(cfg, "mixed_precision", "bf16_with_nvfp4_mixed")
     set_path(cfg, "model.fp4", value)
     assert bool(_after_setup(cfg).fp4) and not _preset_problems(cfg)
+
+
+# (the case's key, the preset's name, a value the model asks for that the preset writes otherwise)
+REPLACED_FP8_SETTINGS = [
+    ("fp8_recipe", CURRENT, "blockwise"),
+    ("fp8_param", "bf16_with_fp8_subchannel_scaling_mixed", True),
+    ("fp8_dot_product_attention", CURRENT, True),
+    ("fp8_multi_head_attention", DELAYED, True),
+    ("fp8_amax_history_len", DELAYED, 16),
+    ("fp8_amax_compute_algo", Preset(DELAYED, fp8_amax_compute_algo="most_recent"), "max"),
+    ("fp8_margin", DELAYED, 2),
+    ("fp8_wgrad", DELAYED, False),
+    ("first_last_layers_bf16", DELAYED, True),
+    ("num_layers_at_start_in_bf16", CURRENT, 2),
+    ("num_layers_at_end_in_bf16", CURRENT, 3),
+]
+
+
+@pytest.mark.parametrize("name,preset,value", REPLACED_FP8_SETTINGS, ids=[n for n, _, _ in REPLACED_FP8_SETTINGS])
+def test_an_fp8_setting_the_preset_replaces_is_refused_once_and_kept_where_the_preset_has_it(recipe, name, preset, value):
+    cfg = recipe(DENSE)
+    set_path(cfg, "mixed_precision", preset.make() if isinstance(preset, Preset) else preset)
+    set_path(cfg, f"model.{name}", value)
+    replaced = getattr(_after_setup(cfg), name)
+    assert str(replaced).rsplit(".", 1)[-1] != str(value)  # Megatron Bridge drops the model's value at setup
+    (problem,) = _preset_problems(cfg)
+    assert problem.rule_id == f"precision/preset-replaces-{name.replace('_', '-')}" and problem.key == f"model.{name}"
+    assert problem.value.startswith(f"{value} (mixed_precision=") and problem.value.endswith(f" sets {replaced})")
+    assert problem.fix and "<" not in problem.fix.split()[0], problem.fix
+    # the fix's first override pasted: no problem left, and what setup leaves is what the config says
+    from overrides import apply_overrides
+
+    fixed = apply_overrides(cfg, [problem.fix.split()[0]])
+    assert not _preset_problems(fixed)
+    # the preset as a config with the model's value: Bridge keeps it, and the rule holds
+    kept = copy.deepcopy(cfg)
+    as_config = _after_setup_preset(cfg)
+    setattr(as_config, name, value)
+    kept.mixed_precision = as_config
+    assert str(getattr(_after_setup(kept), name)).rsplit(".", 1)[-1] == str(value) and not _preset_problems(kept)
+
+
+def _after_setup_preset(cfg):
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    return get_mixed_precision_config(copy.deepcopy(cfg.mixed_precision))
+
+
+def test_an_fp8_recipe_the_preset_replaces_names_the_preset_with_it(recipe):
+    from overrides import apply_overrides
+
+    cfg = apply_overrides(recipe(DENSE), [f"mixed_precision={CURRENT}", "model.fp8_recipe=blockwise"])
+    assert _after_setup(cfg).fp8_recipe == "tensorwise"
+    (problem,) = _preset_problems(cfg)
+    assert problem.rule_id == "precision/preset-replaces-fp8-recipe"
+    assert problem.value == f"blockwise (mixed_precision={CURRENT} sets tensorwise)"
+    assert problem.fix.startswith("mixed_precision=bf16_with_fp8_subchannel_scaling_mixed  (")
+    assert "model.fp8_recipe=tensorwise" in problem.fix
+    for fix in (problem.fix.split()[0], "model.fp8_recipe=tensorwise"):
+        fixed = apply_overrides(cfg, [fix])
+        assert _after_setup(fixed).fp8_recipe == fixed.model.fp8_recipe and not _preset_problems(fixed), fix
+
+
+@pytest.mark.parametrize("fp8,fp8_recipe,preset", [("hybrid", "tensorwise", "bf16_mixed"),  # the preset turns FP8 off
+                                                   ("e4m3", "mxfp8", "bf16_mixed"),
+                                                   ("hybrid", "blockwise", "bf16_mixed"),
+                                                   ("e4m3", "mxfp8", CURRENT)])  # another format and recipe
+def test_an_fp8_format_and_recipe_both_replaced_are_one_problem_whose_fix_keeps_both(recipe, fp8, fp8_recipe, preset):
+    from overrides import apply_overrides
+
+    cfg = apply_overrides(recipe(DENSE), [f"mixed_precision={preset}", f"model.fp8={fp8}",
+                                          f"model.fp8_recipe={fp8_recipe}"])
+    (problem,) = _preset_problems(cfg)
+    assert problem.rule_id == "precision/preset-replaces-fp8" and problem.key == "model.fp8"
+    fixed = apply_overrides(cfg, [problem.fix.split()[0]])
+    after = _after_setup(fixed)
+    assert (after.fp8, after.fp8_recipe) == (fp8, fp8_recipe) and not _preset_problems(fixed), problem.fix
+
+
+@pytest.mark.parametrize("preset", ["bf16_mixed", DELAYED, CURRENT, "bf16_with_mxfp8_mixed",
+                                    "bf16_with_fp8_subchannel_scaling_mixed", "nemotron_h_bf16_with_fp8_current_scaling_mixed",
+                                    "fp16_with_fp8_delayed_scaling_mixed", "bf16_with_nvfp4_mixed"])
+def test_a_model_left_at_its_defaults_passes_under_every_preset(recipe, preset):
+    """Megatron Core's defaults differ from the presets' (fp8_recipe delayed, num_layers_at_*_in_bf16 1): a model
+    nobody set is not refused, whatever preset replaces them."""
+    cfg = recipe(DENSE)
+    set_path(cfg, "mixed_precision", preset)
+    assert not _preset_problems(cfg)
 
 
 def test_valid_recipes_break_none_of_these_rules(built):
