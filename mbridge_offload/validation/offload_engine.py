@@ -6,6 +6,7 @@ from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT, LIBRARY,
                                                  STREAM, engine_mode)
 from mbridge_offload.validation.activation_offload import activation_offload_on
+from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
@@ -112,7 +113,7 @@ RULES: tuple[Rule, ...] = guarded(
       for name, key, holds, what, why in NOT_RUN_WITH),
     _engine_rule("stream-adam", "the stream engine updates with the GPU's Adam (Transformer Engine's FusedAdam, the "
                  "optimizer without offload): it supports optimizer.optimizer=adam only", key="optimizer.optimizer",
-                 applies=_stream_offload,
+                 applies=lambda c: _stream_offload(c) and OPTIMIZER_WORDS.admits(c.opt.optimizer),
                  holds=lambda c: getattr(c.opt, "optimizer", "adam") == "adam",
                  fix=f"optimizer.optimizer=adam  (or ++{ENGINE_KEY}=exact)"),
     _engine_rule("stream-sync-save", "the stream engine keeps Adam's moments in memory that forked processes do not "

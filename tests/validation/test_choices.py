@@ -201,6 +201,9 @@ def test_an_optimizer_under_offload_is_refused_once(recipe, name, rule_ids):
     ({"model.num_moe_experts": 8, "model.moe_expert_capacity_factor": 1.0}, "model.moe_router_load_balancing_type",
      "aux_los", "moe/capacity-factor-balancing"),
     ({"model.fused_residual_rmsnorm": True}, "model.normalization", "rmsnorm", "model/fused-residual-rmsnorm"),
+    # the stream engine updates with the GPU's Adam: a word Megatron Core does not know is the fixed-word rule's alone
+    ({"optimizer.optimizer_cpu_offload": True, "optimizer.optimizer_offload_fraction": 1.0,
+      "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}, "optimizer.optimizer", "foo", "offload-engine/stream-adam"),
 ])
 def test_an_unknown_word_another_rule_reads_is_one_problem(recipe, settings, key, word, other_rule):
     cfg = recipe(DENSE)
