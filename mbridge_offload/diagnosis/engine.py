@@ -4,7 +4,8 @@ where the signature alone is not enough, the run facts that tell it apart); noth
 
 The words and fixes come from the validator's rule table: runtime failures are its diagnose-only rules
 (validation/runtime_failures.py); configuration errors in a log map to the rule that states them
-(upstream.py's table of upstream messages, the validator's own report lines, the imports a setting needs).
+(upstream.py's table of upstream messages, the validator's own report lines, the imports a setting needs). The
+plugin's offload engine's own errors come from engine_failures.py, built from the engine's message templates.
 Where the run's config is found, the planner computes the fix (fixes.py).
 """
 
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbridge_offload.diagnosis.config_source import RunConfig, run_config
+from mbridge_offload.diagnosis.engine_failures import REPORTED as ENGINE_FAILURES, engine_matches
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
+from mbridge_offload.validation.rule import RUNTIME
 from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, JOB_STOPPED,
                                                          OOM_KILLER, PINNED_ALLOCATION_NEAR, is_this_cause, near)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
@@ -34,7 +37,9 @@ _OOM_FIX_IDS = (*_TORCH_OOM_IDS, "runtime/oom-outside-pytorch")
 _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
 # What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
 # stopping after it. After an earlier error these are its consequences, and the report says so.
-_CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped")
+# The offload engine's worker thread found stopped is likewise what an earlier failure left.
+_CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped", "engine/worker-stopped")
+CARRIED_WITHIN_LINES = 400  # how far above a message that carries another error its own traceback may end
 OVERRIDE_MECHANISM = "run_recipe.py override"
 # run_recipe.py's report of overrides it could not apply (overrides/errors.py): the head, then per override its text
 # (indent 2), "key: what is wrong" (indent 6) and an optional "fix: ..." (indent 6)
@@ -64,6 +69,7 @@ class Finding:
     fix: str = ""
     fix_basis: str = ""  # how the fix was computed, or why it is the generic one
     consequence_of: str = ""  # the earlier failure this one most likely follows from, in words
+    carries: str = ""  # the error this one only carries (the engine's CPU step: the worker's), in words
 
     @property
     def label(self) -> str:
@@ -90,6 +96,7 @@ class Diagnosis:
     def first_failure(self) -> Finding | None:
         """The error that came first in the output: the one to fix, where the others follow from it."""
         errors = [f for f in self.findings if f.severity == "error" and f.evidence]
+        errors = [f for f in errors if not f.carries] or errors  # an error a finding carries is the one to fix
         return min(errors, key=lambda f: f.first_index) if errors else None
 
     def to_json(self) -> dict[str, Any]:
@@ -207,6 +214,8 @@ def _matches(run: _Run) -> list[tuple[str, int, str]]:
         for pattern, rule_id in CONFIG_RULE_LOG_SIGNATURES:
             if re.search(pattern, text):
                 found.append((rule_id, i, ""))
+        for match in engine_matches(text):  # the plugin's offload engine's own messages
+            found.append((match.failure.reported_id, i, ""))
         for pattern, rule_id in _UPSTREAM_TO_RULE:  # upstream's messages, where an error is raised or reported
             if re.search(pattern, text) and _raised(run.lines, i):
                 found.append((rule_id, i, ""))
@@ -220,6 +229,12 @@ def _matches(run: _Run) -> list[tuple[str, int, str]]:
 
 
 def _finding(rule_id: str) -> Finding:
+    if rule_id not in RULES_BY_ID:  # the offload engine's own failures (engine_failures.py)
+        failure = ENGINE_FAILURES[rule_id]
+        return Finding(rule_id=rule_id, mechanism=RUNTIME, severity=failure.severity, key=failure.key,
+                       what=failure.text, confirm=failure.confirm, fix=failure.own_fix,
+                       fix_basis="the fix the engine's message names" if not failure.fix
+                       else "engine_failures.py's fix")
     rule = RULES_BY_ID[rule_id]
     fix = rule.fix_text or rule.fix(None)  # type: ignore[arg-type]  # runtime and constant fixes ignore ctx
     confirm = CONFIRM.get(rule_id) or ("uv run scripts/run_recipe.py --recipe NAME --dry-run <the run's overrides> "
@@ -354,12 +369,14 @@ def _baseline_step(runs: list[_Run]) -> dict[Path, float | None]:
 
 def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     by_rule: dict[str, Finding] = {}
+    at_line: dict[int, list[str]] = {}  # line index: the findings' rule ids matched there
     oom = None
     for rule_id, i, upstream_fix in _matches(run):
         line = run.lines[i]
         if rule_id in _TORCH_OOM_IDS:
             rule_id = _oom_variant(run)
             oom = oom or OutOfMemory.parse(line.text)
+        at_line.setdefault(i, []).append(rule_id)
         if rule_id not in by_rule:
             if rule_id.startswith("upstream:"):
                 key = rule_id.split(":", 1)[1]
@@ -381,11 +398,44 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
         _compute_fix(run, finding, oom)
+    _engine_details(run, by_rule, at_line)
     findings.sort(key=lambda f: (f.severity != "error", f.first_index))
     _mark_consequences(findings)
     config = run._config if isinstance(run._config, RunConfig) else None
     return Diagnosis(log=run.path, lines=max((line.number for line in run.lines), default=0), findings=findings,
                      config_source=config.source if config else "")
+
+
+def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, list[str]]) -> None:
+    """The offload engine's findings: what their first line says (measured), and where the message carries the
+    worker's own error (a failed CPU optimizer step), that error's own finding as the failure to fix: the one
+    matched on the message's line or on the line its own traceback ended with, just above it."""
+    for rule_id, finding in by_rule.items():
+        if rule_id not in ENGINE_FAILURES or not finding.evidence:
+            continue
+        i = finding.first_index
+        match = next((m for m in engine_matches(run.texts[i]) if m.failure.reported_id == rule_id), None)
+        if match is None:
+            continue
+        measured = match.measured
+        finding.measured = measured[:240] + ("..." if len(measured) > 240 else "")
+        carried = match.carried[:160]
+        if not carried:
+            continue
+        rank = run.lines[i].rank
+        for j in (*range(i - 1, max(-1, i - CARRIED_WITHIN_LINES), -1), i):  # its own traceback's line first
+            same_rank = rank is None or run.lines[j].rank in (None, rank)
+            if j != i and not (same_rank and carried in run.texts[j]):
+                continue
+            inner = [by_rule[r] for r in at_line.get(j, ()) if r in by_rule and r not in ENGINE_FAILURES
+                     and r not in _CONSEQUENCE_IDS and by_rule[r].severity == "error"]
+            if inner:
+                cause, line = inner[0], run.lines[j]
+                where = _rank_words({line.rank} if line.rank is not None else set())
+                finding.carries = (f"the worker's own error, [{cause.label}]" + (f" on {where}" if where else "")
+                                   + f" ({line.path.name}:{line.number}): fix that one")
+                finding.fix, finding.fix_basis = cause.fix, f"the fix of [{cause.label}], the error it carries"
+                break
 
 
 def _rank_words(ranks: set[int]) -> str:
@@ -401,7 +451,8 @@ def _mark_consequences(findings: list[Finding]) -> None:
     for finding in findings:
         if finding.rule_id not in _CONSEQUENCE_IDS or not finding.evidence:
             continue
-        earlier = [f for f in errors if f.first_index < finding.first_index and f.rule_id not in _CONSEQUENCE_IDS]
+        earlier = [f for f in errors if f.first_index < finding.first_index and f.rule_id not in _CONSEQUENCE_IDS
+                   and not f.carries]
         if earlier:
             cause = min(earlier, key=lambda f: f.first_index)
             where = _rank_words(cause.ranks)
@@ -436,6 +487,8 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
         ranks = f" ({_rank_words(f.ranks)})" if f.ranks else ""
         out.append(f"  {f.severity.upper():7} [{f.label}] {f.key}{ranks}")
         out.append(f"        what:     {f.what}")
+        if f.carries:
+            out.append(f"        carries:  {f.carries}")
         if f.consequence_of:
             out.append(f"        after:    {f.consequence_of}")
         for line in f.evidence:

@@ -39,6 +39,9 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from mbridge_offload.facts.engine_messages import (STREAM_FUSED_ADAM_IMPORT, STREAM_NO_HOST_EMPTY_CACHE,
+                                                  STREAM_NOT_FP32, STREAM_NOT_FUSED_ADAM, STREAM_NOT_MAIN_WEIGHTS,
+                                                  STREAM_PIN_FAILED, STREAM_STEP_COUNTS)
 from mbridge_offload.facts.offload_engine import (STREAM_RING_SLOTS, last_used_first, stream_chunk_numel,
                                                   stream_pacing)
 from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
@@ -125,9 +128,7 @@ def streamed_param_groups(hdo, positions: dict, offload_fraction: float):
                                                  [positions.get(p, -1) for p in on_gpu], offload_fraction)]
     not_fp32 = sorted({str(p.dtype) for p in chosen if p.dtype != torch.float32})
     if not_fp32:
-        raise EngineError(f"the stream offload engine keeps fp32 main weights on the host; this optimizer steps "
-                          f"{', '.join(not_fp32)} ones. Fix: optimizer.use_precision_aware_optimizer=False, or "
-                          "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+        raise EngineError(STREAM_NOT_FP32.format(dtypes=", ".join(not_fp32)))
     chosen.sort(key=lambda p: positions.get(p, -1))
     sizes = [p.numel() for p in chosen]
     host = host_buffer(sum(sizes))
@@ -182,10 +183,7 @@ def _register(tensor) -> None:
     if nbytes:
         status = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
         if int(status) != 0:
-            raise EngineError(f"the stream offload engine could not pin {nbytes / 2**30:.2f} GiB of host memory "
-                              f"(cudaHostRegister returned {status}): the locked-memory limit (ulimit -l) or the "
-                              "host's free memory is too small. Fix: raise ulimit -l, or "
-                              "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+            raise EngineError(STREAM_PIN_FAILED.format(gib=nbytes / 2**30, status=status))
 
 
 RELEASE_EVERY_BYTES = 1 << 30  # give the pinned allocator's freed blocks back this often while moving copies
@@ -222,8 +220,7 @@ def release_pinned_cache() -> None:
     if empty is None:  # the memory stays usable by torch: the host holds more than planned, said once
         if not getattr(release_pinned_cache, "warned", False):
             release_pinned_cache.warned = True
-            print("WARNING: this torch has no torch._C._host_emptyCache: the library's pinned weight copies that the "
-                  "stream engine replaced stay cached by torch (host memory above its plan)", file=sys.stderr)
+            print(STREAM_NO_HOST_EMPTY_CACHE, file=sys.stderr)
         return
     empty()
 
@@ -238,13 +235,10 @@ class StateStreamingEngine(StreamingEngine):
         try:
             from transformer_engine.pytorch.optimizers import FusedAdam
         except ImportError as error:
-            raise EngineError("the stream offload engine runs Transformer Engine's FusedAdam (the GPU optimizer without "
-                              "offload), which does not import here. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact") from error
+            raise EngineError(STREAM_FUSED_ADAM_IMPORT) from error
         if not (isinstance(hdo.gpu_optimizer_cls, type) and issubclass(hdo.gpu_optimizer_cls, FusedAdam)):
-            raise EngineError(f"the stream offload engine runs Transformer Engine's FusedAdam, the GPU optimizer "
-                              f"without offload; this run's is {getattr(hdo.gpu_optimizer_cls, '__name__', hdo.gpu_optimizer_cls)} "
-                              "(only optimizer.optimizer=adam is supported). Fix: optimizer.optimizer=adam, or "
-                              "++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact")
+            raise EngineError(STREAM_NOT_FUSED_ADAM.format(
+                optimizer=getattr(hdo.gpu_optimizer_cls, "__name__", hdo.gpu_optimizer_cls)))
         self._fused_adam = hdo.gpu_optimizer_cls
         self.pending = False
         self.prefetched = False  # the first chunks' moments are in the ring already (see the end of step)
@@ -277,8 +271,7 @@ class StateStreamingEngine(StreamingEngine):
         offloaded = [main for main in hdo.gpu_params_map_cpu_copy if main in models_of]
         missing = len(hdo.gpu_params_map_cpu_copy) - len(offloaded)
         if missing:
-            raise EngineError(f"the stream offload engine found {missing} offloaded tensor(s) that are not main weights of "
-                              "the distributed optimizer. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+            raise EngineError(STREAM_NOT_MAIN_WEIGHTS.format(count=missing))
         self.mains = sorted(offloaded, key=positions.get)
         self.models = [models_of[main] for main in self.mains]
         self._say_what_is_offloaded(owner)
@@ -389,8 +382,7 @@ class StateStreamingEngine(StreamingEngine):
                 state["step"] = self.step_tensor
                 rebound = True
         if len(steps) > 1:
-            raise EngineError(f"the offloaded optimizer states hold different step counts {sorted(steps)}: the "
-                              "checkpoint is inconsistent")
+            raise EngineError(STREAM_STEP_COUNTS.format(steps=sorted(steps)))
         if steps:
             self.step_tensor.fill_(steps.pop())
         if rebound:

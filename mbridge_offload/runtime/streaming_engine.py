@@ -62,6 +62,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from mbridge_offload.facts.engine_messages import (CPU_STEP_FAILED, DELAYED_FP32_WEIGHTS,
+                                                  STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER, UNKNOWN_ENGINE, WORKER_STOPPED)
 from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY, STREAM
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
@@ -149,10 +151,7 @@ class StreamingEngine:
         self._gather_chunks: dict = {}  # bucket group -> the chunks its all-gather waits for (several ranks)
         fp32_owned = sum(1 for group in owner.shard_fp32_groups for main in group if main in chunk_of_main)
         if self.mode == DELAYED and fp32_owned:
-            raise EngineError(
-                f"the delayed offload engine cannot run with {fp32_owned} offloaded parameter(s) kept in fp32 in the "
-                "model: their fp32 copy is the live weight, which the delayed update would overwrite during the next "
-                f"step. Fix: ++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact (or library), or bf16 model parameters")
+            raise EngineError(DELAYED_FP32_WEIGHTS.format(count=fp32_owned))
 
     @property
     def zero_stream(self):
@@ -319,8 +318,7 @@ class StreamingEngine:
     @staticmethod
     def _raise_if_failed(job: _Job) -> None:
         if job.error is not None:
-            raise EngineError(f"the streaming offload engine's CPU optimizer step failed: "
-                              f"{type(job.error).__name__}: {job.error}") from job.error
+            raise EngineError(CPU_STEP_FAILED.format(kind=type(job.error).__name__, error=job.error)) from job.error
 
     def unqueued(self) -> bool:
         """Whether work of the pending update is still to be enqueued (the stream mode enqueues it during the
@@ -381,7 +379,7 @@ def _wait(event: threading.Event, what: str) -> None:
     """Wait for ``event``, raising if the worker thread is gone (it would never set it)."""
     while not event.wait(5.0):
         if not (_WORKER and _WORKER[0].thread.is_alive()):
-            raise EngineError(f"the streaming offload engine's worker thread stopped while waiting for {what}")
+            raise EngineError(WORKER_STOPPED.format(what=what))
 
 
 _WORKER: list[_Worker] = []
@@ -450,7 +448,7 @@ def install(mode: str) -> None:
     """Run every optimizer-offload step of this process with ``mode``'s engine (``library``: change nothing).
     Class attributes, set before the optimizer and the model are built; no file under site-packages changes."""
     if mode not in ENGINE_MODES:
-        raise ValueError(f"unknown offload engine {mode!r}; one of {', '.join(ENGINE_MODES)}")
+        raise ValueError(UNKNOWN_ENGINE.format(mode=mode, modes=", ".join(ENGINE_MODES)))
     if mode == LIBRARY or _STATE["mode"] is not None:
         return
     import torch
@@ -467,9 +465,7 @@ def install(mode: str) -> None:
         engine = getattr(self, "_mbridge_offload_engine", None)
         if engine is None:
             if self.__dict__.get(NEVER_STEPS):
-                raise EngineError("the stream offload engine runs inside Megatron's distributed optimizer; this "
-                                  "offloaded optimizer was built outside one. Fix: ddp.use_distributed_optimizer=True "
-                                  "optimizer.use_distributed_optimizer=True, or ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+                raise EngineError(STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER)
             return library_step(self, closure)
         started = time.perf_counter()
         if engine.mode == DELAYED and _STATE["in_train_step"]:

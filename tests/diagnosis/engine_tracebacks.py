@@ -1,0 +1,143 @@
+"""The offload engine's run-time errors as a rank prints them, for test_engine_failures.py: run as a script
+(``python engine_tracebacks.py OUT_DIR``), it writes one file per scenario holding the traceback Python prints for
+it (traceback.print_exc: the default excepthook's text, chained causes first) or the line the engine prints.
+
+Where it is cheap on a CPU the engine's own code raises it: a CPU optimizer step that fails on the real worker
+thread (``_worker().submit`` running ``StreamingEngine.run``) and reaches the training thread through
+``StreamingEngine.drain``; a worker thread found gone (``_wait``); ``install`` with an unknown engine; the stream
+mode's warning of a torch without ``_host_emptyCache``. The rest need a built distributed optimizer or a GPU: their
+EngineError is raised with the text formatted from the engine's own templates (facts/engine_messages.py), as the
+engine formats it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import threading
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from mbridge_offload.facts import engine_messages as messages
+from mbridge_offload.facts.offload_engine import EXACT
+from mbridge_offload.runtime import streaming_engine
+from mbridge_offload.runtime.streaming_engine import EngineError, StreamingEngine, _Job
+
+
+class _HostAdam:
+    """A CPU optimizer chunk whose step fails as ``fail`` does (on the worker thread)."""
+
+    def __init__(self, fail) -> None:
+        self.param_groups, self.fail = [], fail
+
+    def step(self):
+        self.fail()
+
+
+def _engine(fail) -> StreamingEngine:
+    """A StreamingEngine of one chunk with only what its worker's ``run`` and ``drain`` read."""
+    engine = object.__new__(StreamingEngine)
+    engine.hdo = SimpleNamespace(cpu_optimizers=[_HostAdam(fail)], _h2d_stream=None,
+                                 _sync_sub_optimizers_state_to_hdo=lambda: None)
+    engine.mode, engine.casts, engine.wait_s, engine.job = EXACT, {0: []}, 0.0, None
+    if torch.cuda.is_available():
+        engine._worker_stream, engine._device, engine._threads = None, torch.cuda.current_device(), 1
+    else:
+        engine._worker_stream = object()  # torch.cuda.stream() leaves the current stream alone without CUDA
+    return engine
+
+
+def cpu_step_failed(fail) -> None:
+    """The real path: the worker thread runs the step and keeps its error, the training thread's drain raises it."""
+    engine = _engine(fail)
+    job = _Job(order=[0], d2h_events={}, ready={0: threading.Event()})
+    engine.job = job
+    streaming_engine._worker().submit(engine, job)
+    engine.drain()
+
+
+def _host_out_of_memory() -> None:
+    torch.empty(1 << 50, dtype=torch.uint8)  # 1 PiB: beyond any host's address space, so ENOMEM at once
+
+
+def _missing_state() -> None:
+    state: dict = {}
+    state["exp_avg"].mul_(0.9)
+
+
+class _NeverSet(threading.Event):
+    """An event nobody sets, whose wait returns at once (``_wait`` then looks for the worker thread)."""
+
+    def wait(self, timeout=None) -> bool:
+        return False
+
+
+def worker_stopped() -> None:
+    engine = _engine(lambda: None)
+    job = _Job(order=[0], d2h_events={}, ready={0: threading.Event()}, finished=_NeverSet())
+    engine.job = job
+    streaming_engine._WORKER.clear()  # the worker thread is gone
+    engine.drain()
+
+
+def unknown_engine() -> None:
+    streaming_engine.install("fast")
+
+
+def _raise(text: str):
+    def raising() -> None:
+        raise EngineError(text)
+    return raising
+
+
+SCENARIOS = {
+    "cpu-step-host-oom": lambda: cpu_step_failed(_host_out_of_memory),
+    "cpu-step-keyerror": lambda: cpu_step_failed(_missing_state),
+    "worker-stopped": worker_stopped,
+    "unknown-engine": unknown_engine,
+    "delayed-fp32-weights": _raise(messages.DELAYED_FP32_WEIGHTS.format(count=4)),
+    "stream-outside-distributed-optimizer": _raise(messages.STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER),
+    "stream-not-fp32": _raise(messages.STREAM_NOT_FP32.format(dtypes="torch.bfloat16")),
+    "stream-pin-failed": _raise(messages.STREAM_PIN_FAILED.format(gib=37.25, status=torch._C._cudart.cudaError(2))),
+    "stream-fused-adam-import": _raise(messages.STREAM_FUSED_ADAM_IMPORT),
+    "stream-not-fused-adam": _raise(messages.STREAM_NOT_FUSED_ADAM.format(optimizer="SGD")),
+    "stream-not-main-weights": _raise(messages.STREAM_NOT_MAIN_WEIGHTS.format(count=2)),
+    "stream-step-counts": _raise(messages.STREAM_STEP_COUNTS.format(steps=sorted({1200.0, 1300.0}))),
+}
+
+
+def pinned_cache_warning() -> str:
+    """What streamed_states.release_pinned_cache prints on a torch without torch._C._host_emptyCache."""
+    from mbridge_offload.runtime import streamed_states
+
+    saved = torch._C.__dict__.get("_host_emptyCache")
+    if saved is not None:
+        delattr(torch._C, "_host_emptyCache")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            streamed_states.release_pinned_cache()
+    finally:
+        if saved is not None:
+            torch._C._host_emptyCache = saved
+    return err.getvalue()
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, scenario in SCENARIOS.items():
+        try:
+            scenario()
+        except BaseException:  # noqa: BLE001  (what the rank prints of it is the point)
+            (out / f"{name}.txt").write_text(traceback.format_exc())
+        else:
+            raise SystemExit(f"{name} raised nothing")
+    (out / "stream-pinned-cache-kept.txt").write_text(pinned_cache_warning())
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
