@@ -69,6 +69,22 @@ def _missing_state() -> None:
     state["exp_avg"].mul_(0.9)
 
 
+# The library's hook after a CPU chunk's step (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py) looks up
+# each host copy's GPU parameter; after a load that rebuilt the host copies the lookup fails: KeyError: tensor(...).
+# Compiled under the library file's name, so that the traceback names it as the real one does.
+_HOOK = """
+def param_copy_back_gpu_hook(cpu_copys_map_gpu_param, param):
+    gpu_param = cpu_copys_map_gpu_param[param]
+"""
+_hook_namespace: dict = {}
+exec(compile(_HOOK, "/opt/venv/lib/python3.12/site-packages/megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py",
+             "exec"), _hook_namespace)
+
+
+def _rebuilt_host_copy() -> None:
+    _hook_namespace["param_copy_back_gpu_hook"]({}, torch.tensor([0.5, 0.25]))
+
+
 class _NeverSet(threading.Event):
     """An event nobody sets, whose wait returns at once (``_wait`` then looks for the worker thread)."""
 
@@ -97,6 +113,7 @@ def _raise(text: str):
 SCENARIOS = {
     "cpu-step-host-oom": lambda: cpu_step_failed(_host_out_of_memory),
     "cpu-step-keyerror": lambda: cpu_step_failed(_missing_state),
+    "cpu-step-resume-keyerror": lambda: cpu_step_failed(_rebuilt_host_copy),
     "worker-stopped": worker_stopped,
     "unknown-engine": unknown_engine,
     "delayed-fp32-weights": _raise(messages.DELAYED_FP32_WEIGHTS.format(count=4)),

@@ -131,6 +131,19 @@ def test_a_cpu_step_that_failed_on_a_host_allocation_is_the_host_memory_finding(
     assert "carries:  the worker's own error, [runtime/host-allocation-failed]" in text
 
 
+def test_a_cpu_step_that_failed_in_the_librarys_hook_after_a_load_is_the_resume_keyerror(printed, tmp_path):
+    """The worker's error was the library's hook missing a host copy (KeyError: tensor(...) in hybrid_optimizer.py):
+    the resume rule's finding, with its fix, is the one to fix."""
+    lines = ranked(printed["cpu-step-resume-keyerror"], 0)
+    diagnosis = diagnosed(write(tmp_path, lines))
+    found = {f.rule_id: f for f in diagnosis.findings}
+    assert list(found) == ["runtime/resume-offload-keyerror", "engine/cpu-step-failed"]
+    assert diagnosis.first_failure is found["runtime/resume-offload-keyerror"]
+    engine = found["engine/cpu-step-failed"]
+    assert engine.carries.startswith("the worker's own error, [runtime/resume-offload-keyerror]")
+    assert engine.fix == found["runtime/resume-offload-keyerror"].fix
+
+
 def test_the_failure_record_of_a_cpu_step_that_failed_on_a_host_allocation(printed, tmp_path):
     """failure.json holds one line, "EngineError: <message>" (runtime/launch.py): the host finding still comes
     first, the engine's carries it from the same line."""
