@@ -210,3 +210,19 @@ def test_json_and_the_engine_failures_own_words(printed, tmp_path, capsys):
     assert engine["rule_id"] == "engine/cpu-step-failed" and engine["ranks"] == [3]
     assert engine["carries"].startswith("the worker's own error, [runtime/host-allocation-failed] on rank 3")
     assert engine["what"] == FAILURES_BY_ID["engine/cpu-step-failed"].text
+
+
+def test_diagnose_list_names_the_engines_own_failures():
+    """``diagnose.py --list`` prints the failures it recognises: the engine's own (those not a rule of the
+    validator's table, which it lists already) among them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mbridge_offload.diagnosis.engine_failures import FAILURES
+
+    repo = Path(__file__).resolve().parents[2]
+    listed = subprocess.run([sys.executable, str(repo / "scripts" / "diagnose.py"), "--list"], capture_output=True,
+                            text=True, cwd=repo, timeout=300).stdout
+    own = [f.id for f in FAILURES if not f.rule_id]
+    assert own and all(f"{failure_id}: " in listed for failure_id in own), listed[-2000:]
