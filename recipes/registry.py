@@ -76,14 +76,6 @@ def get(name: str) -> Recipe:
         raise UnknownRecipe(name) from None
 
 
-def get_or_exit(parser, name: str) -> Recipe:
-    """The recipe, or the command's argument error (exit 2) with did-you-mean."""
-    try:
-        return get(name)
-    except UnknownRecipe as error:
-        parser.error(str(error))
-
-
 def listing() -> str:
     width = max(len(r.name) for r in RECIPES)
     return "\n".join(f"{r.name:<{width}}  {r.num_gpus:>2} GPU{'s' if r.num_gpus > 1 else ' '}  {r.summary}"
