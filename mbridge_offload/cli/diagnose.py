@@ -38,15 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
-        from mbridge_offload.diagnosis.engine_failures import FAILURES
         from mbridge_offload.validation.registry import RULES
 
         for rule in RULES:
             if rule.log_signatures:
                 print(f"{rule.id}: {rule.text}")
-        for failure in FAILURES:
-            if not failure.rule_id:  # the others are rules of the table above
-                print(f"{failure.id}: {failure.text}")
         print("and every configuration rule whose error upstream validate() raises (run_recipe.py --rules)")
         return EXIT_OK
     if not args.logs:

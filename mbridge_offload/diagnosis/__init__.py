@@ -6,7 +6,6 @@ neither Megatron nor torch.
     run_facts.py      what the output says: command, offload settings, threads, step times, OOM numbers
     config_source.py  the run's config: a saved run_config.yaml, else the recipe and overrides of its command
     fixes.py          fixes computed with the planner (next fraction after an OOM, host-fitting fraction, ...)
-    engine_failures.py  the plugin's offload engine's run-time errors, read by its own message templates
     engine.py         diagnose(), Diagnosis, Finding, format_diagnosis
 """
 

@@ -5,7 +5,8 @@ where the signature alone is not enough, the run facts that tell it apart); noth
 The words and fixes come from the validator's rule table: runtime failures are its diagnose-only rules
 (validation/runtime_failures.py); configuration errors in a log map to the rule that states them
 (upstream.py's table of upstream messages, the validator's own report lines, the imports a setting needs). The
-plugin's offload engine's own errors come from engine_failures.py, built from the engine's message templates.
+plugin's offload engine's own errors are diagnose-only rules too, their signatures built from the engine's message
+templates (runtime_failures.ENGINE_MESSAGES), which also say what a message measures and which error it carries.
 Where the run's config is found, the planner computes the fix (fixes.py).
 """
 
@@ -17,13 +18,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbridge_offload.diagnosis.config_source import RunConfig, run_config
-from mbridge_offload.diagnosis.engine_failures import REPORTED as ENGINE_FAILURES, engine_matches
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
-from mbridge_offload.validation.rule import RUNTIME
-from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, JOB_STOPPED,
-                                                         OOM_KILLER, PINNED_ALLOCATION_NEAR, is_this_cause, near)
+from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
+                                                         JOB_STOPPED, OOM_KILLER, PINNED_ALLOCATION_NEAR,
+                                                         is_this_cause, near)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
@@ -214,8 +214,6 @@ def _matches(run: _Run) -> list[tuple[str, int, str]]:
         for pattern, rule_id in CONFIG_RULE_LOG_SIGNATURES:
             if re.search(pattern, text):
                 found.append((rule_id, i, ""))
-        for match in engine_matches(text):  # the plugin's offload engine's own messages
-            found.append((match.failure.reported_id, i, ""))
         for pattern, rule_id in _UPSTREAM_TO_RULE:  # upstream's messages, where an error is raised or reported
             if re.search(pattern, text) and _raised(run.lines, i):
                 found.append((rule_id, i, ""))
@@ -229,18 +227,15 @@ def _matches(run: _Run) -> list[tuple[str, int, str]]:
 
 
 def _finding(rule_id: str) -> Finding:
-    if rule_id not in RULES_BY_ID:  # the offload engine's own failures (engine_failures.py)
-        failure = ENGINE_FAILURES[rule_id]
-        return Finding(rule_id=rule_id, mechanism=RUNTIME, severity=failure.severity, key=failure.key,
-                       what=failure.text, confirm=failure.confirm, fix=failure.own_fix,
-                       fix_basis="the fix the engine's message names" if not failure.fix
-                       else "engine_failures.py's fix")
     rule = RULES_BY_ID[rule_id]
     fix = rule.fix_text or rule.fix(None)  # type: ignore[arg-type]  # runtime and constant fixes ignore ctx
     confirm = CONFIRM.get(rule_id) or ("uv run scripts/run_recipe.py --recipe NAME --dry-run <the run's overrides> "
                                        f"reports [{rule_id}]")
+    message = ENGINE_MESSAGES.get(rule_id)
+    basis = ("the fix the engine's message names" if message is not None and fix == message.own_fix
+             else "the rule table's fix")
     return Finding(rule_id=rule_id, mechanism=rule.mechanism, severity=rule.severity, key=rule.key, what=rule.text,
-                   confirm=confirm, fix=fix, fix_basis="the rule table's fix")
+                   confirm=confirm, fix=fix, fix_basis=basis)
 
 
 def _override_findings(run: _Run) -> list[Finding]:
@@ -411,15 +406,16 @@ def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, l
     worker's own error (a failed CPU optimizer step), that error's own finding as the failure to fix: the one
     matched on the message's line or on the line its own traceback ended with, just above it."""
     for rule_id, finding in by_rule.items():
-        if rule_id not in ENGINE_FAILURES or not finding.evidence:
+        message = ENGINE_MESSAGES.get(rule_id)
+        if message is None or not finding.evidence:
             continue
         i = finding.first_index
-        match = next((m for m in engine_matches(run.texts[i]) if m.failure.reported_id == rule_id), None)
-        if match is None:
+        values = message.values(run.texts[i])
+        if values is None:
             continue
-        measured = match.measured
+        measured = message.measured_from(values)
         finding.measured = measured[:240] + ("..." if len(measured) > 240 else "")
-        carried = match.carried[:160]
+        carried = message.carried_from(values)[:160]
         if not carried:
             continue
         rank = run.lines[i].rank
@@ -427,7 +423,7 @@ def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, l
             same_rank = rank is None or run.lines[j].rank in (None, rank)
             if j != i and not (same_rank and carried in run.texts[j]):
                 continue
-            inner = [by_rule[r] for r in at_line.get(j, ()) if r in by_rule and r not in ENGINE_FAILURES
+            inner = [by_rule[r] for r in at_line.get(j, ()) if r in by_rule and r not in ENGINE_MESSAGES
                      and r not in _CONSEQUENCE_IDS and by_rule[r].severity == "error"]
             if inner:
                 cause, line = inner[0], run.lines[j]

@@ -1,7 +1,8 @@
 """What the plugin's offload engine raises or prints at run time, word for word: the engine
-(mbridge_offload/runtime/streaming_engine.py, streamed_states.py) formats these with ``str.format`` and
-diagnose.py (mbridge_offload/diagnosis/engine_failures.py) reads them back from a run's log, so the two never
-drift apart. The words after ``Fix: `` are the fix diagnose.py gives.
+(mbridge_offload/runtime/streaming_engine.py, streamed_states.py) formats these with ``str.format``, and the
+rule table's diagnose-only rules (mbridge_offload/validation/runtime_failures.py, ENGINE_MESSAGES) build their log
+signatures from them, so diagnose.py reads back exactly what the engine printed. The words after ``Fix: `` are the
+fix diagnose.py gives.
 """
 
 from __future__ import annotations

@@ -2,17 +2,27 @@
 checked on a config (they never apply in validation). Each has the log lines that show it
 (``log_signatures``), the cause in words, the fix to paste, and how to confirm it (``CONFIRM``).
 
+The plugin's own offload engine (mbridge_offload/runtime/streaming_engine.py, streamed_states.py) formats every
+message it raises or prints from a template of ``facts/engine_messages.py``; its failures are rules here whose
+signature is built from that same template (``ENGINE_MESSAGES``: its words escaped, each field a pattern), so the
+engine and diagnose cannot drift apart, and whose fix is the one the message names where it names one.
+
 Failures of configuration rules that show in a log (upstream's assertions, an import an APEX-only
-setting needs) keep their own rule: upstream's messages map through ``upstream.py``'s table, the rest
-through ``CONFIG_RULE_LOG_SIGNATURES`` here.
+setting needs, an engine message that states a rule of the validator's table) keep their own rule: upstream's
+messages map through ``upstream.py``'s table, the rest through ``CONFIG_RULE_LOG_SIGNATURES`` here.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
+from mbridge_offload.facts import engine_messages as messages
 from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.facts.offload_engine import ENGINE_KEY
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
 # torch's caching allocator's out-of-memory: its message (every torch release), and the exception's name where
@@ -78,6 +88,86 @@ def log_shows(rule: Rule, lines: Sequence[str]) -> bool:
     run's facts too; this is the log alone, for a tool that only needs to know what failed)."""
     return any(re.search(signature, line) and is_this_cause(rule, lines, i)
                for i, line in enumerate(lines) for signature in rule.log_signatures)
+
+
+LIBRARY_FIX = f"++{ENGINE_KEY}=library"
+_FIX = ". Fix: "
+
+
+@dataclass(frozen=True)
+class EngineMessage:
+    """A message of the offload engine as a log shows it: the template the engine formats it from."""
+
+    template: str  # facts/engine_messages.py
+    raised_as: str | None = "EngineError"  # the exception class that carries the message; None: a printed line
+    fields: Mapping[str, str] = field(default_factory=dict)  # a field's pattern (default: any text)
+    measured: str = ""  # what the log's line says, from the fields' values (str.format)
+    carries: str = ""  # the field that holds another error's text ("kind: text")
+
+    @cached_property
+    def signature(self) -> str:
+        """The message as a regular expression: its words literally, each field a named group, anchored on the
+        exception's line (a traceback's quote of the raising source is no failure)."""
+        parts = [r"\b" + re.escape(self.raised_as) + ": " if self.raised_as else ""]
+        for literal, name, _spec, _conversion in string.Formatter().parse(self.template):
+            parts.append(re.escape(literal))
+            if name is not None:
+                parts.append(f"(?P<{name}>{self.fields.get(name, '.+?')})")
+        return "".join(parts)
+
+    @property
+    def own_fix(self) -> str:
+        """The fix the message names (the words after "Fix: "), "" where it names none."""
+        return self.template.split(_FIX, 1)[1] if _FIX in self.template else ""
+
+    def values(self, text: str) -> dict[str, str] | None:
+        """The fields' values on a line that shows the message; None where it does not."""
+        match = re.search(self.signature, text)
+        return None if match is None else {k: v for k, v in match.groupdict().items() if v is not None}
+
+    def measured_from(self, values: Mapping[str, str]) -> str:
+        return self.measured.format(**values) if self.measured else ""
+
+    def carried_from(self, values: Mapping[str, str]) -> str:
+        """The other error the message carries ("" if none): its text, as its own traceback's last line ends."""
+        return values.get(self.carries, "").strip() if self.carries else ""
+
+
+# Every message of the engine, by the rule it shows: the engine's own failures (engine/..., rules below) and the
+# two that state a configuration rule of the validator's table (CONFIG_RULE_LOG_SIGNATURES)
+ENGINE_MESSAGES: dict[str, EngineMessage] = {
+    "engine/cpu-step-failed": EngineMessage(
+        messages.CPU_STEP_FAILED, fields={"kind": r"[\w.]+", "error": r".*"},
+        measured="the worker's error: {kind}: {error}", carries="error"),
+    "engine/worker-stopped": EngineMessage(messages.WORKER_STOPPED, fields={"what": r".+"},
+                                           measured="waiting for {what}"),
+    "engine/delayed-fp32-weights": EngineMessage(messages.DELAYED_FP32_WEIGHTS, fields={"count": r"\d+"},
+                                                 measured="{count} offloaded parameter(s) in fp32"),
+    "engine/stream-outside-distributed-optimizer": EngineMessage(messages.STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER),
+    "engine/stream-not-fp32": EngineMessage(messages.STREAM_NOT_FP32, fields={"dtypes": r"[\w., ]+"},
+                                            measured="the optimizer's weights: {dtypes}"),
+    "engine/stream-pin-failed": EngineMessage(messages.STREAM_PIN_FAILED,
+                                              fields={"gib": r"[\d.]+", "status": r"[^)]*"},
+                                              measured="{gib} GiB, cudaHostRegister returned {status}"),
+    "engine/stream-fused-adam-import": EngineMessage(messages.STREAM_FUSED_ADAM_IMPORT),
+    "engine/stream-not-main-weights": EngineMessage(messages.STREAM_NOT_MAIN_WEIGHTS, fields={"count": r"\d+"},
+                                                    measured="{count} offloaded tensor(s)"),
+    "engine/stream-step-counts": EngineMessage(messages.STREAM_STEP_COUNTS, fields={"steps": r"\[[^\]]*\]"},
+                                               measured="step counts {steps}"),
+    "engine/stream-pinned-cache-kept": EngineMessage(messages.STREAM_NO_HOST_EMPTY_CACHE, raised_as=None),
+    "offload-engine/known": EngineMessage(messages.UNKNOWN_ENGINE, raised_as="ValueError",
+                                          fields={"mode": r"'[^']*'|\"[^\"]*\"", "modes": r"[\w, ]+"},
+                                          measured="MBRIDGE_OFFLOAD_ENGINE={mode}"),
+    "offload-engine/stream-adam": EngineMessage(messages.STREAM_NOT_FUSED_ADAM, fields={"optimizer": r"\S+"},
+                                                measured="this run's GPU optimizer: {optimizer}"),
+}
+
+
+def _engine_rule(id: str, key: str, text: str, fix: str = "", severity: str = "error") -> Rule:
+    """A failure of the offload engine: its signature built from its message's template (ENGINE_MESSAGES), its fix
+    the one the message names unless ``fix`` says otherwise."""
+    message = ENGINE_MESSAGES[id]
+    return _rule(id, key, text, fix or message.own_fix, (message.signature,), severity)
 
 
 RULES: tuple[Rule, ...] = (
@@ -190,6 +280,48 @@ RULES: tuple[Rule, ...] = (
           (r"We couldn't connect to 'https://huggingface\.co'", r"LocalEntryNotFoundError", r"OfflineModeIsEnabled",
            r"huggingface_hub.*(ConnectionError|ConnectTimeout|MaxRetryError|NameResolutionError)",
            r"Max retries exceeded with url: .*huggingface\.co")),
+    # the plugin's offload engine (its messages: ENGINE_MESSAGES)
+    _engine_rule("engine/cpu-step-failed", ENGINE_KEY,
+                 "the offload engine's worker thread failed in the CPU optimizer step (the host's Adam on the "
+                 "offloaded share, which the exact and delayed engines run beside the next step's forward); the "
+                 "training thread raised the worker's error at the next point that waited for it",
+                 fix=f"{LIBRARY_FIX}  (the library's own CPU step instead of the engine's worker thread)"),
+    _engine_rule("engine/worker-stopped", ENGINE_KEY,
+                 "the offload engine's worker thread, which runs the offloaded optimizer step, had stopped while the "
+                 "training thread waited for it: the engine hands its own errors to the training thread, so "
+                 "something else ended the thread or the process around it, and that is the failure to fix",
+                 fix=f"fix the first error above this one in the output (every rank's); with none there: {LIBRARY_FIX}"),
+    _engine_rule("engine/delayed-fp32-weights", ENGINE_KEY,
+                 "the delayed offload engine refused to start: offloaded parameters are fp32 in the model itself, so "
+                 "their fp32 copy is the live weight, and the update it delays by one step would overwrite it in the "
+                 "middle of the next step"),
+    _engine_rule("engine/stream-outside-distributed-optimizer", "optimizer.use_distributed_optimizer",
+                 "the stream offload engine met an offloaded optimizer step outside Megatron's distributed optimizer: "
+                 "it runs only inside one (it streams the moments of the distributed optimizer's fp32 shards)"),
+    _engine_rule("engine/stream-not-fp32", "optimizer.use_precision_aware_optimizer",
+                 "the stream offload engine refused the optimizer: it keeps fp32 main weights on the host, and this "
+                 "optimizer steps lower-precision ones (what Megatron's precision-aware optimizer keeps)"),
+    _engine_rule("engine/stream-pin-failed", ENGINE_KEY,
+                 "the stream offload engine could not pin (page-lock) its host buffers, Adam's moments and the fp32 "
+                 "weights of the offloaded share: the locked-memory limit (ulimit -l) or the node's free memory is "
+                 "too small"),
+    _engine_rule("engine/stream-fused-adam-import", ENGINE_KEY,
+                 "the stream offload engine updates with Transformer Engine's FusedAdam (the GPU optimizer without "
+                 "offload), and Transformer Engine does not import in this environment"),
+    _engine_rule("engine/stream-not-main-weights", ENGINE_KEY,
+                 "the stream offload engine found offloaded tensors that are not fp32 main weights of Megatron's "
+                 "distributed optimizer, which it cannot lay out in its host buffers"),
+    _engine_rule("engine/stream-step-counts", "checkpoint.load",
+                 "resuming with the stream offload engine: the checkpoint's offloaded optimizer states hold different "
+                 "step counts, so they were not all saved at the same step (the checkpoint is inconsistent)",
+                 fix="checkpoint.load=<dir> checkpoint.ckpt_step=<an earlier saved iteration>  (or start without "
+                     "checkpoint.load)"),
+    _engine_rule("engine/stream-pinned-cache-kept", ENGINE_KEY,
+                 "this torch cannot hand cached pinned memory back to the system (no torch._C._host_emptyCache): the "
+                 "library's pinned host copies of the weights, which the stream engine replaced with its own buffers, "
+                 "stay held, so the node uses more host memory than the plan counts",
+                 fix="a torch whose torch._C has _host_emptyCache, or more host headroom: plan_offload.py "
+                     f"--host-margin-gib <GiB>; or {LIBRARY_FIX}", severity="warning"),
 )
 
 # How to confirm each runtime failure before changing anything.
@@ -230,6 +362,27 @@ CONFIRM: dict[str, str] = {
     "runtime/stop-killed-data-loader-workers": "the log shows the stop signal's arrival ('Received signal 15') "
                                                "or the job's preemption just before; no iter_* folder was written",
     "runtime/hf-hub-unreachable": "env | grep HF_; curl -sI https://huggingface.co from the node",
+    "engine/cpu-step-failed": "the worker's own error and its traceback are printed just above this one (\"The above "
+                              f"exception was the direct cause\"); rerun with {LIBRARY_FIX}: the library's synchronous "
+                              "step raises it where it happens",
+    "engine/worker-stopped": "the first error above this one in the output, on any rank (a traceback, a kill, a stop "
+                             "signal)",
+    "engine/delayed-fp32-weights": "uv run scripts/run_recipe.py --recipe NAME --dry-run <the run's overrides> reports "
+                                   "[offload-engine/delayed-low-precision-weights] when the model is neither bf16 "
+                                   "nor fp16",
+    "engine/stream-outside-distributed-optimizer": "the run's config (its run_config.yaml or the log's command): "
+                                                   "ddp.use_distributed_optimizer and "
+                                                   "optimizer.use_distributed_optimizer",
+    "engine/stream-not-fp32": "the run's config: optimizer.use_precision_aware_optimizer (and its main_params_dtype)",
+    "engine/stream-pin-failed": "ulimit -l (memlock; a container needs --ulimit memlock=-1) and free -g on the node",
+    "engine/stream-fused-adam-import": "python -c 'from transformer_engine.pytorch.optimizers import FusedAdam' on the "
+                                       "node shows why (the import error is also printed above this one)",
+    "engine/stream-not-main-weights": "the engine the run used: its header names it, or env | grep "
+                                      f"MBRIDGE_OFFLOAD_ENGINE and the config's {ENGINE_KEY}; the same run with the "
+                                      "library engine offloads them",
+    "engine/stream-step-counts": "the checkpoint folder's iter_* folders: load an earlier one that a run saved whole",
+    "engine/stream-pinned-cache-kept": "python -c 'import torch; print(torch.__version__, hasattr(torch._C, "
+                                       "\"_host_emptyCache\"))'",
 }
 
 # Log lines of configuration rules that upstream's validate() does not raise (upstream.py maps those):
@@ -243,4 +396,8 @@ CONFIG_RULE_LOG_SIGNATURES: tuple[tuple[str, str], ...] = (
     # Transformer Engine absent, its compiled part absent, or built against another torch (an undefined symbol)
     (r"(ModuleNotFoundError|ImportError): No module named 'transformer_engine(_torch)?[.']|"
      r"ImportError: .*transformer_engine\S*: (undefined symbol|cannot open shared object)", "env/transformer-engine"),
+    # the offload engine's messages that state a rule of the validator's table (an unknown engine name, the stream
+    # engine with another optimizer than Adam)
+    (ENGINE_MESSAGES["offload-engine/known"].signature, "offload-engine/known"),
+    (ENGINE_MESSAGES["offload-engine/stream-adam"].signature, "offload-engine/stream-adam"),
 )

@@ -2,7 +2,8 @@
 streamed_states.py), as a rank prints them: each traceback is written by engine_tracebacks.py, which raises the real
 EngineError (through the engine's own worker thread and drain where a CPU allows it), and the lines carry torchrun's
 rank prefixes. The messages, the engine's templates and diagnose's signatures are one source
-(facts/engine_messages.py)."""
+(facts/engine_messages.py); the failures are diagnose-only rules of the validator's table
+(validation/runtime_failures.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import pytest
 
 from mbridge_offload.cli.diagnose import main
 from mbridge_offload.diagnosis import diagnose, format_diagnosis
-from mbridge_offload.diagnosis.engine_failures import FAILURES, FAILURES_BY_ID, LIBRARY_FIX
 from mbridge_offload.facts import engine_messages
 from mbridge_offload.validation import RULES_BY_ID
+from mbridge_offload.validation.runtime_failures import ENGINE_MESSAGES, LIBRARY_FIX
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = REPO / "mbridge_offload" / "runtime"
@@ -79,9 +80,8 @@ def test_each_engine_message_in_a_ranks_traceback_is_recognised_with_its_fix(pri
     assert (finding.rule_id, finding.ranks) == (rule_id, {2})
     assert finding.fix.startswith(fix) and finding.what and finding.confirm
     assert finding.evidence[0].number == len(lines)  # the exception's own line, the traceback's last
-    if rule_id in RULES_BY_ID:  # a configuration rule the message states: the validator's words and fix
-        rule = RULES_BY_ID[rule_id]
-        assert (finding.what, finding.fix) == (rule.text, rule.fix(None))
+    rule = RULES_BY_ID[rule_id]  # every message is a rule of the table: the validator's words and fix
+    assert (finding.what, finding.fix) == (rule.text, rule.fix(None))
     if scenario != "stream-pinned-cache-kept":
         assert diagnosis.first_failure is finding and finding.severity == "error"
 
@@ -90,11 +90,30 @@ def test_every_message_of_the_engine_has_a_failure_and_the_engine_formats_it_fro
     """One source: each template of facts/engine_messages.py has its entry, and the runtime modules hold none of
     their words (a retyped copy would drift from what diagnose reads)."""
     templates = {value for name, value in vars(engine_messages).items() if name.isupper() and isinstance(value, str)}
-    assert templates == {failure.message for failure in FAILURES}
+    assert templates == {message.template for message in ENGINE_MESSAGES.values()}
+    assert all(rule_id in RULES_BY_ID for rule_id in ENGINE_MESSAGES)
     source = "\n".join(path.read_text() for path in (RUNTIME / "streaming_engine.py", RUNTIME / "streamed_states.py"))
     for template in templates:
         words = max((literal for literal, *_ in string.Formatter().parse(template)), key=len)[:40]
         assert words not in source, words
+
+
+def test_the_engines_failures_are_diagnose_only_rules_of_the_table():
+    """One rule table feeds the validator, the README's table and diagnose: each engine failure is a rule read
+    from logs only, whose signature is its message's template."""
+    from mbridge_offload.validation import rules_markdown
+    from mbridge_offload.validation.rule import RUNTIME
+    from mbridge_offload.validation.runtime_failures import CONFIG_RULE_LOG_SIGNATURES, CONFIRM
+
+    table = rules_markdown()
+    for rule_id, message in ENGINE_MESSAGES.items():
+        rule = RULES_BY_ID[rule_id]
+        if rule_id.startswith("engine/"):
+            assert (rule.mechanism, rule.applies(None), rule.log_signatures) == (RUNTIME, False, (message.signature,))
+            assert rule.text in table and CONFIRM[rule_id]
+            assert not message.own_fix or rule.fix(None) == message.own_fix  # the fix the message names
+        else:  # a configuration rule the message states
+            assert (message.signature, rule_id) in CONFIG_RULE_LOG_SIGNATURES
 
 
 def test_a_source_line_that_quotes_a_message_is_no_failure(printed, tmp_path):
@@ -209,20 +228,18 @@ def test_json_and_the_engine_failures_own_words(printed, tmp_path, capsys):
     engine = report["findings"][1]
     assert engine["rule_id"] == "engine/cpu-step-failed" and engine["ranks"] == [3]
     assert engine["carries"].startswith("the worker's own error, [runtime/host-allocation-failed] on rank 3")
-    assert engine["what"] == FAILURES_BY_ID["engine/cpu-step-failed"].text
+    assert engine["what"] == RULES_BY_ID["engine/cpu-step-failed"].text
 
 
 def test_diagnose_list_names_the_engines_own_failures():
-    """``diagnose.py --list`` prints the failures it recognises: the engine's own (those not a rule of the
-    validator's table, which it lists already) among them."""
+    """``diagnose.py --list`` prints the failures it recognises: the engine's own (diagnose-only rules of the
+    validator's table) among them."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from mbridge_offload.diagnosis.engine_failures import FAILURES
-
     repo = Path(__file__).resolve().parents[2]
     listed = subprocess.run([sys.executable, str(repo / "scripts" / "diagnose.py"), "--list"], capture_output=True,
                             text=True, cwd=repo, timeout=300).stdout
-    own = [f.id for f in FAILURES if not f.rule_id]
+    own = [rule_id for rule_id in ENGINE_MESSAGES if rule_id.startswith("engine/")]
     assert own and all(f"{failure_id}: " in listed for failure_id in own), listed[-2000:]
