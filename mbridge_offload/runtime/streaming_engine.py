@@ -260,11 +260,18 @@ class StreamingEngine:
         rank's shards, so it waits for the chunks of the pending update that hold them (exact: the training thread
         until the worker has stepped them, the training stream for their copies; stream: the training stream, which
         the collective follows). The delayed mode sends the weights before its pending update by design: nothing to
-        wait for."""
+        wait for.
+
+        A group of one rank sends nothing and each module's forward waits for its own chunks, so its all-gather
+        does not wait either. Megatron still runs it, in place on the bucket's parameter buffer, while the exact
+        engine's worker may be casting the update into this rank's shard of that buffer: safe because NCCL leaves an
+        in-place all-gather's own shard untouched. Gloo's in-place all-gather goes through a copy of the shard that
+        races with the cast, which is why the gloo scenarios (tests/runtime/stream_cpu_scenarios.py) give every
+        pipeline stage two ranks."""
         job = self.job
         if (job is None or self.mode == DELAYED
                 or getattr(bucket_group, "intra_distributed_optimizer_instance_size", None) == 1):
-            return  # one rank: nothing is sent, and each module's forward waits for its own chunks
+            return
         self._maps()
         chunks = self._gather_chunks.get(bucket_group)
         if chunks is None:

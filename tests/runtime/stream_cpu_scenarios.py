@@ -180,11 +180,10 @@ class ExpertReference(Reference):
     def __init__(self, initial: dict, hyper: dict, run: "Run") -> None:
         super().__init__(initial, hyper, run.world)
         self.experts = run.experts
-        expert = next(iter(run.experts))
+        self.my_group = tuple(run.replica_ranks(next(iter(run.experts))))
         everyone = [None] * run.world
-        dist.all_gather_object(everyone, tuple(run.replica_ranks(expert)))
+        dist.all_gather_object(everyone, self.my_group)
         self.expert_groups = sorted(set(everyone))  # one per expert-parallel rank
-        self.my_group = tuple(run.replica_ranks(expert))
 
     def _scale(self, group) -> float:
         return sum(r + 1 for r in group) / self.world
@@ -277,30 +276,27 @@ class Run:
         """Megatron Bridge's train_step, in order: zero the gradient buffers and the optimizer's gradients, the
         forward and backward (with stages: Megatron's 1F1B schedule, whose end reduce-scatters the gradients), the
         gradient reduce-scatter, the optimizer step (inside the engine's train step)."""
-        streaming_engine._STATE["in_train_step"] = True
-        try:
-            self.model.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            if self.stages > 1:
-                self._pipeline(rank_coefficients(step, self.dp_rank), forward_only=False)
-            else:
-                loss = self.model(rank_coefficients(step, self.dp_rank))
-                loss.backward()
-                self.model.finish_grad_sync()
-            self.optimizer.step()
-        finally:
-            streaming_engine._STATE["in_train_step"] = False
+        self._step(rank_coefficients(step, self.dp_rank), forward_only=False)
 
     def forward_only(self) -> None:
+        """The same without the backward, the reduce-scatter and the optimizer step (under no_grad)."""
+        self._step(rank_coefficients(0, self.dp_rank), forward_only=True)
+
+    def _step(self, coefficients: dict, forward_only: bool) -> None:
         streaming_engine._STATE["in_train_step"] = True
         try:
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
-            with torch.no_grad():
+            with torch.set_grad_enabled(not forward_only):
                 if self.stages > 1:
-                    self._pipeline(rank_coefficients(0, self.dp_rank), forward_only=True)
+                    self._pipeline(coefficients, forward_only)
                 else:
-                    self.model(rank_coefficients(0, self.dp_rank))
+                    loss = self.model(coefficients)
+                    if not forward_only:
+                        loss.backward()
+                        self.model.finish_grad_sync()
+            if not forward_only:
+                self.optimizer.step()
         finally:
             streaming_engine._STATE["in_train_step"] = False
 
@@ -533,30 +529,6 @@ def ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_
     check_states(run, reference)
 
 
-def check_library_states(run: Run, reference: Reference) -> None:
-    """exact mode, after a drain: every fp32 shard of this rank equals the reference's; each offloaded one's host
-    copy (what a checkpoint saves) equals it, and its CPU optimizer's moments equal the reference's."""
-    check(run.engine.job is None, "drain", "the update is still pending after drain_all")
-    models_of = streamed_states.main_to_model(run.distopt)
-    host_copies = run.hdo.gpu_params_map_cpu_copy
-    state_of = {cpu: opt.state[cpu] for opt in run.hdo.cpu_optimizers for cpu in streaming_engine._params_of(opt)}
-    offloaded = 0
-    for main in (p for g in run.hdo.param_groups for p in g["params"]):
-        model = models_of[main]
-        name, r = run.names[model], run.shard_range(model)
-        bad, worst = _close(main, reference.params[name].reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-6)
-        check(bad == 0, "main-weights", f"rank {run.rank} {name}: {bad} elements off (max {worst:.3g})")
-        if main not in host_copies:
-            continue
-        offloaded += 1
-        cpu = host_copies[main]
-        check(torch.equal(cpu.reshape(-1), main.reshape(-1)), "host-copy", f"rank {run.rank} {name}")
-        for key, want in zip(("exp_avg", "exp_avg_sq"), reference.moments(name)):
-            bad, worst = _close(state_of[cpu][key], want.reshape(-1)[r.start:r.end], rtol=1e-5, atol=1e-9)
-            check(bad == 0, "moments", f"rank {run.rank} {name} {key}: {bad} elements off (max {worst:.3g})")
-    check(offloaded > 0, "setup", f"rank {run.rank}: nothing offloaded")
-
-
 def check_exact_gather_gates(run: Run) -> None:
     """Each bucket group's all-gather waited for the exact engine's chunks holding this rank's offloaded shards of
     its parameters (and a group with none of them for none)."""
@@ -581,17 +553,12 @@ def exact_ranks_case(rank: int, world: int, port: int, fraction: float, overlap_
     run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h=True)
     check(run.engine.mode == "exact" and run.model.bucket_groups[0].intra_distributed_optimizer_instance_size
           == world, "setup", "not the exact engine over the data-parallel ranks")
-    reference = Reference(run.weights(), run.hyper(), world)
-    for step in range(1, RANKS_STEPS + 1):
-        run.train_step(step)
-        check_seen_weights(run, reference, step - 1)
-        check(run.engine.job is not None, "pending", "the step did not leave its update to the worker")
-        reference.step(step)
-    run.forward_only()  # the forward after the last update
-    check_seen_weights(run, reference, RANKS_STEPS)
-    check_exact_gather_gates(run)
-    streaming_engine.drain_all(apply_delayed=True)
-    check_library_states(run, reference)
+
+    def settle(run: Run) -> None:
+        check_exact_gather_gates(run)
+        drain(run)
+
+    train_and_check_any_engine(run, Reference(run.weights(), run.hyper(), world), settle)
 
 
 def check_full_weights(run: Run, reference: Reference, after: int, what: str) -> None:
@@ -647,34 +614,24 @@ def delayed_ranks_case(rank: int, world: int, port: int, fraction: float, overla
     check(run.engine.mode == "delayed" and run.model.bucket_groups[0].intra_distributed_optimizer_instance_size
           == world, "setup", "not the delayed engine over the data-parallel ranks")
     reference = Reference(run.weights(), run.hyper(), world)
-    history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
     masks = offloaded_elements(run)
     check(all(m.all() for m in masks.values()) if fraction == 1 else any(m.any() for m in masks.values()) and not
           all(m.all() for m in masks.values()), "setup", f"the offloaded elements do not fit fraction {fraction}")
-    for step in range(1, RANKS_STEPS + 2):  # the last: the forward after the last step, before its update
-        if step > RANKS_STEPS:
-            run.forward_only()
+
+    def settle(run: Run) -> None:
+        if through == "drain":
+            drain(run)
         else:
-            run.train_step(step)
-        check_seen_weights(run, reference, max(0, step - 2), delayed_weights(history, masks, step))
-        if step > RANKS_STEPS:
-            break
-        check(run.engine.job is not None, "pending", "the step did not leave its update to the worker")
-        reference.step(step)
-        history.append({name: value.clone() for name, value in reference.params.items()})
-    if through == "drain":
-        streaming_engine.drain_all(apply_delayed=True)
-    else:
-        disable_forward_pre_hook([run.model], optimizer=run.optimizer)
-        enable_forward_pre_hook([run.model])
-    check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
-    check_library_states(run, reference)
+            disable_forward_pre_hook([run.model], optimizer=run.optimizer)
+            enable_forward_pre_hook([run.model])
+
+    train_and_check_any_engine(run, reference, settle)
     run.train_step(RANKS_STEPS + 1)  # as after a save: the forward uses the update the drain applied
     check_seen_weights(run, reference, RANKS_STEPS)
     reference.step(RANKS_STEPS + 1)
-    streaming_engine.drain_all(apply_delayed=True)
+    drain(run)
     check_full_weights(run, reference, RANKS_STEPS + 1, "the next step and its drain")
-    check_library_states(run, reference)
+    check_optimizers_states(run, reference)
 
 
 def check_optimizers_states(run: Run, reference: Reference) -> None:
@@ -702,11 +659,17 @@ def check_optimizers_states(run: Run, reference: Reference) -> None:
         check(offloaded > 0, "setup", f"rank {run.rank}: nothing of an optimizer offloaded")
 
 
-def train_and_check_any_engine(run: Run, reference: Reference) -> None:
-    """RANKS_STEPS steps and the forward after them, each forward's weights as the engine under check promises them
-    (exact, stream: after every earlier update; delayed: the offloaded elements one update behind, the rest
-    current); then what a save or an evaluation does first (the drain): every rank holds the weights after the last
-    update, and every optimizer's shards, moments and host copies equal the reference's."""
+def drain(run: Run) -> None:
+    """What a save or an evaluation does first: the plugin's drain, which all-gathers the applied weights."""
+    streaming_engine.drain_all(apply_delayed=True)
+
+
+def train_and_check_any_engine(run: Run, reference: Reference, settle=drain) -> None:
+    """RANKS_STEPS steps, each leaving its update pending in every optimizer's engine, and the forward after them,
+    each forward's weights as the engine under check promises them (exact, stream: after every earlier update;
+    delayed: the offloaded elements one update behind, the rest current); then ``settle(run)`` (what a save or an
+    evaluation does first: the drain by default; it may check more before): every rank holds the weights after the
+    last update, and every optimizer's shards, moments and host copies equal the reference's."""
     history = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
     delayed = ENGINE_UNDER_CHECK == "delayed"
     masks = offloaded_elements(run) if delayed else None
@@ -716,12 +679,14 @@ def train_and_check_any_engine(run: Run, reference: Reference) -> None:
         else:
             run.train_step(step)
         expected = delayed_weights(history, masks, step) if delayed else history[step - 1]
-        check_seen_weights(run, reference, step - (2 if delayed else 1), expected)
+        check_seen_weights(run, reference, max(0, step - (2 if delayed else 1)), expected)
         if step > RANKS_STEPS:
             break
+        check(all(d.optimizer._mbridge_offload_engine.job is not None for d in run.distopts), "pending",
+              f"rank {run.rank}: step {step} did not leave its update pending")
         reference.step(step)
         history.append({name: value.clone() for name, value in reference.params.items()})
-    streaming_engine.drain_all(apply_delayed=True)
+    settle(run)
     check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
     check_optimizers_states(run, reference)
 
@@ -766,9 +731,8 @@ def pipeline_case(rank: int, world: int, port: int, fraction: float, overlap_par
     train_and_check_any_engine(run, reference)
 
 
-# Each stage over 2 data-parallel ranks: a stage of one rank all-gathers its parameters in place, which NCCL does
-# without touching them (the exact engine trained bit-identical to the library on one H200 with the overlapped
-# all-gather, whose prefetch runs while the worker casts) but gloo through a copy that races with the worker's cast.
+# Each stage over 2 data-parallel ranks: a stage of one rank all-gathers its parameters in place without waiting
+# for the exact engine's cast into them, safe with NCCL but not with gloo (streaming_engine's gate_param_gather).
 PIPELINE_SCENARIOS = [("4 ranks, 2 pipeline stages x DP 2, fraction 0.6, overlapped all-gather", 4, (0.6, True), None,
                        None)]
 EXPERT_SCENARIOS = [("2 ranks, EP 2 (experts on one rank each), fraction 0.6, overlapped all-gather", 2, (0.6, True, 2),

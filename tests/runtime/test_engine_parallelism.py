@@ -26,9 +26,8 @@ ranks each), through Megatron Core's 1F1B schedule (forward_backward_pipelining_
 point-to-point sends, finalize_model_grads) in 4 micro batches per step: each stage has its own distributed
 optimizer and engine, and every micro batch's forward runs the engine's waits. The same checks, against torch AdamW
 clipped by the norm over both stages (a reference clipped by its own stage's norm fails). Each stage has 2 ranks: a
-stage of one rank all-gathers its parameters in place, which NCCL does without touching them (the exact engine
-trained bit-identical to the library on one H200 with the overlapped all-gather, whose prefetch runs while the
-worker casts) but gloo through a copy that races with the worker's cast.
+stage of one rank all-gathers its parameters in place without waiting for the exact engine's cast into them, which
+is safe with NCCL but races with the cast on gloo (streaming_engine's gate_param_gather says why).
 
 The GPU is stream_cpu_device.py's stand-in (what that hides: its docstring).
 """

@@ -12,10 +12,11 @@ rank checks:
 - every module's forward, on every rank, used the weights of torch AdamW on the full fp32 tensors after all
   earlier updates, with the ranks' mean gradient clipped by its global norm (the other ranks' shards came through
   Megatron's all-gather after their update);
+- each step left its update pending on the worker;
 - each bucket group's all-gather waited for exactly the chunks holding this rank's offloaded shards of its
   parameters;
-- after ``drain_all``, every fp32 shard, the host copies of the offloaded ones and their CPU optimizer's moments
-  equal the reference's;
+- after ``drain_all``, every rank holds the whole weights after the last update, and every fp32 shard, the host
+  copies of the offloaded ones and the Adam moments equal the reference's;
 - a broken engine is caught: with ``gate_param_gather`` a no-op and the worker slowed, a forward uses stale
   weights of the other rank.
 
