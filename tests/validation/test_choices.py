@@ -201,6 +201,8 @@ def test_an_optimizer_under_offload_is_refused_once(recipe, name, rule_ids):
     ({"model.num_moe_experts": 8, "model.moe_expert_capacity_factor": 1.0}, "model.moe_router_load_balancing_type",
      "aux_los", "moe/capacity-factor-balancing"),
     ({"model.fused_residual_rmsnorm": True}, "model.normalization", "rmsnorm", "model/fused-residual-rmsnorm"),
+    ({"model.transformer_impl": "inference_optimized"}, "model.normalization", "rmsnorm",
+     "model/inference-optimized"),
     # the stream engine updates with the GPU's Adam: a word Megatron Core does not know is the fixed-word rule's alone
     ({"optimizer.optimizer_cpu_offload": True, "optimizer.optimizer_offload_fraction": 1.0,
       "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}, "optimizer.optimizer", "foo", "offload-engine/stream-adam"),
@@ -233,6 +235,8 @@ def test_an_unknown_optimizer_upstream_trips_on_is_one_problem_with_upstream_val
     ({"model.num_moe_experts": 8, "model.moe_expert_capacity_factor": 1.0,
       "model.moe_router_load_balancing_type": "sinkhorn"}, "moe/capacity-factor-balancing"),
     ({"model.fused_residual_rmsnorm": True, "model.normalization": "LayerNorm"}, "model/fused-residual-rmsnorm"),
+    ({"model.transformer_impl": "inference_optimized", "model.normalization": "LayerNorm"},
+     "model/inference-optimized"),
 ])
 def test_a_known_word_those_rules_refuse_is_still_refused(recipe, settings, other_rule):
     cfg = recipe(DENSE)
