@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from overrides.grammar import key_of
+from overrides.grammar import given_keys, key_of
 from recipes.registry import Recipe
 from mbridge_offload.planning import (AUTO_OVERRIDE, GIB, Plan, largest_host_fitting_fraction, plan, plan_problems,
                                       plan_with_recommendation, smallest_fitting_fraction, what_would_fit)
@@ -140,14 +140,15 @@ def _offload_engine(cfg: Any, mode: str, given: set[str], auto_line: str | None)
     return with_offload_engine(cfg, mode)
 
 
-def _with_the_rest_validated(errors: Any, num_gpus: int, validated: bool, validator: Callable[..., Report]) -> str:
+def _with_the_rest_validated(errors: Any, num_gpus: int, validated: bool, validator: Callable[..., Report],
+                             given: frozenset[str]) -> str:
     """The override errors of a command and, in the same words as a prepared config's report, the problems
     of the config that the command's other overrides make (so a command shows all of its problems at once:
-    fixing the overrides does not reveal new ones)."""
+    fixing the overrides does not reveal new ones), validated with the keys those gave."""
     text = errors.format()
     if not validated or errors.applied is None:
         return text
-    report = validator(errors.applied, num_gpus)
+    report = validator(errors.applied, num_gpus, given_keys=given - {error.key for error in errors.errors})
     n = len(errors.errors)
     return (f"{text}\n\nAnd the configuration the other overrides make (the recipe with every override but "
             f"{'that one' if n == 1 else f'those {n}'}):\n{report.format()}")
@@ -164,7 +165,8 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
     ``deterministic`` sets what bit-reproducible runs need (recipes/determinism.py). ``offload_engine``:
     run_recipe's --offload-engine (recipes/offload.with_offload_engine; refused beside an override of the
     same key). ``validator``: what
-    validates (validation.validate; the cached one of mbridge_offload/fast_check).
+    validates (validation.validate; the cached one of mbridge_offload/fast_check), given ``given_keys=`` the keys
+    the overrides give (overrides.grammar.given_keys).
 
     ``overlap_chunks`` and ``cpu_threads`` are run_recipe's --overlap-chunks and --cpu-threads (None:
     the tuning's choice); ``step_time_budget_s`` is the planner's offload-time gate.
@@ -182,8 +184,8 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             if auto_fraction is not None:
                 cfg = _apply_auto(cfg, overrides, auto_fraction)
     except OverrideErrors as errors:
-        raise NotPrepared(_with_the_rest_validated(errors, num_gpus, validated, validator), auto_line,
-                          override_errors=errors.errors) from None
+        raise NotPrepared(_with_the_rest_validated(errors, num_gpus, validated, validator, given_keys(overrides)),
+                          auto_line, override_errors=errors.errors) from None
     given = {key_of(o) for o in overrides}
     run_lines = []
     if deterministic:
@@ -205,7 +207,8 @@ def prepare(recipe: Recipe, overrides: Sequence[str], *, num_gpus: int, num_gpus
             f"({SWITCH_KEY}={opt.optimizer_cpu_offload}, "
             f"optimizer.overlap_cpu_optimizer_d2h_h2d={opt.overlap_cpu_optimizer_d2h_h2d}). Fix: add "
             f"{SWITCH_KEY}=True optimizer.overlap_cpu_optimizer_d2h_h2d=True, or drop --overlap-chunks", auto_line)
-    problems = validator(cfg, num_gpus).problems if validated else ()
+    # the keys the command line gave: a value given at its default is the user's too (validation's Context.given_keys)
+    problems = validator(cfg, num_gpus, given_keys=given_keys(overrides)).problems if validated else ()
     memory = plan_with_recommendation(cfg, num_gpus, **plan_options)
     report = Report(num_gpus=num_gpus, problems=tuple(problems) + tuple(plan_problems(memory, step_time_budget_s)))
     return Prepared(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from overrides.errors import OverrideError
 
@@ -29,6 +29,13 @@ _SEVERAL = re.compile(r"\s[+~]{0,2}[A-Za-z_][\w.\-]*=")  # "a=1 b=2": two overri
 def key_of(text: str) -> str:
     """The dotted key of an override as typed (``+a.b=1`` -> ``a.b``), without parsing its value."""
     return text.lstrip("+~").split("=", 1)[0]
+
+
+def given_keys(texts: Iterable[str]) -> frozenset[str]:
+    """The dotted keys a command line gives a value (``+a.b=1`` -> ``a.b``): validation's ``Context.given_keys``, for
+    the rules that must tell a value asked for from the same value left at its default (the final config cannot). A
+    reset (``~key``) sets the default back: it asks for no value, and is left out."""
+    return frozenset(key_of(text) for text in texts if isinstance(text, str) and not text.startswith("~"))
 
 
 def value_text_of(text: str) -> str | None:

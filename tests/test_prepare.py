@@ -146,3 +146,15 @@ def test_auto_says_when_the_host_cannot_hold_even_the_run_without_offload():
     with pytest.raises(NotPrepared, match="cannot hold even the run without optimizer offload"):
         _prepare("qwen3_8b_optimizer_offload_config", ["optimizer.optimizer_offload_fraction=auto"], num_gpus=4,
                  plan_options={**H200, "host_memory_gib": 1.0})
+
+
+def test_the_keys_the_command_line_gave_reach_the_validator_also_beside_an_override_that_cannot_apply():
+    """model.fp8_recipe=delayed is the model's default: only the command line tells that it was asked for (and the
+    preset replaces it). Where another override cannot apply, the rest is validated with the keys it gave."""
+    overrides = ["mixed_precision=bf16_with_fp8_current_scaling_mixed", "model.fp8_recipe=delayed"]
+    prepared = _prepare("qwen3_1b_proxy_pretrain_config", overrides)
+    assert [p.rule_id for p in prepared.report.errors] == ["precision/preset-replaces-fp8-recipe"]
+    with pytest.raises(NotPrepared) as refused:
+        _prepare("qwen3_1b_proxy_pretrain_config", [*overrides, "train.train_iters=many"])
+    rest = refused.value.message.partition("And the configuration the other overrides make")[2]
+    assert "[precision/preset-replaces-fp8-recipe] model.fp8_recipe = delayed" in rest, refused.value.message

@@ -91,7 +91,8 @@ class _Validator:
         if not (is_count(num_gpus, 1) and grid_sane(cfg)):
             return self._rules_only(cfg, num_gpus, environ, kwargs)
         env = dict(store.START_ENVIRON if environ is None else environ)
-        key = store.validation_key(cfg, num_gpus, env)
+        # the keys the command line gave change the answer (a value given at its default): they are in the key
+        key = store.validation_key(cfg, num_gpus, env, kwargs.get("given_keys", frozenset()))
         if not self.record:
             cached = store.load_validation(key)
             if cached is not None:

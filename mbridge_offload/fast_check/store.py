@@ -2,8 +2,8 @@
 validator's problems. Everything is keyed by what could change the answer, so a stale answer is never
 given: the installed versions of the stack, the plugin's own sources (recipes, overrides, validation,
 facts, planning, this package), the Python version; a validation also by every value of the config, the
-GPU count and the environment. A change of any of them is a new key (a new folder): the old entries are
-simply not read again.
+GPU count, the environment and the keys the command line gave. A change of any of them is a new key (a new
+folder): the old entries are simply not read again.
 
 Where: ``$MBRIDGE_OFFLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/mbridge-offload``, else
 ``~/.cache/mbridge-offload``. ``MBRIDGE_OFFLOAD_NO_CACHE=1`` turns the fast path off. A cache that cannot be
@@ -19,7 +19,7 @@ import pickle
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from mbridge_offload.fast_check import snapshot
 
@@ -170,14 +170,18 @@ def reads_files(cfg: Any) -> bool:
     return False
 
 
-def validation_key(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> str | None:
+def validation_key(cfg: Any, num_gpus: int, environ: Mapping[str, str],
+                   given_keys: Iterable[str] = frozenset()) -> str | None:
+    """The key of a validation: the config's values, the GPU count, the environment and the keys the command line
+    gave (validation's Context.given_keys: the same values given by another command line may be another answer)."""
     if not enabled() or reads_files(cfg):
         return None
     try:
         values = snapshot.fingerprint(cfg)
     except Exception:  # noqa: BLE001
         return None
-    return hashlib.sha256(f"{values}|{num_gpus}|{_env_key(environ)}".encode()).hexdigest()[:32]
+    given = sorted(given_keys)
+    return hashlib.sha256(f"{values}|{num_gpus}|{_env_key(environ)}|{given}".encode()).hexdigest()[:32]
 
 
 def load_validation(key: str | None) -> tuple | None:

@@ -44,9 +44,11 @@ def _explained_by_an_unknown_word(rule_id: str, problems: list[Problem], ctx: Co
 
 
 def validate(cfg: Any, num_gpus: int, environ: Mapping[str, str] | None = None,
-             upstream: bool = True) -> Report:
-    """Every problem of ``cfg`` for a run on ``num_gpus`` GPUs (nothing is modified)."""
-    ctx = Context(cfg=cfg, num_gpus=num_gpus, environ=dict(os.environ if environ is None else environ))
+             upstream: bool = True, given_keys: Iterable[str] = frozenset()) -> Report:
+    """Every problem of ``cfg`` for a run on ``num_gpus`` GPUs (nothing is modified). ``given_keys``: the keys the
+    command line gave (``overrides.grammar.given_keys``; none for a config composed in Python)."""
+    ctx = Context(cfg=cfg, num_gpus=num_gpus, environ=dict(os.environ if environ is None else environ),
+                  given_keys=frozenset(given_keys))
     problems = check_rules(ctx)
     if upstream:
         failure = upstream_failure(cfg, num_gpus, ctx.environ)

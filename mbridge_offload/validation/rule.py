@@ -34,16 +34,24 @@ MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT, DET
 
 @dataclass
 class Context:
-    """What rules read: the config, the GPU count it is validated for, the process environment."""
+    """What rules read: the config, the GPU count it is validated for, the process environment, and the keys the
+    command line gave a value (``given_keys``, as ``overrides.grammar.given_keys`` reads them): a value given equal to
+    its default is told from one nobody set only by them. Empty for a config composed in Python: rules then judge
+    the values alone."""
 
     cfg: Any
     num_gpus: int
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     has_module: Callable[[str], bool] = module_available
     te_version: str | None = "detect"  # "detect": look at what is installed; None: not installed
+    given_keys: frozenset[str] = frozenset()
 
     def get(self, key: str) -> Any:
         return get_path(self.cfg, key)
+
+    def given(self, key: str) -> bool:
+        """Whether the command line gave ``key`` (a dotted key) a value."""
+        return key in self.given_keys
 
     @property
     def model(self) -> Any:

@@ -428,11 +428,30 @@ def _declared_default(c: Context, name: str) -> Any:
 
 
 def _set_on_model(c: Context, name: str) -> bool:
-    """``model.<name>`` holds a value other than its class's default: a recipe or an override set it. (The validator
-    sees the final config only, not which keys the command line gave: a value set equal to the default reads as
-    unset.)"""
+    """``model.<name>`` is the model's own: the command line gave it (``Context.given_keys``: whatever its value, its
+    class's default and null included), or it holds a value other than that default (a recipe, a config composed in
+    Python or an override set it). Without the command line's keys, a value set equal to the default reads as
+    unset: the final config cannot tell it from untouched."""
+    if c.given(f"model.{name}"):
+        return True
     value, default = getattr(c.model, name, None), _declared_default(c, name)
     return value is not None and (default is _NO_DEFAULT or _name(value) != _name(default))
+
+
+def _held_or_given(c: Context, name: str) -> bool:
+    """``model.<name>`` holds a value, or the command line gave it (null included: ``model.fp8=null`` asks FP8 off)."""
+    return getattr(c.model, name, None) is not None or c.given(f"model.{name}")
+
+
+def _family(c: Context) -> str:
+    """The preset's family, its 16-bit half: fp16 or bf16."""
+    return "fp16" if getattr(_mixed_precision(c), "fp16", False) else "bf16"
+
+
+def _off_fix(c: Context, name: str, what: str) -> str:
+    """The fix of model.<name>=null (``what`` off) given where the preset turns it on: the family's plain preset."""
+    return (f"mixed_precision={_family(c)}_mixed  (the preset without {what}, as model.{name}=null asks; or drop "
+            f"model.{name}=null to train {what} as mixed_precision={show(c.cfg.mixed_precision)} does)")
 
 
 def _preset_value(c: Context, name: str) -> Any:
@@ -458,10 +477,12 @@ def _preset_delayed(c: Context) -> bool:
 
 
 def _model_fp8_kept(c: Context) -> bool:
-    """No model.fp8 of the model's own that the preset replaces: where there is one, precision/preset-replaces-fp8
-    is the one problem (its fix names a preset with the model's FP8 recipe too)."""
+    """No model.fp8 of the model's own that the preset replaces (a format, or null given): where there is one,
+    precision/preset-replaces-fp8 is the one problem (its fix names a preset with the model's FP8 recipe too, or the
+    preset without FP8)."""
     fp8 = getattr(c.model, "fp8", None)
-    return fp8 is None or not FP8_FORMAT_WORDS.admits(fp8) or fp8 == getattr(_mixed_precision(c), "fp8", None)
+    return (not _held_or_given(c, "fp8") or not FP8_FORMAT_WORDS.admits(fp8)
+            or fp8 == getattr(_mixed_precision(c), "fp8", None))
 
 
 def _fp8_preset_for(c: Context) -> str | None:
@@ -469,10 +490,10 @@ def _fp8_preset_for(c: Context) -> str | None:
     model), in the family (bf16 / fp16) of the preset given; None where none does."""
     from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
 
-    if not _set_on_model(c, "fp8_recipe"):
+    if not _set_on_model(c, "fp8_recipe") or c.model.fp8_recipe is None:
         return None  # a format alone: the fix names the current-scaling preset (mxfp8, the one e4m3, is Blackwell's)
     want = {"fp8": getattr(c.model, "fp8", None) or None, "fp8_recipe": _name(c.model.fp8_recipe)}
-    family = "fp16" if getattr(_mixed_precision(c), "fp16", False) else "bf16"
+    family = _family(c)
     for name, make in MIXED_PRECISION_RECIPES.items():
         if not name.startswith(family + "_with_"):  # the generic presets, no model's own (nemotron_h_, nanov2_)
             continue
@@ -483,7 +504,10 @@ def _fp8_preset_for(c: Context) -> str | None:
 
 
 def _preset_fp8_fix(c: Context) -> str:
-    """precision/preset-replaces-fp8's fix: the preset with the model's FP8 format (and recipe, where set)."""
+    """precision/preset-replaces-fp8's fix: the preset with the model's FP8 format (and recipe, where set); for
+    model.fp8=null given, the preset without FP8."""
+    if getattr(c.model, "fp8", None) is None:
+        return _off_fix(c, "fp8", "FP8")
     name = _fp8_preset_for(c)
     if name is None:
         return ("mixed_precision=bf16_with_fp8_current_scaling_mixed  (a preset whose fp8 is the format you want, or "
@@ -495,6 +519,9 @@ def _preset_fp8_fix(c: Context) -> str:
 
 def _preset_fp8_recipe_fix(c: Context) -> str:
     name, preset = _fp8_preset_for(c), _name(_preset_value(c, "fp8_recipe"))
+    if c.model.fp8_recipe is None:  # null given: no recipe asked for but the preset's
+        return (f"model.fp8_recipe={preset}  (what mixed_precision={show(c.cfg.mixed_precision)} writes; or drop "
+                "model.fp8_recipe=null)")
     if name is not None:
         return (f"mixed_precision={name}  (the preset with fp8_recipe={_name(c.model.fp8_recipe)}; or "
                 f"model.fp8_recipe={preset} to train with the preset's)")
@@ -502,6 +529,12 @@ def _preset_fp8_recipe_fix(c: Context) -> str:
             f"fp8_recipe={_name(c.model.fp8_recipe)}"
             + (f" with fp8={c.model.fp8}" if getattr(c.model, "fp8", None) else "")
             + ": that needs mixed_precision as a config with it)")
+
+
+_FP4_FIX = ("mixed_precision=bf16_with_nvfp4_mixed  (the preset with FP4: fp4=e2m1, fp4_recipe=nvfp4, FP4 parameters; "
+            "or mixed_precision.fp4=e2m1 where mixed_precision is a config)")
+_FP4_RECIPE_FIX = ("model.fp4_recipe=nvfp4  (what every mixed_precision preset writes; another FP4 recipe needs "
+                   "mixed_precision as a config with that fp4_recipe)")
 
 
 def _preset_value_fix(name: str) -> Callable[[Context], str]:
@@ -514,7 +547,9 @@ def _preset_value_fix(name: str) -> Callable[[Context], str]:
 # TransformerConfig has too), each where Megatron Core reads it: (name, when the preset's run reads it, effect).
 # fp8_margin / fp8_amax_* / fp8_wgrad / fp8_multi_head_attention only with delayed scaling (fp8_utils.py
 # get_fp8_recipe: TEDelayedScaling alone takes them); first_last_layers_bf16 and its layer counts with FP8 or FP4
-# (fp8_utils.py / fp4_utils.py), the counts only where the preset keeps first and last layers in BF16.
+# (fp8_utils.py / fp4_utils.py), the counts only where the preset keeps first and last layers in BF16. A setting is
+# the model's own (_set_on_model) where the command line gave it, even at Megatron Core's default, or where it holds
+# another value.
 PRESET_FP8_SETTINGS: tuple[tuple[str, Callable[[Context], bool], str], ...] = (
     ("fp8_param", _preset_fp8, "the parameters would be kept in the preset's precision, not the one asked for "
                                "(and the memory plan would not be the run's)"),
@@ -725,47 +760,46 @@ RULES: tuple[Rule, ...] = guarded(
     # Megatron Bridge applies every field of the preset over the model's at setup (mixed_precision.py,
     # update_config_with_precision_overrides; only a debug log says so): a precision choice made on the model alone
     # is dropped where the preset's differs.
+    # A value the model holds, or null given on the command line (model.fp8=null: FP8 off, asked for).
     *(_rule(f"precision/preset-replaces-{name.replace('_', '-')}", PRECISION, f"model.{name}",
             f"model.{name} set on the model is replaced at setup by the mixed_precision preset's {name} (every field "
             f"of the preset is applied over the model's, with no message): {effect}",
-            lambda c, name=name, when=when: (getattr(c.model, name, None) is not None and _mixed_precision(c) is not None
-                                             and when(c)),
+            lambda c, name=name, when=when: _held_or_given(c, name) and _mixed_precision(c) is not None and when(c),
             lambda c, name=name, same=same: same(getattr(_mixed_precision(c), name, None), getattr(c.model, name, None)),
-            fix, observed=lambda c, name=name: (f"{_name(getattr(c.model, name))} (mixed_precision="
+            fix, observed=lambda c, name=name: (f"{_name(getattr(c.model, name)) or None} (mixed_precision="
                                                 f"{show(c.cfg.mixed_precision)} sets "
                                                 f"{_name(getattr(_mixed_precision(c), name, None)) or None})"),
-            fix_text="" if isinstance(fix, str) else ("mixed_precision=<a preset with your fp8 (and fp8_recipe)>  (or "
-                                                      "mixed_precision.fp8=<format> where mixed_precision is a config)"))
-      for name, when, same, effect, fix in (
+            fix_text=fix_text)
+      for name, when, same, effect, fix, fix_text in (
           # a word Megatron Core does not know is choices/fp8-format's one problem (with its did-you-mean)
           ("fp8", lambda c: FP8_FORMAT_WORDS.admits(getattr(c.model, "fp8", None)),
            lambda preset, model: preset == model,
-           "the run would not train in the FP8 format it asks for", _preset_fp8_fix),
+           "the run would not train in the FP8 format it asks for", _preset_fp8_fix,
+           "mixed_precision=<a preset with your fp8 (and fp8_recipe)>  (or mixed_precision.fp8=<format> where "
+           "mixed_precision is a config)"),
           # Megatron Core reads model.fp4 only as on or off (`if config.fp4`, fp4_utils.py and the layers); its one
           # format word is e2m1 (the nvfp4 presets write it), the kind of FP4 is fp4_recipe: any two set values agree.
           ("fp4", always, lambda preset, model: bool(preset) == bool(model),
            "the run would not train in FP4 (of the presets, only the nvfp4 ones have it)",
-           "mixed_precision=bf16_with_nvfp4_mixed  (the preset with FP4: fp4=e2m1, fp4_recipe=nvfp4, FP4 parameters; "
-           "or mixed_precision.fp4=e2m1 where mixed_precision is a config)"),
+           lambda c: _off_fix(c, "fp4", "FP4") if getattr(c.model, "fp4", None) is None else _FP4_FIX, _FP4_FIX),
           # Every preset writes fp4_recipe (nvfp4 unless it says otherwise). Only where the preset turns FP4 on does
           # the recipe train: where it does not, FP4 is off (and a model.fp4 of the user's is the rule above's).
           ("fp4_recipe", lambda c: bool(getattr(_mixed_precision(c), "fp4", None)),
            lambda preset, model: _name(preset) == _name(model),
            "the run would train FP4 with the preset's recipe, not the one it asks for",
-           "model.fp4_recipe=nvfp4  (what every mixed_precision preset writes; another FP4 recipe needs "
-           "mixed_precision as a config with that fp4_recipe)"))),
+           _FP4_RECIPE_FIX, _FP4_RECIPE_FIX))),
     # fp8_recipe: every preset writes one (tensorwise unless it says otherwise); only where the preset turns FP8 on
-    # does it train. The model's own is the one set apart from Megatron Core's default (delayed): the validator sees
-    # the final config, not the command line, so model.fp8_recipe=delayed reads as untouched. Where model.fp8 is
-    # replaced too, that rule's problem is the one (its fix names a preset with this recipe as well).
+    # does it train. The model's own (_set_on_model) is the one the command line gave, model.fp8_recipe=delayed
+    # (Megatron Core's default) included, or one set apart from that default (all a config composed in Python tells).
+    # Where model.fp8 is replaced too, that rule's problem is the one (its fix names a preset with this recipe too).
     _rule("precision/preset-replaces-fp8-recipe", PRECISION, "model.fp8_recipe",
           "model.fp8_recipe set on the model is replaced at setup by the mixed_precision preset's fp8_recipe (every "
           "field of the preset is applied over the model's, with no message): the run would train FP8 with the "
           "preset's scaling recipe, not the one it asks for",
           lambda c: _preset_fp8(c) and _set_on_model(c, "fp8_recipe") and _model_fp8_kept(c),
           lambda c: _name(_preset_value(c, "fp8_recipe")) == _name(c.model.fp8_recipe), _preset_fp8_recipe_fix,
-          observed=lambda c: (f"{_name(c.model.fp8_recipe)} (mixed_precision={show(c.cfg.mixed_precision)} sets "
-                              f"{_name(_preset_value(c, 'fp8_recipe'))})"),
+          observed=lambda c: (f"{_name(c.model.fp8_recipe) or None} (mixed_precision="
+                              f"{show(c.cfg.mixed_precision)} sets {_name(_preset_value(c, 'fp8_recipe'))})"),
           fix_text="mixed_precision=<the preset with your fp8_recipe>, or model.fp8_recipe=<the preset's>"),
     *(_rule(f"precision/preset-replaces-{name.replace('_', '-')}", PRECISION, f"model.{name}",
             f"model.{name} set on the model is replaced at setup by the mixed_precision preset's {name} (every field "

@@ -164,3 +164,44 @@ def test_overrides_that_fail_outside_the_override_errors_are_refused_before_any_
     assert message and "RuntimeError: a fault in the override layer" in message and "--dry-run" in message
     # without leave to build the real config, the look-alike's failure answers nothing: each run validates itself
     assert fast_check.override_errors(recipe, ["train.train_iters=5"], build=False) is None
+
+
+def test_validation_is_keyed_by_the_keys_the_command_line_gave(built):
+    """The same values from another command line may be another answer (a key given at its default, that the preset
+    replaces, is refused): the keys given are part of a validation's key."""
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    key = store.validation_key(cfg, 1, {})
+    assert key == store.validation_key(cfg, 1, {}, frozenset())
+    assert key != store.validation_key(cfg, 1, {}, frozenset({"model.fp8_recipe"}))
+
+
+def test_the_fast_path_refuses_a_key_given_at_the_default_that_the_recipes_preset_replaces(cache, built):
+    """A recipe of the user's own with an FP8 preset (composed in Python): its validation, cached by a dry run without
+    overrides, is not the answer for model.fp8_recipe=delayed (the same values, given on the command line). The fast
+    path refuses it as the slow path does."""
+    import copy
+
+    from mbridge_offload import fast_check
+    from mbridge_offload.prepare import prepare
+
+    class Fp8Recipe:
+        name, module, num_gpus, summary = "dense_proxy_fp8_current_scaling", "tests", 1, ""
+
+        def build(self):
+            cfg = copy.deepcopy(built("qwen3_1b_proxy_pretrain_config"))
+            cfg.mixed_precision = "bf16_with_fp8_current_scaling_mixed"
+            return cfg
+
+    recipe, given = Fp8Recipe(), ["model.fp8_recipe=delayed"]
+    options = dict(num_gpus=1, num_gpus_from="the recipe's GPU count", plan_options={}, offload_tuning="stock")
+    store.stack_key.cache_clear()
+    with fast_check.recording(recipe) as building:
+        assert prepare(building, [], validator=building.validator, **options).report.ok  # cached, validation too
+    cached = fast_check.prepare_fast(recipe, [], **options)
+    assert cached is not None and cached.complete and cached.prepared.report.ok
+    fast = fast_check.prepare_fast(recipe, given, **options)
+    assert fast is not None and fast.refusal is None
+    assert [p.rule_id for p in fast.prepared.report.errors] == ["precision/preset-replaces-fp8-recipe"]
+    with fast_check.recording(recipe) as building:
+        slow = prepare(building, given, validator=building.validator, **options)
+    assert slow.report.errors == fast.prepared.report.errors

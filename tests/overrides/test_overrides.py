@@ -221,3 +221,15 @@ def test_real_data_blend_as_the_readme_writes_it(dense):
     with pytest.raises(OverrideErrors) as caught:
         apply_overrides(dense, ["dataset.blend=[[/data/a]]"])
     assert "2 items" in caught.value.errors[0].message
+
+
+def test_given_keys_are_the_keys_a_command_line_gives_a_value():
+    """What validation's Context.given_keys holds: each key as parsed ('+' / '++' dropped, short flags expanded first);
+    a reset ('~key') asks for no value, so it is not a given key."""
+    from overrides.grammar import given_keys
+
+    typed = ["mixed_precision=bf16_with_fp8_current_scaling_mixed", "model.fp8_recipe=delayed", "+env_vars.A=1",
+             "++checkpoint.save=/tmp/x", "~optimizer.lr", "~env_vars.B=2", *to_overrides({"tensor_parallel": 2}, [])]
+    assert given_keys(typed) == {"mixed_precision", "model.fp8_recipe", "env_vars.A", "checkpoint.save",
+                                 "model.tensor_model_parallel_size"}
+    assert given_keys([]) == frozenset()

@@ -464,3 +464,138 @@ def test_the_unreachable_reasons_hold(built):
     model.sequence_parallel, model.tensor_model_parallel_size = True, 1
     model.finalize()
     assert model.sequence_parallel is False
+
+
+# -- keys the command line gave (Context.given_keys) ------------------------------------------------------
+# The final config cannot tell a value given at Megatron Core's default from one nobody set: the keys the command line
+# gave can. A given key the active preset writes over with another value is refused, whatever its value.
+
+def _given_problems(cfg, overrides):
+    from overrides.grammar import given_keys
+
+    return [p for p in check_rules(Context(cfg, 1, environ={}, given_keys=given_keys(overrides)))
+            if p.rule_id.startswith("precision/preset-replaces")]
+
+
+def _pasted(overrides, fix):
+    """The command line with a fix's override in place of the one of the same key (or added)."""
+    key = fix.split("=", 1)[0]
+    return [o for o in overrides if o.split("=", 1)[0] != key] + [fix]
+
+
+def test_an_fp8_recipe_given_at_the_default_that_the_preset_replaces_is_refused_by_validate(recipe):
+    """mixed_precision=bf16_with_fp8_current_scaling_mixed model.fp8_recipe=delayed: delayed is the model's default,
+    the preset writes tensorwise at setup, with no message. The user asked for delayed scaling: refused, naming the
+    key, the value, the rule and a fix; each fix, pasted, trains what the command line says."""
+    from overrides import apply_overrides
+    from overrides.grammar import given_keys
+    from mbridge_offload.validation import validate
+
+    overrides = [f"mixed_precision={CURRENT}", "model.fp8_recipe=delayed"]
+    cfg = apply_overrides(recipe(DENSE), overrides)
+    assert cfg.model.fp8_recipe == "delayed" and _after_setup(cfg).fp8_recipe == "tensorwise"
+    report = validate(cfg, 1, environ={}, given_keys=given_keys(overrides))
+    (problem,) = [p for p in report.errors if p.rule_id.startswith("precision/")]
+    assert (problem.rule_id, problem.key) == ("precision/preset-replaces-fp8-recipe", "model.fp8_recipe")
+    assert problem.value == f"delayed (mixed_precision={CURRENT} sets tensorwise)"
+    assert problem.rule == RULES_BY_ID["precision/preset-replaces-fp8-recipe"].text
+    assert problem.fix.startswith(f"mixed_precision={DELAYED}  (the preset with fp8_recipe=delayed; ")
+    assert "model.fp8_recipe=tensorwise" in problem.fix
+    for fix in (problem.fix.split()[0], "model.fp8_recipe=tensorwise"):
+        fixed_overrides = _pasted(overrides, fix)
+        fixed = apply_overrides(recipe(DENSE), fixed_overrides)
+        assert _after_setup(fixed).fp8_recipe == fixed.model.fp8_recipe, fix
+        assert validate(fixed, 1, environ={}, given_keys=given_keys(fixed_overrides)).ok, fix
+
+
+# (the overrides as typed, the rule that refuses them): every value is the model's default (or null), which the preset
+# writes over with another
+GIVEN_AT_THE_DEFAULT = [
+    ([f"mixed_precision={CURRENT}", "model.fp8_recipe=delayed"], "precision/preset-replaces-fp8-recipe"),
+    ([f"mixed_precision={DELAYED}", "model.fp8_amax_history_len=1"], "precision/preset-replaces-fp8-amax-history-len"),
+    ([f"mixed_precision={DELAYED}", "model.fp8_amax_compute_algo=most_recent"],
+     "precision/preset-replaces-fp8-amax-compute-algo"),
+    ([f"mixed_precision={CURRENT}", "model.fp8_param=False"], "precision/preset-replaces-fp8-param"),
+    ([f"mixed_precision={CURRENT}", "model.first_last_layers_bf16=False"],
+     "precision/preset-replaces-first-last-layers-bf16"),
+    (["mixed_precision=nemotron_h_bf16_with_fp8_current_scaling_mixed", "model.num_layers_at_start_in_bf16=1"],
+     "precision/preset-replaces-num-layers-at-start-in-bf16"),
+    ([f"mixed_precision={CURRENT}", "model.fp8=null"], "precision/preset-replaces-fp8"),  # FP8 off, asked for
+    (["mixed_precision=bf16_with_nvfp4_mixed", "model.fp4=null"], "precision/preset-replaces-fp4"),
+]
+
+
+@pytest.mark.parametrize("overrides,rule_id", GIVEN_AT_THE_DEFAULT, ids=[r for _, r in GIVEN_AT_THE_DEFAULT])
+def test_a_key_given_at_the_default_that_the_preset_replaces_is_refused_once_with_a_fix_that_keeps_it(
+        recipe, overrides, rule_id):
+    from overrides import apply_overrides
+
+    cfg = apply_overrides(recipe(DENSE), overrides)
+    key = overrides[-1].split("=", 1)[0]
+    name = key.split(".", 1)[1]
+    asked = getattr(cfg.model, name)
+    assert str(getattr(_after_setup(cfg), name)) != str(asked)  # Megatron Bridge drops what was asked for at setup
+    assert not _preset_problems(cfg)  # the values alone: at the default, as if nobody set it
+    (problem,) = _given_problems(cfg, overrides)
+    assert (problem.rule_id, problem.key, problem.severity) == (rule_id, key, "error")
+    assert problem.rule == RULES_BY_ID[rule_id].text
+    assert problem.value.startswith(f"{asked} (mixed_precision={overrides[0].split('=', 1)[1]} sets ")
+    assert problem.fix and "<" not in problem.fix.split()[0], problem.fix
+    fixed_overrides = _pasted(overrides, problem.fix.split()[0])
+    fixed = apply_overrides(recipe(DENSE), fixed_overrides)
+    assert str(getattr(_after_setup(fixed), name)) == str(getattr(fixed.model, name)), problem.fix
+    assert not _given_problems(fixed, fixed_overrides), problem.fix
+
+
+@pytest.mark.parametrize("overrides", [
+    [f"mixed_precision={DELAYED}", "model.fp8_recipe=delayed"],  # the preset writes the same
+    [f"mixed_precision={CURRENT}", "model.fp8_recipe=tensorwise"],
+    [f"mixed_precision={CURRENT}", "model.num_layers_at_start_in_bf16=1", "model.fp8_param=True"],
+    ["model.fp8_recipe=delayed"],  # the recipes' bf16_mixed: no FP8, so no FP8 recipe trains
+    ["mixed_precision=bf16_with_nvfp4_mixed", "model.fp8_recipe=delayed"],  # FP4: FP8 off
+    ["mixed_precision=null", "model.fp8_recipe=delayed", "model.fp8_amax_history_len=1"],  # no preset: the model's own
+    ["model.fp8=null", "model.fp4=null"],  # bf16_mixed writes null: the same
+    [f"mixed_precision={CURRENT}", "~model.fp8_recipe"],  # a reset to the default asks for no value
+], ids=["same-delayed", "same-tensorwise", "same-settings", "no-fp8-preset", "fp4-preset", "no-preset", "same-null",
+        "reset"])
+def test_a_key_given_that_the_preset_keeps_or_never_reads_passes(recipe, overrides):
+    from overrides import apply_overrides
+
+    assert not _given_problems(apply_overrides(recipe(DENSE), overrides), overrides)
+
+
+def test_a_config_composed_in_python_is_judged_on_its_values_as_before(recipe):
+    """No command line: Context's given_keys is empty, a value at the default reads as unset and one set otherwise is
+    the model's own, as before."""
+    from mbridge_offload.validation import validate
+
+    cfg = recipe(DENSE)
+    set_path(cfg, "mixed_precision", CURRENT)
+    set_path(cfg, "model.fp8_recipe", "delayed")
+    assert Context(cfg, 1).given_keys == frozenset()
+    assert not _preset_problems(cfg)
+    assert validate(cfg, 1, environ={}, upstream=False) == validate(cfg, 1, environ={}, upstream=False,
+                                                                      given_keys=frozenset())
+    set_path(cfg, "model.fp8_recipe", "blockwise")
+    (problem,) = _preset_problems(cfg)
+    assert problem.rule_id == "precision/preset-replaces-fp8-recipe"
+
+
+def test_dry_run_refuses_an_fp8_recipe_given_at_the_default_that_the_preset_replaces():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "run_recipe.py"), "--recipe", DENSE, "--dry-run",
+         f"mixed_precision={CURRENT}", "model.fp8_recipe=delayed"],
+        capture_output=True, text=True, timeout=300, cwd=root)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "Validation for 1 GPU: FAILED (1 error" in out, out
+    assert (f"[precision/preset-replaces-fp8-recipe] model.fp8_recipe = delayed (mixed_precision={CURRENT} sets "
+            "tensorwise)") in out
+    assert f"rule: {RULES_BY_ID['precision/preset-replaces-fp8-recipe'].text}" in out
+    assert f"fix:  mixed_precision={DELAYED}  (the preset with fp8_recipe=delayed; " in out
+    assert "Traceback" not in out
