@@ -5,8 +5,10 @@ rule those counts depend on (a size out of its range, a GPU count TP x PP x CP d
 or a model chunk cannot split evenly, heads or experts a parallel size does not divide, a global batch that is
 no whole number of micro batches, two sequence lengths), the run cannot start as configured and any number the
 planner gave would be made up: it answers with these problems instead (memory_plan.plan's empty plan, refused by
-report.plan_problems). The rules are the validator's own (validation/parallelism.py, facts/key_ranges.py), so a
-dry run reports each once (validation.Report drops the repeat).
+report.plan_problems). So is a model built of layers it does not count (Mamba, multi-latent attention, dense layers
+among MoE layers, multi-token prediction) or with a vocabulary the tokenizer fills in at launch: its plan would be
+another model's numbers (unmodeled_problems). The rules are the validator's own (validation/parallelism.py,
+facts/key_ranges.py), so a dry run reports each once (validation.Report drops the repeat).
 """
 
 from __future__ import annotations
@@ -35,6 +37,71 @@ GRID_RULES_THE_PLAN_NEEDS = (
 )
 
 PLANNER_SOURCE = "planner"
+
+# The planner counts a GPT model of Megatron Core (tensors.py, activations.py): per layer self-attention with one
+# fused QKV projection, then an MLP or a mixture of experts in every layer, an embedding and an output layer of
+# model.vocab_size rows. A model built of other layers holds other tensors and saves other activations; its plan
+# would be another model's numbers under its name, so it is refused, each feature by its key. No override turns
+# such a model into one the planner counts, so the fix says what the plan would need instead.
+UNMODELED_FIX = ("none that keeps this model: size it by a short measured run (its peak memory), not by this plan; "
+                 "the planner counts GPT models of attention and MLP or MoE layers only")
+
+
+def _subclass_of(obj: Any, class_name: str) -> bool:
+    """Whether ``obj``'s class derives from one named ``class_name`` (by name: planning imports no Megatron)."""
+    return any(k.__name__ == class_name for k in type(obj).__mro__)
+
+
+def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
+    """(key, value, rule, rule id) of each feature of model config ``m`` the planner's count does not have."""
+    found = []
+    if _subclass_of(m, "HybridModelProvider"):  # Megatron Bridge's Mamba and hybrid (Nemotron-H) models
+        pattern = getattr(m, "hybrid_layer_pattern", None) or getattr(m, "hybrid_override_pattern", None)
+        found.append(("model.hybrid_layer_pattern", pattern if pattern else f"None ({type(m).__name__})",
+                      "a hybrid model's Mamba layers (M in the pattern) hold SSM tensors and activations the planner "
+                      "does not count: it counts attention and MLP layers", "memory/unmodeled-mamba"))
+    if getattr(m, "multi_latent_attention", False):
+        found.append(("model.multi_latent_attention", True,
+                      "multi-latent attention (DeepSeek V2/V3, Kimi) projects queries and keys through low-rank "
+                      "down and up projections; the planner counts one fused QKV projection of heads x kv_channels",
+                      "memory/unmodeled-mla"))
+    freq = getattr(m, "moe_layer_freq", 1)
+    if getattr(m, "num_moe_experts", None) and freq != 1:
+        found.append(("model.moe_layer_freq", freq,
+                      "the planner counts experts in every layer; this model has dense MLP layers among its MoE "
+                      "layers", "memory/unmodeled-moe-layer-freq"))
+    if getattr(m, "mtp_num_layers", None):
+        found.append(("model.mtp_num_layers", m.mtp_num_layers,
+                      "multi-token prediction layers (each a transformer layer, a norm pair and a projection) are "
+                      "not counted by the planner", "memory/unmodeled-mtp"))
+    variant = getattr(m, "experimental_attention_variant", None)
+    if variant or getattr(m, "linear_attention_freq", None):
+        found.append(("model.experimental_attention_variant", variant if variant else
+                      f"None (model.linear_attention_freq={m.linear_attention_freq})",
+                      "gated delta net / DSA / linear attention layers hold tensors the planner does not count",
+                      "memory/unmodeled-attention-variant"))
+    if getattr(m, "heterogeneous_block_specs", False):
+        found.append(("model.heterogeneous_block_specs", True,
+                      "layers of different shapes (Llama-Nemotron's heterogeneous blocks): the planner counts every "
+                      "layer alike", "memory/unmodeled-heterogeneous"))
+    return found
+
+
+def unmodeled_problems(cfg: Any) -> list[Problem]:
+    """The model features the planner does not count, each as a problem naming its key, value, rule and fix; and a
+    vocabulary left to the tokenizer, whose size the embedding and output layer need."""
+    m = cfg.model
+    problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
+                        fix=UNMODELED_FIX, rule_id=rule_id, source=PLANNER_SOURCE)
+                for key, value, rule, rule_id in _unmodeled_features(m)]
+    if getattr(m, "vocab_size", 0) is None:  # Megatron Bridge sets it from the tokenizer at setup, after launch
+        problems.append(Problem(
+            key="model.vocab_size", value="None",
+            rule="the planner counts the embedding and output layer from model.vocab_size; None is filled in from "
+                 "the tokenizer only at launch (padded to make_vocab_size_divisible_by x TP)",
+            fix="model.vocab_size=<the tokenizer's vocabulary size, padded as Megatron pads it>",
+            rule_id="memory/vocab-size-known", source=PLANNER_SOURCE))
+    return problems
 
 
 def _gpu_count_problem(num_gpus: Any) -> Problem:
@@ -65,6 +132,7 @@ def unplannable_problems(cfg: Any, num_gpus: Any, fraction: Any = None) -> tuple
         rules = [RULES_BY_ID[r.id] for r in KEY_RANGES] + [RULES_BY_ID[i] for i in GRID_RULES_THE_PLAN_NEEDS]
         # one by one: a rule that raises keeps the problems found before it
         problems.extend(breaches(rules, ctx, severity="error", source=PLANNER_SOURCE))
+        problems.extend(unmodeled_problems(cfg))
     except Exception as error:  # noqa: BLE001 - the rules are guarded; a config they cannot read is no config to plan
         problems.append(Problem(key="(the config)", value=f"{type(error).__name__}: {error}"[:200],
                                 rule="the planner reads the model, parallel and batch sizes of a Megatron Bridge "

@@ -1,0 +1,72 @@
+"""Configs composed from Megatron Bridge's own recipes of other model families (built offline: the Nemotron-H and
+Nemotron 3 hybrids, OLMoE; those that read a Hugging Face config cannot be built here). What the planner does not
+count (Mamba layers, multi-latent attention, dense layers among MoE layers, multi-token prediction, a vocabulary
+left to the tokenizer) is refused by key, value, rule and fix, never planned as another model or crashed on."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+
+from recipes.offload import with_optimizer_offload
+from mbridge_offload.planning import plan_problems, plan_with_recommendation, smallest_fitting_fraction
+
+
+@functools.lru_cache(maxsize=None)
+def _bridge_built(name: str):
+    import megatron.bridge.recipes as bridge_recipes
+
+    return getattr(bridge_recipes, name)()
+
+
+def bridge_recipe(name: str, **model_fields):
+    """A fresh copy of Megatron Bridge's recipe ``name`` with 50% optimizer offload, ``model_fields`` set."""
+    cfg = copy.deepcopy(_bridge_built(name))
+    for key, value in model_fields.items():
+        setattr(cfg.model, key, value)
+    return with_optimizer_offload(cfg, fraction=0.5)
+
+
+def _refused(cfg, num_gpus: int, rule_id: str, key: str):
+    p = plan_with_recommendation(cfg, num_gpus, fraction=0.5, gpu_memory_gib=139.8)
+    assert p.unplanned and p.params_per_rank == 0 and p.total_bytes_gpu == 0, p.params_per_rank
+    found = [q for q in plan_problems(p, None) if q.rule_id == rule_id]
+    assert found, [q.rule_id for q in plan_problems(p, None)]
+    assert found[0].key == key and found[0].value and found[0].rule and found[0].fix and found[0].severity == "error"
+    fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, gpu_memory_gib=139.8)  # auto chooses nothing
+    assert fitting.unplanned
+    return found[0]
+
+
+@pytest.mark.parametrize("name,num_gpus", [
+    ("nemotronh_4b_pretrain_config", 1),  # Nemotron-H 4B: model.vocab_size None (TypeError in the count before)
+    ("nemotron_3_nano_4b_pretrain_config", 1),  # vocab 131072: planned as a 5.7B transformer before
+    ("nemotron_3_nano_pretrain_config", 8),  # hybrid MoE with MTP, EP8
+])
+def test_a_hybrid_mamba_model_is_refused_not_planned_as_a_transformer(name, num_gpus):
+    problem = _refused(bridge_recipe(name), num_gpus, "memory/unmodeled-mamba", "model.hybrid_layer_pattern")
+    assert "M" in problem.value  # the pattern with its Mamba layers
+
+
+def test_a_vocabulary_left_to_the_tokenizer_is_refused_by_its_key():
+    problem = _refused(bridge_recipe("nemotronh_8b_pretrain_config"), 2, "memory/vocab-size-known", "model.vocab_size")
+    assert problem.value == "None" and problem.fix.startswith("model.vocab_size=")
+
+
+@pytest.mark.parametrize("fields,rule_id,key", [
+    # DeepSeek-V3 style: the first layer dense, the rest MoE
+    ({"moe_layer_freq": [0] + [1] * 15}, "memory/unmodeled-moe-layer-freq", "model.moe_layer_freq"),
+    ({"moe_layer_freq": 2}, "memory/unmodeled-moe-layer-freq", "model.moe_layer_freq"),
+    ({"mtp_num_layers": 1}, "memory/unmodeled-mtp", "model.mtp_num_layers"),
+    ({"multi_latent_attention": True}, "memory/unmodeled-mla", "model.multi_latent_attention"),
+])
+def test_olmoe_with_a_feature_the_planner_does_not_count_is_refused(fields, rule_id, key):
+    _refused(bridge_recipe("olmoe_7b_pretrain_config", **fields), 8, rule_id, key)
+
+
+def test_olmoe_as_its_recipe_makes_it_is_planned():
+    """The refusals are of the features only: Bridge's OLMoE (every layer MoE, GQA-less attention) is planned."""
+    p = plan_with_recommendation(bridge_recipe("olmoe_7b_pretrain_config"), 8, fraction=0.5, gpu_memory_gib=139.8)
+    assert not p.unplanned and p.params_per_rank > 0
