@@ -205,15 +205,51 @@ def _isolated_process_state(num_gpus: int, environ: Mapping[str, str]) -> Iterat
         torch.use_deterministic_algorithms(deterministic)
 
 
+@contextlib.contextmanager
+def _gpu_architecture_checks_skipped_without_a_gpu() -> Iterator[None]:
+    """ConfigContainer.validate checks the flex dispatcher's backend (DeepEP, HybridEP, NCCL EP) against the GPU of
+    the machine it runs on (torch.cuda.get_device_properties(0)). Run where the validator runs, a login node or
+    laptop without a GPU, that call raises 'Found no NVIDIA driver': the machine's failure, not the config's, and it
+    stopped every check after it. Without a GPU the check is skipped here; the launch on the GPUs makes it."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    import megatron.bridge.training.config as bridge_config
+
+    check = getattr(bridge_config, "validate_flex_dispatcher_backend", None)
+    if check is not None:
+        bridge_config.validate_flex_dispatcher_backend = lambda model_config: None
+    try:
+        yield
+    finally:
+        if check is not None:
+            bridge_config.validate_flex_dispatcher_backend = check
+
+
+# The model sizes whose values out of range make upstream's arithmetic fail (num_attention_heads=0: a division by
+# zero in TransformerConfig): the rules of these keys (facts/key_ranges.py) name the cause, with its fix.
+_SIZE_KEYS = ("model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.num_query_groups",
+              "model.ffn_hidden_size", "model.kv_channels", "model.vocab_size", "model.num_moe_experts",
+              "model.moe_ffn_hidden_size", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+              "model.context_parallel_size", "model.expert_model_parallel_size", "train.micro_batch_size",
+              "train.global_batch_size", "model.seq_length", "dataset.seq_length")
+
+
 def upstream_failure(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> UpstreamFailure | None:
     """Run Megatron Bridge's own pre-launch validation on a copy; what it raised and where, or None."""
     from megatron.bridge.training.config import runtime_config_update
 
+    from mbridge_offload.facts.key_ranges import range_violations
+
     trial = copy.deepcopy(cfg)
-    with _isolated_process_state(num_gpus, environ):
+    with _isolated_process_state(num_gpus, environ), _gpu_architecture_checks_skipped_without_a_gpu():
         try:
             runtime_config_update(trial)
-        except (AssertionError, ValueError, TypeError, RuntimeError, KeyError, AttributeError,
+        except ArithmeticError as error:  # a size of 0 divides: the size's own range rule is the problem to report
+            return None if range_violations(cfg, _SIZE_KEYS) else _failure_from(error)
+        except (AssertionError, ValueError, TypeError, RuntimeError, LookupError, AttributeError,
                 ModuleNotFoundError) as error:
             return _failure_from(error)
     return None
