@@ -58,38 +58,60 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
     layers = layers_per_stage(m, pp)[stage]
     vocab = m.vocab_size
     experts = m.num_moe_experts or 0
+    # Biases (1-D): add_bias_linear gives every linear layer one, add_qkv_bias (Qwen2) the QKV projection only. A
+    # column-parallel layer's bias (QKV, fc1) is split like its rows; a row-parallel one's (proj, fc2) is whole on
+    # every rank (megatron/core/tensor_parallel/layers.py). LayerNorm has a bias beside each weight, RMSNorm none.
+    bias = bool(getattr(m, "add_bias_linear", False))
+    qkv_bias = bias or bool(getattr(m, "add_qkv_bias", False))
+    norm_bias = getattr(m, "normalization", "RMSNorm") == "LayerNorm"
     out: list[Tensor] = []
 
     def add(name: str, numel: int, kind: str) -> None:
         out.append(Tensor(name=name, numel=numel, kind=kind))
 
+    def norm(name: str, width: int) -> None:
+        add(name, width, "small")
+        if norm_bias:
+            add(f"{name}.bias", width, "small")
+
+    def linear(name: str, rows: int, cols: int, kind: str, split_rows: int, split_cols: int = 1) -> None:
+        """A weight of ``rows`` x ``cols`` split over ``split_rows`` (column-parallel) or ``split_cols``
+        (row-parallel) ranks, and its bias where the model has one."""
+        add(name, rows * cols // (split_rows * split_cols), kind)
+        if bias:
+            add(f"{name}.bias", rows // split_rows, "small")
+
     if stage == 0:
         add("embedding", vocab * h // tp, "embedding")
     for layer in range(layers):
-        add(f"l{layer}.proj", heads * kv * h // tp, "dense")
-        add(f"l{layer}.ln1", h, "small")
+        linear(f"l{layer}.proj", h, heads * kv, "dense", 1, tp)
+        norm(f"l{layer}.ln1", h)
         add(f"l{layer}.qkv", (heads // tp + 2 * groups_per_rank) * kv * h, "dense")
+        if qkv_bias:
+            add(f"l{layer}.qkv.bias", (heads // tp + 2 * groups_per_rank) * kv, "small")
         if m.qk_layernorm:
-            add(f"l{layer}.q_ln", kv, "small")
-            add(f"l{layer}.k_ln", kv, "small")
+            norm(f"l{layer}.q_ln", kv)
+            norm(f"l{layer}.k_ln", kv)
         if experts:
             ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
-            add(f"l{layer}.ln2", h, "small")
-            add(f"l{layer}.router", experts * h, "dense")
+            norm(f"l{layer}.ln2", h)
+            linear(f"l{layer}.router", experts, h, "dense", 1)  # not split; its bias too (moe/router.py)
             for e in range(experts // ep):
-                add(f"l{layer}.e{e}.fc1", gated * ffn * h // etp, "expert")
+                linear(f"l{layer}.e{e}.fc1", gated * ffn, h, "expert", etp)
             for e in range(experts // ep):
-                add(f"l{layer}.e{e}.fc2", ffn * h // etp, "expert")
+                linear(f"l{layer}.e{e}.fc2", h, ffn, "expert", 1, etp)
             shared = getattr(m, "moe_shared_expert_intermediate_size", None)
             if shared:
-                add(f"l{layer}.shared.fc1", gated * shared * h // tp, "dense")
-                add(f"l{layer}.shared.fc2", shared * h // tp, "dense")
+                linear(f"l{layer}.shared.fc1", gated * shared, h, "dense", tp)
+                linear(f"l{layer}.shared.fc2", h, shared, "dense", 1, tp)
+                if getattr(m, "moe_shared_expert_gate", False):  # a 1 x hidden weight (shared_experts.py)
+                    add(f"l{layer}.shared.gate", h, "dense")
         else:
-            add(f"l{layer}.ln2", h, "small")
-            add(f"l{layer}.fc1", gated * m.ffn_hidden_size * h // tp, "dense")
-            add(f"l{layer}.fc2", m.ffn_hidden_size * h // tp, "dense")
+            norm(f"l{layer}.ln2", h)
+            linear(f"l{layer}.fc1", gated * m.ffn_hidden_size, h, "dense", tp)
+            linear(f"l{layer}.fc2", h, m.ffn_hidden_size, "dense", 1, tp)
     if stage == pp - 1:
-        add("final_ln", h, "small")
+        norm("final_ln", h)
         if not m.share_embeddings_and_output_weights or pp > 1:
             add("output", vocab * h // tp, "embedding")
     return out

@@ -1,0 +1,98 @@
+"""The planner's parameter count (tensors.named_tensors) against Megatron Core's own: the GPTModel a config's
+provider builds, on the meta device (no memory, no GPU: Megatron Core's local layer spec, whose tensors have the
+sizes of the Transformer Engine spec's). Biases (add_bias_linear, add_qkv_bias), LayerNorm's bias and the shared
+expert's gate were missing from the count."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import socket
+
+import pytest
+
+from overrides import apply_overrides
+from mbridge_offload.planning.tensors import named_tensors
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """A one-rank gloo group and Megatron's parallel state (TP = PP = EP = 1), torn down after the module."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def megatron_count(cfg) -> int:
+    """Parameters of the GPTModel Megatron Core builds from ``cfg.model`` on one rank, on the meta device."""
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    m = copy.deepcopy(cfg.model)
+    m.perform_initialization, m.use_cpu_initialization, m.gradient_accumulation_fusion = False, True, False
+    m.persist_layer_norm = False  # a Transformer Engine or Apex kernel: the local spec's torch LayerNorm has none
+    m.moe_grouped_gemm, m.moe_token_dispatcher_type = False, "allgather"  # the others allocate on a GPU
+    m.transformer_layer_spec = get_gpt_layer_local_spec(num_experts=m.num_moe_experts, moe_grouped_gemm=False,
+                                                        qk_layernorm=m.qk_layernorm, normalization=m.normalization)
+    m.finalize()
+    with torch.device("meta"):
+        model = m.provide(pre_process=True, post_process=True)
+    return sum(p.numel() for p in model.parameters())
+
+
+@functools.lru_cache(maxsize=None)
+def _bridge_built(name: str):
+    import megatron.bridge.recipes as bridge_recipes
+
+    return getattr(bridge_recipes, name)()
+
+
+def one_gpu(cfg):
+    """``cfg`` on one GPU (the model fields as they are, the parallel sizes 1): one rank holds every tensor."""
+    return apply_overrides(cfg, ["model.tensor_model_parallel_size=1", "model.pipeline_model_parallel_size=1",
+                                 "model.expert_model_parallel_size=1", "model.expert_tensor_parallel_size=1",
+                                 "model.context_parallel_size=1", "model.sequence_parallel=False"])
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["model.add_qkv_bias=True"],  # Qwen2's QKV bias
+    ["model.add_bias_linear=True"],  # every linear layer's bias, experts' included (GPT-3, gpt-oss)
+    ["model.normalization=LayerNorm"],  # LayerNorm's bias beside each weight, the QK norms' too
+    ["model.moe_shared_expert_intermediate_size=1024", "model.moe_shared_expert_gate=True"],  # Qwen2-MoE's shared
+])
+def test_olmoe_counts_as_megatron_core_builds_it(one_rank, overrides):
+    """Megatron Bridge's OLMoE recipe (64 experts, QK norm, untied output layer), with each feature set."""
+    cfg = one_gpu(apply_overrides(copy.deepcopy(_bridge_built("olmoe_7b_pretrain_config")), overrides))
+    assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["model.add_qkv_bias=True"],
+    ["model.add_bias_linear=True", "model.normalization=LayerNorm", "model.gated_linear_unit=False"],  # GPT-2 like
+])
+def test_a_dense_model_with_tied_embeddings_counts_as_megatron_core_builds_it(one_rank, recipe, overrides):
+    """The plugin's Qwen3 0.6B (Megatron Bridge's Qwen3 provider: GQA, QK norm, tied embeddings)."""
+    cfg = one_gpu(apply_overrides(recipe("qwen3_0p6b_pretrain_config"), overrides))
+    assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
+
+
+def test_a_bias_of_a_row_parallel_layer_is_whole_on_every_tp_rank(recipe):
+    """TP2: QKV's and fc1's biases are split like their rows, proj's and fc2's are whole on each rank."""
+    one = one_gpu(apply_overrides(recipe("qwen3_0p6b_pretrain_config"), ["model.add_bias_linear=True"]))
+    two = apply_overrides(one, ["model.tensor_model_parallel_size=2"])
+    biases = {t.name: t.numel for t in named_tensors(one, 0) if t.name.endswith(".bias")}
+    split = {t.name: t.numel for t in named_tensors(two, 0) if t.name.endswith(".bias")}
+    for name, numel in biases.items():
+        whole = name.split(".")[1] in ("proj", "fc2")
+        assert split[name] == (numel if whole else numel // 2), name
