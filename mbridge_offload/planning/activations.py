@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbridge_offload.facts.offload_bytes import pinned_block_bytes
-from mbridge_offload.planning.tensors import layers_per_stage
+from mbridge_offload.planning.tensors import layers_per_stage, vocab_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +213,7 @@ def loss_peak_bytes(cfg, tokens: int) -> int:
     weight gradient unless gradient accumulation fusion writes it into the fp32 buffer, the input's gradient)."""
     m = cfg.model
     tp = m.tensor_model_parallel_size
-    vocab, h = m.vocab_size / tp, m.hidden_size
+    vocab, h = vocab_rows(cfg) / tp, m.hidden_size
     fused_te = te_fused_cross_entropy(m)
     forward = (4 if fused_te else 6) * tokens * vocab + 12 * tokens  # + the loss and its fp32 statistics
     weight_grad = 0 if m.gradient_accumulation_fusion else 2 * vocab * h
@@ -226,7 +226,7 @@ def largest_loss_tensor_bytes(cfg) -> int:
     and vocabulary entry), or, with the unfused cross entropy, its fp32 copy of them (4 B)."""
     m = cfg.model
     fused_te = te_fused_cross_entropy(m)
-    return int((2 if fused_te else 4) * _widths(cfg).tokens * m.vocab_size / m.tensor_model_parallel_size)
+    return int((2 if fused_te else 4) * _widths(cfg).tokens * vocab_rows(cfg) / m.tensor_model_parallel_size)
 
 
 def virtual_stages(m) -> int:

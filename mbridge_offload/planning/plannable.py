@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge_offload.facts.key_ranges import KEY_RANGES, OFFLOAD_FRACTION_KEY, is_count, is_number
+from mbridge_offload.planning.tensors import vocab_rows
 from mbridge_offload.validation.problem import Problem
 
 # The validator's rules whose breach leaves the planner's arithmetic without meaning, after the key ranges.
@@ -94,11 +95,12 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
     problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
                         fix=UNMODELED_FIX, rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]
-    if getattr(m, "vocab_size", 0) is None:  # Megatron Bridge sets it from the tokenizer at setup, after launch
+    if vocab_rows(cfg) is None:  # Megatron Bridge sets it from a tokenizer the config does not size, at launch
         problems.append(Problem(
             key="model.vocab_size", value="None",
-            rule="the planner counts the embedding and output layer from model.vocab_size; None is filled in from "
-                 "the tokenizer only at launch (padded to make_vocab_size_divisible_by x TP)",
+            rule="the planner counts the embedding and output layer from the vocabulary; model.vocab_size None is "
+                 "the tokenizer's, padded to make_vocab_size_divisible_by x TP, and the config says its size only "
+                 "for the NullTokenizer (tokenizer.vocab_size): this tokenizer's is known when it loads at launch",
             fix="model.vocab_size=<the tokenizer's vocabulary size, padded as Megatron pads it>",
             rule_id="memory/vocab-size-known", source=PLANNER_SOURCE))
     return problems

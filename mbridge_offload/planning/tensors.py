@@ -42,6 +42,25 @@ def layers_per_stage(m, pp: int) -> list[int]:
     return [m.num_layers // pp] * pp
 
 
+def vocab_rows(cfg) -> int | None:
+    """The embedding's and output layer's rows (all TP ranks): the vocabulary the run builds, or None where only the
+    launch knows it. Megatron Bridge's setup (training/setup.py, _validate_and_set_vocab_size) keeps a set
+    model.vocab_size unpadded, but where tokenizer.use_tokenizer_vocab_size is True or model.vocab_size is None it
+    takes the tokenizer's vocabulary and GPTModelProvider.provide pads it up to a multiple of
+    make_vocab_size_divisible_by x TP. The config says the tokenizer's size only for the NullTokenizer
+    (tokenizer.vocab_size); another tokenizer's is known when it loads, so a set model.vocab_size stands for it."""
+    from mbridge_offload.validation.parallelism import VOCAB_FROM_CONFIG_TOKENIZERS
+
+    m, tokenizer = cfg.model, getattr(cfg, "tokenizer", None)
+    if not (m.vocab_size is None or getattr(tokenizer, "use_tokenizer_vocab_size", False)):
+        return m.vocab_size
+    size = getattr(tokenizer, "vocab_size", None)
+    if getattr(tokenizer, "tokenizer_type", None) not in VOCAB_FROM_CONFIG_TOKENIZERS or not isinstance(size, int):
+        return m.vocab_size
+    multiple = (getattr(m, "make_vocab_size_divisible_by", None) or 1) * m.tensor_model_parallel_size
+    return -(-size // multiple) * multiple
+
+
 def named_tensors(cfg, stage: int) -> list[Tensor]:
     """The parameter tensors one rank of pipeline stage ``stage`` holds, in ``named_parameters()`` order:
     per layer the attention's projection, its fused norm, QKV, the QK norms, then the MLP's fused norm and
@@ -56,7 +75,7 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
     # fewer query groups than TP ranks: each rank holds one group's key and value, replicated (attention.py)
     groups_per_rank = max(groups // tp, 1)
     layers = layers_per_stage(m, pp)[stage]
-    vocab = m.vocab_size
+    vocab = vocab_rows(cfg)  # the tokenizer's, padded, where it replaces model.vocab_size
     experts = m.num_moe_experts or 0
     # Biases (1-D): add_bias_linear gives every linear layer one, add_qkv_bias (Qwen2) the QKV projection only. A
     # column-parallel layer's bias (QKV, fc1) is split like its rows; a row-parallel one's (proj, fc2) is whole on

@@ -50,9 +50,19 @@ def test_a_hybrid_mamba_model_is_refused_not_planned_as_a_transformer(name, num_
     assert "M" in problem.value  # the pattern with its Mamba layers
 
 
-def test_a_vocabulary_left_to_the_tokenizer_is_refused_by_its_key():
-    problem = _refused(bridge_recipe("nemotronh_8b_pretrain_config"), 2, "memory/vocab-size-known", "model.vocab_size")
+def test_a_vocabulary_left_to_a_tokenizer_the_config_does_not_size_is_refused_by_its_key():
+    """model.vocab_size None with a Hugging Face tokenizer: the vocabulary is known when the tokenizer loads."""
+    cfg = bridge_recipe("olmoe_7b_pretrain_config", vocab_size=None)
+    cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model = "HuggingFaceTokenizer", "allenai/OLMoE-1B-7B-0924"
+    problem = _refused(cfg, 8, "memory/vocab-size-known", "model.vocab_size")
     assert problem.value == "None" and problem.fix.startswith("model.vocab_size=")
+
+
+def test_a_vocabulary_left_to_the_null_tokenizer_is_planned_with_its_size():
+    """model.vocab_size None with the NullTokenizer (Bridge's Nemotron-H recipes): its tokenizer.vocab_size, padded."""
+    p = plan_with_recommendation(bridge_recipe("olmoe_7b_pretrain_config", vocab_size=None), 8, fraction=0.5,
+                                 gpu_memory_gib=139.8)
+    assert not p.unplanned and p.params_per_rank > 0
 
 
 @pytest.mark.parametrize("fields,rule_id,key", [

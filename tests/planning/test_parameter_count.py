@@ -96,3 +96,36 @@ def test_a_bias_of_a_row_parallel_layer_is_whole_on_every_tp_rank(recipe):
     for name, numel in biases.items():
         whole = name.split(".")[1] in ("proj", "fc2")
         assert split[name] == (numel if whole else numel // 2), name
+
+
+def _vocabulary_as_bridge_sets_it(cfg):
+    """``cfg`` with the model's vocabulary as Megatron Bridge's setup sets it from the tokenizer it builds."""
+    from megatron.bridge.training.setup import _validate_and_set_vocab_size
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    cfg = copy.deepcopy(cfg)
+    cfg.model.vocab_size, cfg.model.should_pad_vocab = _validate_and_set_vocab_size(
+        cfg.model.vocab_size, build_tokenizer(cfg.tokenizer).vocab_size, cfg.tokenizer.use_tokenizer_vocab_size)
+    return cfg
+
+
+@pytest.mark.parametrize("vocab_size,tokenizer_vocab", [(50304, 50000), (None, 50000), (None, 50304)])
+def test_the_null_tokenizers_vocabulary_replaces_the_models_as_bridge_sets_it(one_rank, vocab_size, tokenizer_vocab):
+    """Bridge's pretraining recipes set tokenizer.use_tokenizer_vocab_size: the NullTokenizer's vocabulary, padded
+    to 128 x TP, is the model's at setup whatever model.vocab_size says (Bridge's Gemma3 1B: 262144 in the model,
+    32000 trained). The planner counted model.vocab_size (and crashed on None)."""
+    cfg = one_gpu(copy.deepcopy(_bridge_built("olmoe_7b_pretrain_config")))
+    cfg.model.vocab_size, cfg.tokenizer.vocab_size = vocab_size, tokenizer_vocab
+    assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(_vocabulary_as_bridge_sets_it(cfg))
+
+
+def test_gemma3_trains_the_null_tokenizers_vocabulary_not_the_models():
+    """Bridge's gemma3_1b recipe: model.vocab_size 262144, NullTokenizer 32000 with use_tokenizer_vocab_size."""
+    cfg = _bridge_built("gemma3_1b_pretrain_config")
+    built = _vocabulary_as_bridge_sets_it(cfg)
+    from megatron.training.vocab_utils import calculate_padded_vocab_size
+
+    rows = calculate_padded_vocab_size(built.model.vocab_size, built.model.make_vocab_size_divisible_by, 1, False)
+    assert rows != cfg.model.vocab_size
+    (embedding,) = [t for t in named_tensors(cfg, 0) if t.name == "embedding"]
+    assert embedding.numel == rows * cfg.model.hidden_size
