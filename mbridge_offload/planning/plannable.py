@@ -47,6 +47,9 @@ PLANNER_SOURCE = "planner"
 UNMODELED_FIX = ("none that keeps this model: size it by a short measured run (its peak memory), not by this plan; "
                  "the planner counts GPT models of attention and MLP or MoE layers only")
 
+# Features an override turns into one the planner counts, with the override.
+FIXES = {"memory/unmodeled-attention-backend": "model.attention_backend=auto  (or flash, or fused)"}
+
 
 def _subclass_of(obj: Any, class_name: str) -> bool:
     """Whether ``obj``'s class derives from one named ``class_name`` (by name: planning imports no Megatron)."""
@@ -81,6 +84,12 @@ def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
                       f"None (model.linear_attention_freq={m.linear_attention_freq})",
                       "gated delta net / DSA / linear attention layers hold tensors the planner does not count",
                       "memory/unmodeled-attention-variant"))
+    backend = getattr(m, "attention_backend", None)
+    if getattr(backend, "name", backend) in ("unfused", "local"):
+        found.append(("model.attention_backend", getattr(backend, "name", backend),
+                      "the unfused and local attention keep each layer's softmax over sequence x sequence scores for "
+                      "backward; the planner counts flash or fused attention, which keeps none",
+                      "memory/unmodeled-attention-backend"))
     if getattr(m, "heterogeneous_block_specs", False):
         found.append(("model.heterogeneous_block_specs", True,
                       "layers of different shapes (Llama-Nemotron's heterogeneous blocks): the planner counts every "
@@ -93,7 +102,7 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
     vocabulary left to the tokenizer, whose size the embedding and output layer need."""
     m = cfg.model
     problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
-                        fix=UNMODELED_FIX, rule_id=rule_id, source=PLANNER_SOURCE)
+                        fix=FIXES.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]
     if vocab_rows(cfg) is None:  # Megatron Bridge sets it from a tokenizer the config does not size, at launch
         problems.append(Problem(

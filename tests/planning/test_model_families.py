@@ -76,6 +76,20 @@ def test_olmoe_with_a_feature_the_planner_does_not_count_is_refused(fields, rule
     _refused(bridge_recipe("olmoe_7b_pretrain_config", **fields), 8, rule_id, key)
 
 
+@pytest.mark.parametrize("backend", ["local", "unfused"])
+def test_attention_that_keeps_its_scores_is_refused_with_the_backend_that_does_not(backend):
+    """The planner counts no sequence x sequence scores: refused, and its fix is a config the planner plans."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    from overrides import apply_overrides
+
+    cfg = bridge_recipe("olmoe_7b_pretrain_config", attention_backend=AttnBackend[backend])
+    problem = _refused(cfg, 8, "memory/unmodeled-attention-backend", "model.attention_backend")
+    assert problem.value == backend
+    fixed = apply_overrides(cfg, [problem.fix.split()[0]])
+    assert not plan_with_recommendation(fixed, 8, fraction=0.5, gpu_memory_gib=139.8).unplanned
+
+
 def test_olmoe_as_its_recipe_makes_it_is_planned():
     """The refusals are of the features only: Bridge's OLMoE (every layer MoE, GQA-less attention) is planned."""
     p = plan_with_recommendation(bridge_recipe("olmoe_7b_pretrain_config"), 8, fraction=0.5, gpu_memory_gib=139.8)
