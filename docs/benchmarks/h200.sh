@@ -330,6 +330,16 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --out "$runs/stream-moe-bench${DETERMINISTIC:+-deterministic}" ${DETERMINISTIC:+--deterministic} --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
+    ring-pipeline)
+      # NOT RUN YET (issue #16, ~2 min, torch only: it can run in the first call, before the bundle's install). The
+      # stream mode's ring in plain torch (offload-engine/ring-pipeline/ring_bench.py): the 4-layer MoE proxy's 3.1B
+      # offloaded parameters' moments (24.8 GB each way) through 32 chunks and a ring of 3 slots (the engine's) or 8,
+      # with and without a stand-in forward of 4 layers that waits per layer for its 8 chunks. It says whether the ring
+      # moves the moments at the link's rate both ways at once, and how much of the copies a 0.4 s forward hides,
+      # without the MoE model: the stream step there costs ~0.6 s more than its baseline (1.45x), the copies >= 0.5 s.
+      d="$runs/ring-pipeline"; mkdir -p "$d"
+      $py docs/benchmarks/offload-engine/ring-pipeline/ring_bench.py --params 3.1e9 --layers 4 --layer-ms 100 \
+        --slots 3,8 --repeats 2 --out "$d/results.json" 2>&1 | tee "$d/ring_bench.log" ;;
     stream-moe-profile)
       # NOT RUN YET (issue #16, ~4 min): where the MoE proxy's stream step loses ~0.6 s (bench-stream-moe-deterministic/:
       # 1.45x at fraction 1; its plan puts the moments' copies at >= 0.5 s a step, which the forward should partly
