@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbridge_offload.facts.offload_bytes import pinned_block_bytes
-from mbridge_offload.planning.tensors import layers_per_stage, vocab_rows
+from mbridge_offload.planning.tensors import ffn_width, layers_per_stage, vocab_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +108,7 @@ def _mlp_bytes_per_token(m, w: _Widths, recomputed: set) -> tuple[float, dict]:
     if not m.num_moe_experts:
         if "mlp" in recomputed:
             return 2 * w.h, {}
-        return 2 * (2 * w.h) + 4 + ffn_bytes(m.ffn_hidden_size / tp), {}
+        return 2 * (2 * w.h) + 4 + ffn_bytes(ffn_width(m) / tp), {}
     experts, topk = m.num_moe_experts, m.moe_router_topk
     ffn, routed = _expert_ffn(m, tp), _routed_per_token(m, tp, shard)
     norm_output = 0 if "layernorm" in recomputed else 2 * w.h  # a separate norm: the router keeps its output
@@ -130,7 +130,7 @@ def _mlp_bytes_per_token(m, w: _Widths, recomputed: set) -> tuple[float, dict]:
 
 def _expert_ffn(m, tp: int) -> float:
     """An expert's fc1 width per rank: the expert FFN split over expert tensor parallel (null: TP's size)."""
-    return (m.moe_ffn_hidden_size or m.ffn_hidden_size) / (getattr(m, "expert_tensor_parallel_size", None) or tp)
+    return (m.moe_ffn_hidden_size or ffn_width(m)) / (getattr(m, "expert_tensor_parallel_size", None) or tp)
 
 
 def _routed_per_token(m, tp: int, shard: int) -> float:
@@ -180,7 +180,7 @@ def layer_activations(cfg) -> LayerActivations:
     # dense MLP's, the experts', a shared expert's), which keeps all of that output on the GPU (cpu_offload.py)
     not_offloadable = 0.0
     if _glu_unfused(m) and not m.num_moe_experts:
-        not_offloadable = 4 * m.ffn_hidden_size / tp
+        not_offloadable = 4 * ffn_width(m) / tp
     elif _glu_unfused(m):
         shared = getattr(m, "moe_shared_expert_intermediate_size", None)
         not_offloadable = 4 * _expert_ffn(m, tp) * _routed_per_token(m, tp, shard) + (4 * shared / tp if shared else 0)
@@ -297,7 +297,7 @@ TE_LAYER_OFFLOAD_MIN_NUMEL = 256 * 1024
 def _dense_layer_offloaded_tensors(m, w: _Widths) -> list[int]:
     """Bytes of each tensor TE's layer-level offload copies from one dense layer to pinned host memory: the
     contiguous saved tensors of at least TE_LAYER_OFFLOAD_MIN_NUMEL elements (the list in the module docstring)."""
-    h, q, k, ffn = w.h, w.q, w.k, m.ffn_hidden_size / w.tp
+    h, q, k, ffn = w.h, w.q, w.k, ffn_width(m) / w.tp
     # input, norm output, q and k after RoPE, v, attention output, residual, MLP norm output
     per_token = [h, h, q, k, k, q, h, h]
     if getattr(m, "qk_layernorm", False):

@@ -42,6 +42,12 @@ def layers_per_stage(m, pp: int) -> list[int]:
     return [m.num_layers // pp] * pp
 
 
+def ffn_width(m) -> int:
+    """The dense MLP's width: model.ffn_hidden_size, or where None 4 x hidden_size, which Megatron Core's
+    TransformerConfig.__post_init__ sets when the provider finalizes (an expert's: moe_ffn_hidden_size, else this)."""
+    return m.ffn_hidden_size if m.ffn_hidden_size is not None else 4 * m.hidden_size
+
+
 def vocab_rows(cfg) -> int | None:
     """The embedding's and output layer's rows (all TP ranks): the vocabulary the run builds, or None where only the
     launch knows it. Megatron Bridge's setup (training/setup.py, _validate_and_set_vocab_size) keeps a set
@@ -112,7 +118,7 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
             norm(f"l{layer}.q_ln", kv)
             norm(f"l{layer}.k_ln", kv)
         if experts:
-            ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+            ffn = m.moe_ffn_hidden_size or ffn_width(m)
             norm(f"l{layer}.ln2", h)
             linear(f"l{layer}.router", experts, h, "dense", 1)  # not split; its bias too (moe/router.py)
             for e in range(experts // ep):
@@ -127,8 +133,8 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
                     add(f"l{layer}.shared.gate", h, "dense")
         else:
             norm(f"l{layer}.ln2", h)
-            linear(f"l{layer}.fc1", gated * m.ffn_hidden_size, h, "dense", tp)
-            linear(f"l{layer}.fc2", h, m.ffn_hidden_size, "dense", 1, tp)
+            linear(f"l{layer}.fc1", gated * ffn_width(m), h, "dense", tp)
+            linear(f"l{layer}.fc2", h, ffn_width(m), "dense", 1, tp)
     if stage == pp - 1:
         norm("final_ln", h)
         if not m.share_embeddings_and_output_weights or pp > 1:

@@ -94,3 +94,11 @@ def test_olmoe_as_its_recipe_makes_it_is_planned():
     """The refusals are of the features only: Bridge's OLMoE (every layer MoE, GQA-less attention) is planned."""
     p = plan_with_recommendation(bridge_recipe("olmoe_7b_pretrain_config"), 8, fraction=0.5, gpu_memory_gib=139.8)
     assert not p.unplanned and p.params_per_rank > 0
+
+
+def test_a_model_without_an_mlp_width_is_planned_with_megatron_cores():
+    """Bridge's Gemma3 1B with model.ffn_hidden_size None (4 x hidden at finalize): the activations' count raised
+    TypeError as well as the parameters'."""
+    p = plan_with_recommendation(bridge_recipe("gemma3_1b_pretrain_config", ffn_hidden_size=None), 1, fraction=0.5,
+                                 gpu_memory_gib=139.8)
+    assert not p.unplanned and p.activation_bytes_gpu > 0

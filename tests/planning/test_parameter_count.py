@@ -76,10 +76,19 @@ def test_olmoe_counts_as_megatron_core_builds_it(one_rank, overrides):
     assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
 
 
+def test_widths_left_to_megatron_core_count_as_it_sets_them(one_rank):
+    """OLMoE composed in Python with no MLP widths (its provider types them int, so overrides cannot null them):
+    TransformerConfig sets ffn_hidden_size to 4 x hidden and the experts' to it; the plan raised TypeError."""
+    cfg = one_gpu(copy.deepcopy(_bridge_built("olmoe_7b_pretrain_config")))
+    cfg.model.ffn_hidden_size = cfg.model.moe_ffn_hidden_size = None
+    assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
+
+
 @pytest.mark.parametrize("overrides", [
     [],
     ["model.add_qkv_bias=True"],
     ["model.add_bias_linear=True", "model.normalization=LayerNorm", "model.gated_linear_unit=False"],  # GPT-2 like
+    ["model.ffn_hidden_size=null"],  # 4 x hidden, as TransformerConfig sets it (the plan raised TypeError)
 ])
 def test_a_dense_model_with_tied_embeddings_counts_as_megatron_core_builds_it(one_rank, recipe, overrides):
     """The plugin's Qwen3 0.6B (Megatron Bridge's Qwen3 provider: GQA, QK norm, tied embeddings)."""
