@@ -266,7 +266,9 @@ RULES: tuple[Rule, ...] = (
           "writing the checkpoint failed: the file writer stopped mid-file ('unexpected pos'), what a full disk gives "
           "(with optimizer offload a checkpoint takes ~18 bytes per parameter)",
           "free disk space, or checkpoint.save=<a folder on a larger disk> checkpoint.most_recent_k=1",
-          (r"No space left on device", r"unexpected pos \d+ vs \d+", r"Disk quota exceeded")),
+          (r"No space left on device", r"unexpected pos \d+ vs \d+", r"Disk quota exceeded",
+           # torch.save's writer when a write() fails (a full disk, a quota): the message names no errno
+           r"PytorchStreamWriter failed writing file .*: file write failed")),
     _rule("runtime/stop-killed-data-loader-workers", "train.exit_signal_handler_for_dataloader",
           "a stop signal sent to the whole job (a Slurm preemption, scancel, Ctrl-C) killed the data-loader workers: "
           "torch's workers die on a SIGTERM that is not their parent's, and the rank failed before it could save",

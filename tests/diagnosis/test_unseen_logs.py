@@ -471,3 +471,14 @@ def test_overrides_run_recipe_refused_are_reported_with_their_key_and_fix(tmp_pa
     assert first.fix == "optimizer.optimizer_offload_fraction=<a number, e.g. 0.5 or 1e-4>"
     assert "model.optimizer_offload_fraction=0.5" in second.what and "unknown key" in second.what
     assert second.fix == "did you mean model.activation_offload_fraction or optimizer.optimizer_offload_fraction?"
+
+
+LOGS = Path(__file__).parent / "logs"
+
+
+def test_torch_save_on_a_full_disk_is_the_checkpoint_write(tmp_path):
+    """torch.save's writer on a full disk raises 'PytorchStreamWriter failed writing file data/N: file write failed'
+    with no errno in the message (the 'unexpected pos' variant is the other): the checkpoint write, not nothing."""
+    [finding] = findings(LOGS / "ckpt-file-write-failed.log")
+    assert finding.rule_id == "runtime/checkpoint-write-failed" and finding.ranks == {0}
+    assert finding.evidence[0].number == 5
