@@ -229,7 +229,8 @@ def _gpu_architecture_checks_skipped_without_a_gpu() -> Iterator[None]:
 
 
 # The model sizes whose values out of range make upstream's arithmetic fail (num_attention_heads=0: a division by
-# zero in TransformerConfig): the rules of these keys (facts/key_ranges.py) name the cause, with its fix.
+# zero in TransformerConfig; num_layers='16': a TypeError): the rules of these keys (facts/key_ranges.py) name the
+# cause, with its fix.
 _SIZE_KEYS = ("model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.num_query_groups",
               "model.ffn_hidden_size", "model.kv_channels", "model.vocab_size", "model.num_moe_experts",
               "model.moe_ffn_hidden_size", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
@@ -247,9 +248,11 @@ def upstream_failure(cfg: Any, num_gpus: int, environ: Mapping[str, str]) -> Ups
     with _isolated_process_state(num_gpus, environ), _gpu_architecture_checks_skipped_without_a_gpu():
         try:
             runtime_config_update(trial)
-        except ArithmeticError as error:  # a size of 0 divides: the size's own range rule is the problem to report
+        except (ArithmeticError, TypeError) as error:
+            # a size of 0 divides, a size given as text or a float fails upstream's arithmetic: the size's own range
+            # rule is the problem to report (with its key and fix); other such failures are upstream's own
             return None if range_violations(cfg, _SIZE_KEYS) else _failure_from(error)
-        except (AssertionError, ValueError, TypeError, RuntimeError, LookupError, AttributeError,
+        except (AssertionError, ValueError, RuntimeError, LookupError, AttributeError,
                 ModuleNotFoundError) as error:
             return _failure_from(error)
     return None

@@ -39,3 +39,13 @@ def test_sizes_of_zero_are_their_range_rules_problems_not_a_crash():
     for key in ("model.num_layers", "model.hidden_size", "model.num_attention_heads"):
         assert by_key[key].value == "0" and by_key[key].fix.startswith(key + "="), problems
     assert all(p.key and p.rule_id for p in problems), problems
+
+
+def test_a_size_given_as_text_is_its_range_rules_problem_not_an_anonymous_upstream_one():
+    """model.num_layers='16' composed in Python: upstream's TransformerConfig raised TypeError (can't multiply
+    sequence by non-int), reported with no key and no rule beside the range rule that names it."""
+    cfg = bridge_recipe("olmoe_7b_pretrain_config")
+    cfg.model.num_layers = "16"
+    problems = validate(cfg, 8, environ={}).problems
+    assert [p.rule_id for p in problems if p.key == "model.num_layers"] == ["parallel/num-layers-range"]
+    assert all(p.key and p.rule_id for p in problems), problems
