@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbridge_offload.diagnosis.config_source import RunConfig, run_config
+from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
@@ -119,8 +120,8 @@ class _Run:
         self.lines = read_lines(path)
         self.texts = [line.text for line in self.lines]
         self.facts: RunFacts = run_facts(self.lines, run_folder(path))
-        stops = (i for i, text in enumerate(self.texts) if any(re.search(p, text) for p in JOB_STOPPED))
-        self.first_stop: int | None = next(stops, None)
+        self.search = LineSearch(self.texts)
+        self.first_stop: int | None = min((i for p in JOB_STOPPED for i in self.search.matching(p)[:1]), default=None)
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
 
@@ -199,31 +200,35 @@ _SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule
 
 
 def _matches(run: _Run) -> list[tuple[str, int, str]]:
-    """(rule id, line index, measured) for every line that shows a rule broken."""
-    found = []
-    for i, line in enumerate(run.lines):
-        text = line.text
-        for rule_id, pattern, regex in _SIGNATURES:
-            if regex.search(text):
-                condition = _CONDITIONS.get((rule_id, pattern))
-                if (condition is None or condition(run, i)) and is_this_cause(RULES_BY_ID[rule_id], run.texts, i):
-                    found.append((rule_id, i, ""))
+    """(rule id, line index, measured) for every line that shows a rule broken, in the order of the lines (and on
+    one line, of the tables). Each pattern is searched only on the lines that may hold it (line_search.py)."""
+    found: list[tuple[int, int, str, str]] = []  # (line index, the pattern's place in the tables, rule id, fix)
+    search = run.search
+    for order, (rule_id, pattern, regex) in enumerate(_SIGNATURES):
+        condition = _CONDITIONS.get((rule_id, pattern))
+        for i in search.matching(pattern, regex):
+            if (condition is None or condition(run, i)) and is_this_cause(RULES_BY_ID[rule_id], run.texts, i):
+                found.append((i, order, rule_id, ""))
+    order = len(_SIGNATURES)
+    for i, text in enumerate(run.texts):
         validator = _VALIDATOR_LINE.match(text)
         if validator and validator.group(2) in RULES_BY_ID:
-            found.append((validator.group(2), i, ""))
-        for pattern, rule_id in CONFIG_RULE_LOG_SIGNATURES:
-            if re.search(pattern, text):
-                found.append((rule_id, i, ""))
-        for pattern, rule_id in _UPSTREAM_TO_RULE:  # upstream's messages, where an error is raised or reported
-            if re.search(pattern, text) and _raised(run.lines, i):
-                found.append((rule_id, i, ""))
+            found.append((i, order, validator.group(2), ""))
+    for order, (pattern, rule_id) in enumerate(CONFIG_RULE_LOG_SIGNATURES, order + 1):
+        found += [(i, order, rule_id, "") for i in search.matching(pattern)]
+    for order, (pattern, rule_id) in enumerate(_UPSTREAM_TO_RULE, order + 1):
+        # upstream's messages, where an error is raised or reported
+        found += [(i, order, rule_id, "") for i in search.matching(pattern) if _raised(run.lines, i)]
+    order += 1
+    for i, text in enumerate(run.texts):
         exception = _EXCEPTION_LINE.match(text)
         if exception and not any(re.search(p, text) for p, _ in _UPSTREAM_TO_RULE):
             for pattern, key, fix in _UPSTREAM_KEYS:
                 if re.search(pattern, text):
-                    found.append((f"upstream:{key}", i, fix))
+                    found.append((i, order, f"upstream:{key}", fix))
                     break
-    return found
+    found.sort(key=lambda match: match[:2])
+    return [(rule_id, i, fix) for i, _, rule_id, fix in found]
 
 
 def _finding(rule_id: str) -> Finding:
