@@ -236,6 +236,13 @@ RULES: tuple[Rule, ...] = (
           "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
           "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
           severity="warning"),
+    _rule("runtime/gpu-hardware-fault", "(node)",
+          "a GPU reported a hardware fault (an uncorrectable ECC error, the GPU fell off the bus, an NVLink error: "
+          "the driver's Xid 48, 74, 79, 94, 95): the GPU or its node failed, not the run's settings",
+          "rerun on other GPUs: drain the node or leave it out (Slurm: --exclude=<node>), then resume from the last "
+          "checkpoint (checkpoint.load=<dir>); report the GPU to the cluster's admins",
+          (r"uncorrectable ECC error encountered", r"cudaErrorECCUncorrectable", r"CUDA_ERROR_ECC_UNCORRECTABLE",
+           r"GPU has fallen off the bus", r"NVRM: Xid \([^)]*\): (48|74|79|94|95)\b")),
     _rule("runtime/dataset-helper-makefile", "(launch)",
           "Megatron's initialisation ran make to build the dataset helper, and the pip wheel ships no Makefile",
           "launch through scripts/run_recipe.py: it uses the wheel's compiled helper instead of make",
@@ -351,6 +358,8 @@ CONFIRM: dict[str, str] = {
                                   "metrics.rank*.jsonl",
     "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
                             "compare step times across ranks",
+    "runtime/gpu-hardware-fault": "nvidia-smi -q -d ECC,ROW_REMAPPER on the node, and dmesg | grep -i xid (the Xid "
+                                  "code names the fault); the same run on other GPUs passes the step that failed",
     "runtime/dataset-helper-makefile": "python -c 'from megatron.core.datasets import helpers_cpp' imports: the "
                                        "compiled helper is there and only the build step failed",
     "runtime/resume-offload-keyerror": "the traceback passes through hybrid_optimizer.py "

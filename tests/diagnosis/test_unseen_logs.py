@@ -482,3 +482,19 @@ def test_torch_save_on_a_full_disk_is_the_checkpoint_write(tmp_path):
     [finding] = findings(LOGS / "ckpt-file-write-failed.log")
     assert finding.rule_id == "runtime/checkpoint-write-failed" and finding.ranks == {0}
     assert finding.evidence[0].number == 5
+
+
+@pytest.mark.parametrize("log, line, ranks", [("ecc-uncorrectable.log", 10, {6}), ("xid-79.log", 1, set())])
+def test_a_gpu_hardware_fault_is_named_with_the_node_to_drain(log, line, ranks):
+    """An uncorrectable ECC error (torch's CUDA error) or the driver's Xid for a GPU fallen off the bus: a fault of
+    the GPU itself, not of the run's settings, and nothing recognised before."""
+    [finding] = findings(LOGS / log)
+    assert finding.rule_id == "runtime/gpu-hardware-fault" and finding.severity == "error"
+    assert finding.evidence[0].number == line and finding.ranks == ranks
+    assert "--exclude" in finding.fix
+
+
+def test_an_illegal_memory_access_is_not_called_a_hardware_fault_nor_out_of_memory(tmp_path):
+    path = write(tmp_path, ["[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
+                            "gpu-node-07:18241:18290 [1] include/alloc.h:125 NCCL WARN Failed to CUDA calloc 6291456 bytes"])
+    assert ids(path) == []
