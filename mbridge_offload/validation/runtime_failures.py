@@ -236,6 +236,15 @@ RULES: tuple[Rule, ...] = (
           "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
           "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
           severity="warning"),
+    _rule("runtime/nan-loss-or-grad", "optimizer.lr",
+          "the loss or the gradients became NaN or Inf (Megatron's iteration line counts a NaN iteration, or its check "
+          "of the loss or of a gradient bucket's norm stopped the run): training diverged (learning rate, warm-up, a "
+          "bad batch), not a memory or offload failure",
+          "resume from the last checkpoint before it (checkpoint.load=<dir>) with a lower optimizer.lr, a longer "
+          "scheduler.lr_warmup_iters or a smaller optimizer.clip_grad; the same iteration failing again on other GPUs "
+          "points at the data",
+          (r"found (NaN|Inf) in local (grad norm|forward loss calculation)", r"number of nan iterations:\s*[1-9]",
+           r"\| grad norm: (nan|inf) \|")),
     _rule("runtime/gpu-hardware-fault", "(node)",
           "a GPU reported a hardware fault (an uncorrectable ECC error, the GPU fell off the bus, an NVLink error: "
           "the driver's Xid 48, 74, 79, 94, 95): the GPU or its node failed, not the run's settings",
@@ -358,6 +367,8 @@ CONFIRM: dict[str, str] = {
                                   "metrics.rank*.jsonl",
     "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
                             "compare step times across ranks",
+    "runtime/nan-loss-or-grad": "the iteration lines before it: lm loss and grad norm rising, or the first "
+                                "'number of nan iterations' above 0; rerun from the checkpoint before it",
     "runtime/gpu-hardware-fault": "nvidia-smi -q -d ECC,ROW_REMAPPER on the node, and dmesg | grep -i xid (the Xid "
                                   "code names the fault); the same run on other GPUs passes the step that failed",
     "runtime/dataset-helper-makefile": "python -c 'from megatron.core.datasets import helpers_cpp' imports: the "

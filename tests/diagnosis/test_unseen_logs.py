@@ -498,3 +498,18 @@ def test_an_illegal_memory_access_is_not_called_a_hardware_fault_nor_out_of_memo
     path = write(tmp_path, ["[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
                             "gpu-node-07:18241:18290 [1] include/alloc.h:125 NCCL WARN Failed to CUDA calloc 6291456 bytes"])
     assert ids(path) == []
+
+
+def test_nan_in_the_loss_or_gradients_is_named_where_the_run_first_showed_it():
+    """Megatron's iteration line counting a NaN iteration, then its check raising 'found NaN in local grad norm':
+    a diverged run, which was 'nothing recognised'."""
+    [finding] = findings(LOGS / "nan-grad-norm.log")
+    assert finding.rule_id == "runtime/nan-loss-or-grad" and finding.severity == "error"
+    assert [line.number for line in finding.evidence] == [2, 12] and finding.ranks == {3}
+    assert "optimizer.lr" in finding.fix
+
+
+def test_a_run_without_nan_iterations_is_not_called_diverged(tmp_path):
+    path = write(tmp_path, [" iteration        3/    1000 | grad norm: 1.512 | number of skipped iterations:   1 | "
+                            "number of nan iterations:   0 |", "  check_for_nan_in_loss_and_grad ....... True"])
+    assert ids(path) == []
