@@ -236,6 +236,14 @@ RULES: tuple[Rule, ...] = (
           "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
           "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
           severity="warning"),
+    _rule("runtime/hydra-override", "(override)",
+          "a command-line override Megatron Bridge applies with Hydra's parser was refused before the run started: a "
+          "key the config does not have ('Could not override'), or an override Hydra cannot parse",
+          "correct the override the message names: a key the config has (uv run scripts/run_recipe.py --recipe NAME "
+          "--dry-run <overrides> names the nearest one), +key=value to add a key the config lacks, quotes around a "
+          "value holding = , [ ] or spaces ('key=\"a,b\"')",
+          (r"Failed to parse Hydra overrides: ", r"ConfigCompositionException: Could not override '",
+           r"OverrideParseException: ", r"Error parsing override '")),
     _rule("runtime/nan-loss-or-grad", "optimizer.lr",
           "the loss or the gradients became NaN or Inf (Megatron's iteration line counts a NaN iteration, or its check "
           "of the loss or of a gradient bucket's norm stopped the run): training diverged (learning rate, warm-up, a "
@@ -367,6 +375,8 @@ CONFIRM: dict[str, str] = {
                                   "metrics.rank*.jsonl",
     "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
                             "compare step times across ranks",
+    "runtime/hydra-override": "the lines below the message: Hydra's own words (the key, or where the parse failed); "
+                              "the config's keys: uv run scripts/run_recipe.py --recipe NAME --dry-run",
     "runtime/nan-loss-or-grad": "the iteration lines before it: lm loss and grad norm rising, or the first "
                                 "'number of nan iterations' above 0; rerun from the checkpoint before it",
     "runtime/gpu-hardware-fault": "nvidia-smi -q -d ECC,ROW_REMAPPER on the node, and dmesg | grep -i xid (the Xid "

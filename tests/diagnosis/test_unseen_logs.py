@@ -513,3 +513,12 @@ def test_a_run_without_nan_iterations_is_not_called_diverged(tmp_path):
     path = write(tmp_path, [" iteration        3/    1000 | grad norm: 1.512 | number of skipped iterations:   1 | "
                             "number of nan iterations:   0 |", "  check_for_nan_in_loss_and_grad ....... True"])
     assert ids(path) == []
+
+
+@pytest.mark.parametrize("log, line", [("hydra-override.log", 6), ("hydra-override-syntax.log", 4)])
+def test_a_hydra_override_megatron_bridge_could_not_apply_is_named(log, line):
+    """Megatron Bridge's scripts apply command-line overrides with Hydra's parser: a key the config lacks ('Could not
+    override') or a malformed override ('Error parsing override') stops the launch. It was 'nothing recognised'."""
+    [finding] = findings(LOGS / log)
+    assert finding.rule_id == "runtime/hydra-override" and finding.evidence[0].number == line
+    assert "+key=value" in finding.fix
