@@ -177,6 +177,19 @@ def _stopped_before(run: _Run, index: int) -> bool:
     return run.first_stop is not None and run.first_stop < index
 
 
+_AGENT_STOP = r"Sending process (\d+) closing signal SIG\w+"  # torchrun's agent stopping a rank
+_KILLED_PID = re.compile(r"\(pid: (\d+)\)|received by PID (\d+)")  # the process its failure lines name
+
+
+def _agent_stopped_before(run: _Run, index: int) -> bool:
+    """Whether torchrun's agent had sent its stop to the process ``lines[index]`` names, before that line."""
+    pid = _KILLED_PID.search(run.texts[index])
+    if pid is None:
+        return False
+    stopped = {re.search(_AGENT_STOP, run.texts[j]).group(1) for j in run.search.matching(_AGENT_STOP) if j < index}
+    return (pid.group(1) or pid.group(2)) in stopped
+
+
 _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
     # the CUDA runtime's out-of-memory is pinned host memory where a pinned allocation is near, else the device's
     **{("runtime/pinned-host-memory", pattern): lambda run, i: near(run.texts, i, PINNED_ALLOCATION_NEAR)
@@ -186,7 +199,10 @@ _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
         lambda run, i: not re.search(r"</?torch_\d|/dev/shm|shared memory", run.texts[i]),
     # a SIGKILL is the host's out-of-memory killer unless the job had been stopped from outside before it (a
     # scheduler sends SIGKILL to what is left after its stop signal); the kernel's own words are the killer anyway
+    # nor where torchrun's agent had sent that process its stop after another rank failed (it SIGKILLs a rank that
+    # outlives the grace period)
     **{("runtime/host-memory-killed", pattern): lambda run, i: not _stopped_before(run, i)
+       and not _agent_stopped_before(run, i)
        for pattern in RULES_BY_ID["runtime/host-memory-killed"].log_signatures if pattern not in OOM_KILLER},
     ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
         lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer"),

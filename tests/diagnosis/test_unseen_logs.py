@@ -522,3 +522,19 @@ def test_a_hydra_override_megatron_bridge_could_not_apply_is_named(log, line):
     [finding] = findings(LOGS / log)
     assert finding.rule_id == "runtime/hydra-override" and finding.evidence[0].number == line
     assert "+key=value" in finding.fix
+
+
+def test_a_sigkill_torchruns_agent_sent_after_another_rank_failed_is_not_the_host_killer():
+    """torchrun's agent stops the other ranks once one fails ('Sending process 18243 closing signal SIGTERM'), and
+    SIGKILLs one that outlives the grace period: that rank's exitcode -9 is the agent's, not the kernel's."""
+    assert ids(LOGS / "oom-then-agent-kill.log") == ["runtime/cuda-oom"]
+
+
+def test_a_sigkill_of_a_rank_the_agent_did_not_stop_is_still_the_host_killer(tmp_path):
+    path = write(tmp_path, [
+        "W1205 03:24:58.201000 18200 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 18243 "
+        "closing signal SIGTERM",
+        "E1205 03:25:03.330000 18200 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+        "local_rank: 2 (pid: 18242) of binary: /opt/venv/bin/python",
+        "  exitcode  : -9 (pid: 18242)", "  traceback : Signal 9 (SIGKILL) received by PID 18242"])
+    assert ids(path) == ["runtime/host-memory-killed"]
