@@ -39,6 +39,7 @@ _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
 # What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
 # stopping after it. After an earlier error these are its consequences, and the report says so.
 # The offload engine's worker thread found stopped is likewise what an earlier failure left.
+_STOP_ID = "runtime/job-stopped"
 _CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped", "engine/worker-stopped")
 CARRIED_WITHIN_LINES = 400  # how far above a message that carries another error its own traceback may end
 OVERRIDE_MECHANISM = "run_recipe.py override"
@@ -98,7 +99,10 @@ class Diagnosis:
         """The error that came first in the output: the one to fix, where the others follow from it."""
         errors = [f for f in self.findings if f.severity == "error" and f.evidence]
         errors = [f for f in errors if not f.carries] or errors  # an error a finding carries is the one to fix
-        return min(errors, key=lambda f: f.first_index) if errors else None
+        causes = [f for f in errors if not f.consequence_of]
+        if errors and not causes:  # every error followed the scheduler's stop: the stop is what happened first
+            causes = [f for f in self.findings if f.rule_id == _STOP_ID and f.evidence] or errors
+        return min(causes, key=lambda f: f.first_index) if causes else None
 
     def to_json(self) -> dict[str, Any]:
         first = self.first_failure
@@ -464,12 +468,14 @@ def _rank_words(ranks: set[int]) -> str:
 def _mark_consequences(findings: list[Finding]) -> None:
     """A timeout, a lost NCCL peer or the launcher's stop that came after another error: most likely that error's
     consequence (torchrun and NCCL stop the other ranks once one fails). The first error stays the one to fix."""
-    errors = [f for f in findings if f.severity == "error" and f.evidence]
+    # the causes: errors, and the scheduler's stop (a warning: the run did not fail), which the ranks' lost NCCL
+    # peers and the launcher's kills after it follow from
+    causes = [f for f in findings if f.evidence and ((f.severity == "error" and f.rule_id not in _CONSEQUENCE_IDS
+                                                      and not f.carries) or f.rule_id == _STOP_ID)]
     for finding in findings:
         if finding.rule_id not in _CONSEQUENCE_IDS or not finding.evidence:
             continue
-        earlier = [f for f in errors if f.first_index < finding.first_index and f.rule_id not in _CONSEQUENCE_IDS
-                   and not f.carries]
+        earlier = [f for f in causes if f.first_index < finding.first_index]
         if earlier:
             cause = min(earlier, key=lambda f: f.first_index)
             where = _rank_words(cause.ranks)

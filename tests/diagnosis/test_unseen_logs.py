@@ -538,3 +538,14 @@ def test_a_sigkill_of_a_rank_the_agent_did_not_stop_is_still_the_host_killer(tmp
         "local_rank: 2 (pid: 18242) of binary: /opt/venv/bin/python",
         "  exitcode  : -9 (pid: 18242)", "  traceback : Signal 9 (SIGKILL) received by PID 18242"])
     assert ids(path) == ["runtime/host-memory-killed"]
+
+
+def test_nccl_errors_after_the_schedulers_stop_are_its_consequence_and_the_stop_comes_first():
+    """Slurm's time limit stopped the job; a rank's NCCL then lost its peers (ncclRemoteError). That is the stop's
+    consequence, not a failure to fix: it was named the first failure, with the stop a mere warning below it."""
+    [diagnosis] = diagnose([LOGS / "timelimit-then-nccl.out"], build_config=False)
+    by_id = {f.rule_id: f for f in diagnosis.findings}
+    assert set(by_id) == {"runtime/job-stopped", "runtime/nccl-error"}
+    assert "[runtime/job-stopped]" in by_id["runtime/nccl-error"].consequence_of
+    assert diagnosis.first_failure is by_id["runtime/job-stopped"]
+    assert diagnosis.to_json()["first_failure"] == "runtime/job-stopped"
