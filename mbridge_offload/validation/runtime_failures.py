@@ -236,6 +236,13 @@ RULES: tuple[Rule, ...] = (
           "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
           "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
           severity="warning"),
+    _rule("runtime/shared-memory", "dataset.num_workers",
+          "the data-loader workers ran out of shared memory (/dev/shm, where they hand batches to the rank): a "
+          "container's default is 64 MB",
+          "give the container more shared memory (docker run --shm-size=16g or --ipc=host; Kubernetes: an emptyDir "
+          "with medium Memory on /dev/shm), or dataset.num_workers=0 (batches built in the rank, no shared memory)",
+          (r"bus error encountered in worker\. This might be caused by insufficient shared memory",
+           r"is killed by signal: Bus error", r"unable to write to file </torch_\d+_\d+(_\d+)?>")),
     _rule("runtime/hydra-override", "(override)",
           "a command-line override Megatron Bridge applies with Hydra's parser was refused before the run started: a "
           "key the config does not have ('Could not override'), or an override Hydra cannot parse",
@@ -375,6 +382,7 @@ CONFIRM: dict[str, str] = {
                                   "metrics.rank*.jsonl",
     "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
                             "compare step times across ranks",
+    "runtime/shared-memory": "df -h /dev/shm inside the container (64M is Docker's default)",
     "runtime/hydra-override": "the lines below the message: Hydra's own words (the key, or where the parse failed); "
                               "the config's keys: uv run scripts/run_recipe.py --recipe NAME --dry-run",
     "runtime/nan-loss-or-grad": "the iteration lines before it: lm loss and grad norm rising, or the first "

@@ -271,7 +271,7 @@ def test_the_shells_kill_report_is_a_host_kill(tmp_path):
 def test_a_full_shared_memory_folder_is_not_the_checkpoint_disk(tmp_path):
     path = write(tmp_path, ["[rank0]: RuntimeError: unable to write to file </torch_48211_1398523741_0>: No space "
                             "left on device (28)"])
-    assert ids(path) == []
+    assert ids(path) == ["runtime/shared-memory"]
     path = write(tmp_path, ["[rank0]: OSError: [Errno 28] No space left on device: "
                             "'/ckpt/iter_0000500/__0_0.distcp'"])
     assert ids(path) == ["runtime/checkpoint-write-failed"]
@@ -549,3 +549,15 @@ def test_nccl_errors_after_the_schedulers_stop_are_its_consequence_and_the_stop_
     assert "[runtime/job-stopped]" in by_id["runtime/nccl-error"].consequence_of
     assert diagnosis.first_failure is by_id["runtime/job-stopped"]
     assert diagnosis.to_json()["first_failure"] == "runtime/job-stopped"
+
+
+@pytest.mark.parametrize("lines", [
+    ["[rank0]: RuntimeError: DataLoader worker (pid 22011) is killed by signal: Bus error. It is possible that "
+     "dataloader's workers are out of shared memory. Please try to raise your shared memory limit."],
+    ["[rank1]: RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on device (28)"],
+])
+def test_the_data_loaders_shared_memory_running_out_is_named(tmp_path, lines):
+    """A container's small /dev/shm (Docker's 64 MB): the data-loader workers' bus error or their full shared-memory
+    file. It was 'nothing recognised' (the full /dev/shm is rightly not the checkpoint's disk)."""
+    assert ids(write(tmp_path, lines)) == ["runtime/shared-memory"]
+    assert ids(LOGS / "shm-bus-error.log") == ["runtime/shared-memory"]
