@@ -25,6 +25,9 @@ _TERMINAL_CODES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07
 # the bell are text): their share tells a binary file from a log with a few bad bytes
 _NOT_TEXT = re.compile(r"[\x00-\x06\x0e-\x1a\x1c-\x1f\ufffd]")
 NOT_TEXT_SHARE = 0.05
+# NUL bytes in a log are blocks its writer never filled (a node that crashed or rebooted leaves the unwritten end
+# of a file it had grown as zeros): no text, so they are dropped before the file is judged and read
+_NULS = re.compile("\x00+")
 
 # (magic bytes, name, a new streaming decompressor): streaming, so that a compressed log cut short (copied while
 # the run still wrote it) still gives the lines it holds
@@ -118,7 +121,8 @@ def log_text(path: Path) -> list[tuple[int, str]]:
 
 def _texts(path: Path, parts: list[tuple[int, bytes]]) -> list[tuple[int, str]]:
     """Each part's text; LogError where the file is not text."""
-    texts = [(first, without_terminal_codes(_decoded(_decompressed(path, data)))) for first, data in parts]
+    texts = [(first, _NULS.sub("", without_terminal_codes(_decoded(_decompressed(path, data)))))
+             for first, data in parts]
     sample = texts[0][1][:65536]
     if sample and len(_NOT_TEXT.findall(sample)) > NOT_TEXT_SHARE * len(sample):
         raise LogError(f"{path} is not a text log (binary data): give the run's printed output (the file torchrun's "

@@ -561,3 +561,16 @@ def test_the_data_loaders_shared_memory_running_out_is_named(tmp_path, lines):
     file. It was 'nothing recognised' (the full /dev/shm is rightly not the checkpoint's disk)."""
     assert ids(write(tmp_path, lines)) == ["runtime/shared-memory"]
     assert ids(LOGS / "shm-bus-error.log") == ["runtime/shared-memory"]
+
+
+@pytest.mark.parametrize("padding", ["end", "middle"])
+def test_a_log_with_blocks_of_nul_bytes_is_read_as_text(tmp_path, padding):
+    """A node that crashed or rebooted leaves its log's unwritten blocks as NUL bytes (the file's size was set, its
+    data never reached the disk): the log was refused as 'not a text log'. Its text is read, its lines numbered as
+    `grep -a -n` numbers them."""
+    text = _as_plain(_oom_log())
+    path = tmp_path / "log.txt"
+    cut = text.index(b"\n") + 1
+    path.write_bytes(text + b"\x00" * 8192 if padding == "end" else text[:cut] + b"\x00" * 4096 + text[cut:])
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/cuda-oom" and finding.evidence[0].number == len(_oom_log())
