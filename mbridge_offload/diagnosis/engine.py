@@ -208,8 +208,9 @@ _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
     **{("runtime/host-memory-killed", pattern): lambda run, i: not _stopped_before(run, i)
        and not _agent_stopped_before(run, i)
        for pattern in RULES_BY_ID["runtime/host-memory-killed"].log_signatures if pattern not in OOM_KILLER},
-    ("runtime/resume-offload-keyerror", r"KeyError: tensor\("):
-        lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer"),
+    **{("runtime/resume-offload-keyerror", pattern):
+       lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer")
+       for pattern in RULES_BY_ID["runtime/resume-offload-keyerror"].log_signatures},
     ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
     ("runtime/cpu-threads", r"Setting OMP_NUM_THREADS environment variable for each process to be 1"):
         lambda run, i: bool(run.knows("optimizer_offload")),

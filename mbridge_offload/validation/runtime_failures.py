@@ -275,7 +275,7 @@ RULES: tuple[Rule, ...] = (
           "resuming with optimizer offload failed in HybridDeviceOptimizer._update_fp32_params_by_new_state "
           "(KeyError: tensor(...)): upstream cannot load its own offloaded checkpoint",
           "launch through scripts/run_recipe.py (or python -m mbridge_offload.cli.run_recipe): it installs the "
-          "resume fix of mbridge_offload/runtime/resume_fix.py", (r"KeyError: tensor\(",)),
+          "resume fix of mbridge_offload/runtime/resume_fix.py", (r"KeyError: tensor\(", r"KeyError: Parameter containing:")),
     _rule("runtime/cpu-threads", "--cpu-threads",
           "the CPU optimizer ran with too few threads per rank (torchrun gives each rank OMP_NUM_THREADS=1 when a "
           "node runs several): 100% offload ran 4.3x slower than no offload with 1 thread, 1.85x with 16 (H200)",

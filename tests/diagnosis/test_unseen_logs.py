@@ -574,3 +574,11 @@ def test_a_log_with_blocks_of_nul_bytes_is_read_as_text(tmp_path, padding):
     path.write_bytes(text + b"\x00" * 8192 if padding == "end" else text[:cut] + b"\x00" * 4096 + text[cut:])
     [finding] = findings(path)
     assert finding.rule_id == "runtime/cuda-oom" and finding.evidence[0].number == len(_oom_log())
+
+
+def test_the_resume_keyerror_on_a_parameter_is_the_resume_rule():
+    """The same failed lookup in _update_fp32_params_by_new_state where the key is an nn.Parameter: Python prints
+    'KeyError: Parameter containing:' and the tensor on the lines below it."""
+    [finding] = findings(LOGS / "resume-keyerror-parameter.log")
+    assert finding.rule_id == "runtime/resume-offload-keyerror" and finding.evidence[0].number == 7
+    assert finding.ranks == {1}
