@@ -56,7 +56,8 @@ JOB_STOPPED = (r"CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)", r"\*\*\* JOB 
                r"exiting program after receiving SIGTERM")
 # A kill that names the out-of-memory killer (unlike a bare SIGKILL, which a scheduler's stop also ends with)
 OOM_KILLER = (r"Out of memory: Kill(ed)? process", r"invoked oom-killer", r"oom[-_]kill event", r"Memory cgroup out of memory",
-              r"srun: error: .*: tasks? [\d,\-]+: Out Of Memory", r"DataLoader worker .* is killed by signal: Killed")
+              r"srun: error: .*: tasks? [\d,\-]+: Out Of Memory", r"DataLoader worker .* is killed by signal: Killed",
+              r"Reason:\s+OOMKilled\b")  # Kubernetes: the container's memory limit
 LOG_NEAR_LINES = 40  # lines either side of a signature's match searched for what tells its causes apart
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
@@ -194,7 +195,8 @@ RULES: tuple[Rule, ...] = (
           "a smaller optimizer.optimizer_offload_fraction (the largest the host holds), fewer ranks per node or more "
           "nodes; plan with more headroom: --host-margin-gib",
           (*OOM_KILLER, r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)", r"Signals\.SIGKILL", r"killed by signal 9\b",
-           r"^Killed\s*$", r":\s*line \d+:\s+\d+ Killed\b", r"srun: error: .*: tasks? [\d,\-]+: Killed")),
+           r"^Killed\s*$", r":\s*line \d+:\s+\d+ Killed\b", r"srun: error: .*: tasks? [\d,\-]+: Killed",
+           r"exited with code 137\b")),
     _rule("runtime/host-allocation-failed", "optimizer.optimizer_offload_fraction",
           "a host memory allocation failed (ENOMEM: the node, or the job's cgroup or container limit, had no memory "
           "left): offloaded optimizer states and pinned buffers live in host memory, and the node's use peaks inside "

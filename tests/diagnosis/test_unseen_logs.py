@@ -582,3 +582,13 @@ def test_the_resume_keyerror_on_a_parameter_is_the_resume_rule():
     [finding] = findings(LOGS / "resume-keyerror-parameter.log")
     assert finding.rule_id == "runtime/resume-offload-keyerror" and finding.evidence[0].number == 7
     assert finding.ranks == {1}
+
+
+@pytest.mark.parametrize("log, lines, line", [
+    ("k8s-oomkilled.txt", None, 7),  # kubectl describe pod: the container's last state
+    ("compose.log", ["qwen3-train-1 exited with code 137"], 1),  # docker compose: 128 + SIGKILL
+])
+def test_a_containers_kill_for_memory_is_the_host_kill(tmp_path, log, lines, line):
+    path = write(tmp_path, lines, log) if lines else LOGS / log
+    [finding] = findings(path)
+    assert finding.rule_id == "runtime/host-memory-killed" and finding.evidence[0].number == line
