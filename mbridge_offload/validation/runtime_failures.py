@@ -263,12 +263,13 @@ RULES: tuple[Rule, ...] = (
           (r"found (NaN|Inf) in local (grad norm|forward loss calculation)", r"number of nan iterations:\s*[1-9]",
            r"\| grad norm: (nan|inf) \|")),
     _rule("runtime/gpu-hardware-fault", "(node)",
-          "a GPU reported a hardware fault (an uncorrectable ECC error, the GPU fell off the bus, an NVLink error: "
-          "the driver's Xid 48, 74, 79, 94, 95): the GPU or its node failed, not the run's settings",
+          "a GPU or its node failed (an uncorrectable ECC error, the GPU fell off the bus, an NVLink error: the "
+          "driver's Xid 48, 74, 79, 94, 95; Slurm's NODE FAILURE): the hardware, not the run's settings",
           "rerun on other GPUs: drain the node or leave it out (Slurm: --exclude=<node>), then resume from the last "
           "checkpoint (checkpoint.load=<dir>); report the GPU to the cluster's admins",
           (r"uncorrectable ECC error encountered", r"cudaErrorECCUncorrectable", r"CUDA_ERROR_ECC_UNCORRECTABLE",
-           r"GPU has fallen off the bus", r"NVRM: Xid \([^)]*\): (48|74|79|94|95)\b")),
+           r"GPU has fallen off the bus", r"NVRM: Xid \([^)]*\): (48|74|79|94|95)\b",
+           r"srun: error: Node failure on ", r"CANCELLED AT \S+ DUE TO NODE FAIL")),
     _rule("runtime/dataset-helper-makefile", "(launch)",
           "Megatron's initialisation ran make to build the dataset helper, and the pip wheel ships no Makefile",
           "launch through scripts/run_recipe.py: it uses the wheel's compiled helper instead of make",

@@ -592,3 +592,9 @@ def test_a_containers_kill_for_memory_is_the_host_kill(tmp_path, log, lines, lin
     path = write(tmp_path, lines, log) if lines else LOGS / log
     [finding] = findings(path)
     assert finding.rule_id == "runtime/host-memory-killed" and finding.evidence[0].number == line
+
+
+def test_slurms_node_failure_is_the_hardware_not_nothing():
+    """Slurm cancels a job whose node failed ('Node failure on', 'DUE TO NODE FAILURE'): the node, not the run."""
+    [finding] = findings(LOGS / "slurm-node-failure.out")
+    assert finding.rule_id == "runtime/gpu-hardware-fault" and finding.evidence[0].number == 2
