@@ -253,7 +253,14 @@ GRID_RANGES: tuple[KeyRange, ...] = (
 
 # Sizes the planner counts with but no grid rule divides by: out of range, they are refused by key (and the plan
 # with them) without silencing the grid rules, so a command still shows every problem at once.
-MODEL_COUNT_RANGES: tuple[KeyRange, ...] = (MOE_ROUTER_TOPK, MOE_FFN_HIDDEN_SIZE, RECOMPUTE_NUM_LAYERS)
+# Megatron Bridge's setup pads the tokenizer's vocabulary to a multiple of this x TP (calculate_padded_vocab_size):
+# 0 divides by zero there, after the launch; the planner counts the padded rows
+VOCAB_PADDING_MULTIPLE = _count(
+    "parallel/vocab-padding-range", "model.make_vocab_size_divisible_by", MAX_WIDTH,
+    "the vocabulary is padded to a multiple of it x the tensor parallel size", "model.make_vocab_size_divisible_by=128")
+
+MODEL_COUNT_RANGES: tuple[KeyRange, ...] = (MOE_ROUTER_TOPK, MOE_FFN_HIDDEN_SIZE, RECOMPUTE_NUM_LAYERS,
+                                            VOCAB_PADDING_MULTIPLE)
 
 KEY_RANGES: tuple[KeyRange, ...] = (
     OPTIMIZER_OFFLOAD_FRACTION, CPU_OFFLOADING_NUM_LAYERS, OFFLOAD_MODULES_KNOWN,

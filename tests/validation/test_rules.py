@@ -223,6 +223,9 @@ CASES.update({"parallel/topk-range": case(MOE, {"model.moe_router_topk": 128}, {
 CASES["parallel/recompute-num-layers-range"] = case(
     DENSE, {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 1},
     {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 0})
+# Bridge's setup divides by it when it pads the tokenizer's vocabulary
+CASES["parallel/vocab-padding-range"] = case(DENSE, {"model.make_vocab_size_divisible_by": 64},
+                                             {"model.make_vocab_size_divisible_by": 0})
 # keys of a fixed set of words that upstream types plain str (validation/choices.py): a word of the set, a typo
 
 
