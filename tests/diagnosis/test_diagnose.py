@@ -34,17 +34,6 @@ TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50
              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
 
 
-def ids(path, **kwargs) -> list[str]:
-    [diagnosis] = diagnose([path], build_config=kwargs.pop("build_config", False))
-    return [f.rule_id for f in diagnosis.findings]
-
-
-def only(path, rule_id, build_config=False):
-    [diagnosis] = diagnose([path], build_config=build_config)
-    assert [f.rule_id for f in diagnosis.findings] == [rule_id]
-    return diagnosis.findings[0]
-
-
 def test_rank_prefixes_of_torchrun_slurm_and_mpirun():
     assert strip_rank("[rank3]: KeyError: x") == (3, "KeyError: x")
     assert strip_rank("12: [rank12]:[E1204 ProcessGroupNCCL.cpp:632] x") == (12, "[E1204 ProcessGroupNCCL.cpp:632] x")
@@ -60,10 +49,10 @@ def test_oom_numbers_are_parsed_from_torchs_message():
     assert oom.shortfall_gib == pytest.approx(3.5 - 812 / 1024)
 
 
-def test_real_oom_log_and_its_failure_json():
+def test_real_oom_log_and_its_failure_json(diag):
     """The 8B run on the H200 that ran out of memory at fraction 0 (docs/benchmarks/oom-8b)."""
     for path in (BENCH / "oom-8b/fraction-0/log.txt", BENCH / "oom-8b/fraction-0/failure.json"):
-        finding = only(path, "runtime/cuda-oom")
+        finding = diag.only(path, "runtime/cuda-oom")
         assert "Tried to allocate 2.32 GiB" in finding.evidence[0].text
         assert finding.measured.startswith("tried to allocate 2.32 GiB, 1.01 GiB free of 139.80 GiB")
         assert finding.fix == RULES_BY_ID["runtime/cuda-oom"].fix(None)  # no config: the generic fix, and why
@@ -109,7 +98,7 @@ def test_saved_run_config_plans_like_the_recipe_it_was_saved_from(recipe):
         assert plan(saved, 1, fraction=fraction) == plan(cfg, 1, fraction=fraction)
 
 
-def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path):
+def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path, diag):
     """A torch OOM at fraction 0.3 with the run's real run_config.yaml beside the log, on a GPU the planner
     says is too small at 0.3: the fix is the smallest larger fraction that fits and frees what was lacking."""
     saved = load_run_config(SAVED_CONFIG)
@@ -119,7 +108,7 @@ def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path):
                                                                         "Tried to allocate 1.50 GiB")
     shortfall = OutOfMemory.parse(message).shortfall_gib
     run = _run_with_saved_config(tmp_path, 0.3, f"[rank0]: {message}\n")
-    finding = only(run / "log.txt", "runtime/oom-partial-offload")
+    finding = diag.only(run / "log.txt", "runtime/oom-partial-offload")
     fraction = float(finding.fix.split("optimizer.optimizer_offload_fraction=")[1].split()[0])
 
     def good(f):  # the log names no allocator setting: planned with fixed segments, as the fix is
@@ -131,7 +120,7 @@ def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path):
     assert str(run / "run_config.yaml") in finding.fix_basis
 
 
-def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
+def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path, diag):
     """run_recipe.py's header names the allocator setting; the fix plans with that reserve. A log without the line
     was not launched by run_recipe.py, where a recipe's setting never reached the allocator: fixed segments. With
     TE's fused loss: the saved run's unfused one keeps an fp32 logits copy that sets both reserves alike."""
@@ -162,7 +151,7 @@ def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
     for i, (header, expandable) in enumerate(headers.items()):
         (tmp_path / str(i)).mkdir()
         run = _run_with_saved_config(tmp_path / str(i), 0.3, f"{header}[rank0]: {message}\n", **fused)
-        finding = only(run / "log.txt", "runtime/oom-partial-offload")
+        finding = diag.only(run / "log.txt", "runtime/oom-partial-offload")
         fraction = float(finding.fix.split("optimizer.optimizer_offload_fraction=")[1].split()[0])
         assert fraction == next_fitting(gpu, expandable), header
         said = ("as the log's header says" if header else
@@ -170,7 +159,7 @@ def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path):
         assert f"allocator: {'expandable' if expandable else 'fixed'} segments ({said})" in finding.fix_basis
 
 
-def test_the_step_records_allocator_setting_outranks_the_header(tmp_path):
+def test_the_step_records_allocator_setting_outranks_the_header(tmp_path, diag):
     """The header says what run_recipe.py set; the step-1 record what the process's allocator held. Where they
     differ, the fix plans with the record and says where the setting came from."""
     message = TORCH_OOM.replace("Tried to allocate 3.50 GiB", "Tried to allocate 0.01 GiB")
@@ -178,16 +167,16 @@ def test_the_step_records_allocator_setting_outranks_the_header(tmp_path):
     run = _run_with_saved_config(tmp_path, 0.3, f"{header}[rank0]: {message}\n")
     records = step_records_file(run, 0)
     records.write_text(json.dumps({"step": 1, "allocator_expandable_segments": False}) + "\n")
-    finding = only(run / "log.txt", "runtime/oom-partial-offload")
+    finding = diag.only(run / "log.txt", "runtime/oom-partial-offload")
     assert f"allocator: fixed segments (as the run's step records say ({records}, step 1))" in finding.fix_basis
 
 
-def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_path):
+def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_path, diag):
     """NCCL's failed calloc carries no sizes: the fix plans on the GPU size of the run's own plan line (139.801 GiB
     in the H200 log), where the failed fraction fits, so the GPU had less free than planned (docs/benchmarks/
     alloc-tight/: a ballast held the rest). It must not claim that no fraction fits."""
     run = _run_with_saved_config(tmp_path, 1.0, (LOGS / "nccl-calloc-oom.log").read_text())
-    finding = only(run / "log.txt", "runtime/oom-outside-pytorch")
+    finding = diag.only(run / "log.txt", "runtime/oom-outside-pytorch")
     assert finding.fix.startswith("free the GPU of other processes")
     assert "the planner fits fraction 1 on 139.80 GiB" in finding.fix_basis
     # the communicators it failed to make cost less with fewer channels (alloc-tight/: 2.43 -> 1.02 GiB, dense)
@@ -199,35 +188,35 @@ def test_an_allocation_outside_pytorch_is_planned_on_the_gpu_its_log_names(tmp_p
     assert "no optimizer offload fraction fits" not in finding.fix_basis
 
 
-def test_below_fraction_1_an_allocation_outside_pytorch_gets_no_made_up_fraction(tmp_path):
+def test_below_fraction_1_an_allocation_outside_pytorch_gets_no_made_up_fraction(tmp_path, diag):
     """NCCL's message measures nothing: where the plan fits the failed fraction, the fix asks to free the GPU and
     names no fraction step that no number supports."""
     run = _run_with_saved_config(tmp_path, 0.3, (LOGS / "nccl-calloc-oom.log").read_text())
-    finding = only(run / "log.txt", "runtime/oom-outside-pytorch")
+    finding = diag.only(run / "log.txt", "runtime/oom-outside-pytorch")
     assert finding.fix.startswith("free the GPU of other processes")
     assert "optimizer_offload_fraction=" not in finding.fix and "lacked 0.00" not in finding.fix_basis
     assert "the planner fits fraction 0.3 on 139.80 GiB" in finding.fix_basis
 
 
-def test_a_torch_oom_on_a_shared_gpu_names_the_other_processes(tmp_path):
+def test_a_torch_oom_on_a_shared_gpu_names_the_other_processes(tmp_path, diag):
     """torch's message lists the other processes: where the plan fits the failed fraction, the fix says they held
     the memory the plan counted on."""
     message = (TORCH_OOM.replace("79.19 GiB", "139.80 GiB")
                + " Process 1234 has 118.00 GiB memory in use.")
     run = _run_with_saved_config(tmp_path, 0.3, f"[rank0]: {message}\n")
-    finding = only(run / "log.txt", "runtime/oom-partial-offload")
+    finding = diag.only(run / "log.txt", "runtime/oom-partial-offload")
     assert "other processes held 118.00 GiB of it (torch's message)" in finding.fix_basis
     assert "NCCL_MAX_NCHANNELS" not in finding.fix  # a PyTorch allocation failed, not a communicator
 
 
-def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_path):
+def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_path, diag):
     header = ("Training qwen3_1b_proxy_pretrain_config (1 GPU: TP1 PP1 CP1 DP1 EP1 ETP1), 10 steps\n"
               "  optimizer offload: off\n  activation offload (layer-level): ON, 3 of 4 layers\n"
               "  fine-grained activation offload: off\n")
     run = _run_with_saved_config(tmp_path, 0.0, header + TORCH_OOM + "\n", **{
         "optimizer_cpu_offload: true": "optimizer_cpu_offload: false", "cpu_offloading: false": "cpu_offloading: true",
         "cpu_offloading_num_layers: 0": "cpu_offloading_num_layers: 3"})
-    finding = only(run / "log.txt", "runtime/oom-with-activation-offload")
+    finding = diag.only(run / "log.txt", "runtime/oom-with-activation-offload")
     assert finding.fix.startswith("optimizer.optimizer_cpu_offload=True")
 
 
@@ -244,8 +233,8 @@ def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_
     # excerpt of the H200 run of docs/benchmarks/alloc-tight/ whose NCCL communicator found the device full
     ("nccl-calloc-oom.log", "runtime/oom-outside-pytorch", set()),
 ])
-def test_each_failure_maps_to_its_rule_with_its_fix(log, rule_id, ranks):
-    finding = only(LOGS / log, rule_id)
+def test_each_failure_maps_to_its_rule_with_its_fix(log, rule_id, ranks, diag):
+    finding = diag.only(LOGS / log, rule_id)
     rule = RULES_BY_ID[rule_id]
     assert (finding.what, finding.key, finding.severity) == (rule.text, rule.key, rule.severity)
     assert finding.fix == (rule.fix_text or rule.fix(None)) and finding.confirm
@@ -260,22 +249,22 @@ def test_each_failure_maps_to_its_rule_with_its_fix(log, rule_id, ranks):
      "activation-offload/not-with-fine-grained"),
     ("CPU offloading can be done only for layers less than 16", "activation-offload/num-layers-range"),
 ])
-def test_upstream_assertions_map_through_the_upstream_table(tmp_path, message, rule_id):
+def test_upstream_assertions_map_through_the_upstream_table(tmp_path, message, rule_id, diag):
     log = tmp_path / "log.txt"
     log.write_text(f"[rank0]:     raise ValueError(\n[rank0]: ValueError: {message}\n")
-    assert ids(log) == [rule_id]
+    assert diag.ids(log) == [rule_id]
     log.write_text(f"the config summary mentions: {message}\n")  # no error raised: no finding
-    assert ids(log) == []
+    assert diag.ids(log) == []
 
 
-def test_torch_oom_is_not_an_allocation_outside_pytorch(tmp_path):
+def test_torch_oom_is_not_an_allocation_outside_pytorch(tmp_path, diag):
     """torch's own OOM keeps its rule even where NCCL then fails too: only the NCCL allocation line is the other."""
     log = tmp_path / "log.txt"
     log.write_text(f"[rank0]: {TORCH_OOM}\n")
-    assert ids(log) == ["runtime/cuda-oom"]
+    assert diag.ids(log) == ["runtime/cuda-oom"]
     failed_allocation = (LOGS / "nccl-calloc-oom.log").read_text().splitlines()[-1]
     log.write_text(f"[rank0]: {TORCH_OOM}\n[rank1]: {failed_allocation}\n")
-    assert ids(log) == ["runtime/cuda-oom", "runtime/oom-outside-pytorch"]
+    assert diag.ids(log) == ["runtime/cuda-oom", "runtime/oom-outside-pytorch"]
 
 
 @pytest.mark.parametrize("line", [
@@ -285,25 +274,25 @@ def test_torch_oom_is_not_an_allocation_outside_pytorch(tmp_path):
     "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
     "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
 ])
-def test_library_allocation_failures_are_out_of_memory_outside_pytorch(tmp_path, line):
+def test_library_allocation_failures_are_out_of_memory_outside_pytorch(tmp_path, line, diag):
     log = tmp_path / "log.txt"
     log.write_text(f"[rank0]: {line}\n")
-    assert ids(log) == ["runtime/oom-outside-pytorch"]
+    assert diag.ids(log) == ["runtime/oom-outside-pytorch"]
 
 
-def test_nccls_pinned_host_allocation_is_host_memory_and_a_calloc_after_a_fault_is_not_called_oom(tmp_path):
+def test_nccls_pinned_host_allocation_is_host_memory_and_a_calloc_after_a_fault_is_not_called_oom(tmp_path, diag):
     """NCCL warns "Cuda failure 2 'out of memory'" for its pinned host buffers too (then "Failed to CUDA host
     alloc"): more offload would make that worse. And its calloc fails after any earlier fault."""
     log = tmp_path / "log.txt"
     log.write_text("[rank0]: node1:4929:5001 [0] misc/cudawrap.cc:189 NCCL WARN Cuda failure 2 'out of memory'\n"
                    "[rank0]: node1:4929:5001 [0] include/alloc.h:48 NCCL WARN Failed to CUDA host alloc 4194304 bytes\n")
-    assert ids(log) == ["runtime/pinned-host-memory"]
+    assert diag.ids(log) == ["runtime/pinned-host-memory"]
     log.write_text("[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
                    "[rank0]: Failed to CUDA calloc async 4 bytes\n")
-    assert "runtime/oom-outside-pytorch" not in ids(log)
+    assert "runtime/oom-outside-pytorch" not in diag.ids(log)
 
 
-def test_unhandled_cuda_error_alone_is_not_called_out_of_memory(tmp_path):
+def test_unhandled_cuda_error_alone_is_not_called_out_of_memory(tmp_path, diag):
     """NCCL's 'unhandled cuda error' has other causes (a kernel fault, a driver error): only the line under it that
     names a failed allocation makes it the out-of-memory rule."""
     lines = [line for line in (LOGS / "nccl-calloc-oom.log").read_text().splitlines()
@@ -311,13 +300,13 @@ def test_unhandled_cuda_error_alone_is_not_called_out_of_memory(tmp_path):
     assert any("unhandled cuda error" in line for line in lines)
     log = tmp_path / "log.txt"
     log.write_text("\n".join(lines) + "\n")
-    assert ids(log) == []
+    assert diag.ids(log) == []
 
 
-def test_cuda_error_outside_pinning_is_not_called_pinned_memory():
+def test_cuda_error_outside_pinning_is_not_called_pinned_memory(diag):
     """The CUDA runtime's out-of-memory in a GEMM, no pinned allocation near: a device allocation outside PyTorch's
     allocator (which raises OutOfMemoryError instead), not pinned host memory."""
-    assert ids(LOGS / "kernel-error.log") == ["runtime/oom-outside-pytorch"]
+    assert diag.ids(LOGS / "kernel-error.log") == ["runtime/oom-outside-pytorch"]
 
 
 def test_real_one_thread_run_is_slow_and_says_why():
@@ -331,9 +320,9 @@ def test_real_one_thread_run_is_slow_and_says_why():
         found["runtime/full-offload-slowdown"].measured
 
 
-def test_all_cores_run_is_not_reported_slow():
+def test_all_cores_run_is_not_reported_slow(diag):
     """The same benchmark with 16 threads: 1.85x, below the 4x of the rule."""
-    assert ids(BENCH / "offload-overhead/dense-1b/fraction-1-stock-all-cores/log.txt") == []
+    assert diag.ids(BENCH / "offload-overhead/dense-1b/fraction-1-stock-all-cores/log.txt") == []
 
 
 def test_real_fine_grained_run_has_a_slow_warmup_step(built):
@@ -344,24 +333,24 @@ def test_real_fine_grained_run_has_a_slow_warmup_step(built):
     assert finding.measured.startswith("first step 20.89 s, then 1.87 s per step")
 
 
-def test_real_checkpoint_write_failure():
-    finding = only(BENCH / "resume-parity/moe-disk-full/first-part-error.txt", "runtime/checkpoint-write-failed")
+def test_real_checkpoint_write_failure(diag):
+    finding = diag.only(BENCH / "resume-parity/moe-disk-full/first-part-error.txt", "runtime/checkpoint-write-failed")
     assert "unexpected pos 704 vs 598" in finding.evidence[0].text and finding.evidence[0].number == 11
 
 
-def test_real_stop_signal_that_killed_the_data_loader_workers():
+def test_real_stop_signal_that_killed_the_data_loader_workers(diag):
     # the H200 run stopped by SIGTERM to its process group before run_recipe.py set the workers' handler
     log = BENCH / "resume-parity/signal-workers-killed/fraction-0.5/first-part/log.txt"
-    finding = only(log, "runtime/stop-killed-data-loader-workers")
+    finding = diag.only(log, "runtime/stop-killed-data-loader-workers")
     assert "is killed by signal: Terminated" in finding.evidence[0].text
     assert "train.exit_signal_handler_for_dataloader=True" in RULES_BY_ID[finding.rule_id].fix(None)
 
 
-def test_validator_refusal_in_a_log_maps_to_its_rule(tmp_path):
+def test_validator_refusal_in_a_log_maps_to_its_rule(tmp_path, diag):
     log = tmp_path / "log.txt"
     log.write_text("Validation for 1 GPU: FAILED (1 error, 0 warnings)\n"
                    "  ERROR   [activation-offload/recompute] model.recompute_granularity = full\n")
-    assert ids(log) == ["activation-offload/recompute"]
+    assert diag.ids(log) == ["activation-offload/recompute"]
 
 
 def test_a_clean_run_recognises_nothing(capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mbridge_offload.cli.diagnose import main
-from mbridge_offload.diagnosis import diagnose, format_diagnosis
+from mbridge_offload.diagnosis import format_diagnosis
 from mbridge_offload.facts import engine_messages
 from mbridge_offload.validation import RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import ENGINE_MESSAGES, LIBRARY_FIX
@@ -41,17 +41,6 @@ def ranked(lines: list[str], rank: int) -> list[str]:
     return [f"[rank{rank}]: {line}" for line in lines]
 
 
-def write(tmp_path: Path, lines: list[str], name: str = "log.txt") -> Path:
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def diagnosed(path: Path):
-    [diagnosis] = diagnose([path], build_config=False)
-    return diagnosis
-
-
 # every message of the engine: the scenario that prints it, the rule diagnose reports, the fix
 MESSAGES = [
     ("cpu-step-keyerror", "engine/cpu-step-failed", LIBRARY_FIX),
@@ -72,10 +61,9 @@ MESSAGES = [
 
 
 @pytest.mark.parametrize("scenario, rule_id, fix", MESSAGES)
-def test_each_engine_message_in_a_ranks_traceback_is_recognised_with_its_fix(printed, tmp_path, scenario, rule_id,
-                                                                             fix):
+def test_each_engine_message_in_a_ranks_traceback_is_recognised_with_its_fix(printed, scenario, rule_id, fix, diag):
     lines = ranked(printed[scenario], 2)
-    diagnosis = diagnosed(write(tmp_path, lines))
+    diagnosis = diag(diag.write(lines))
     [finding] = diagnosis.findings
     assert (finding.rule_id, finding.ranks) == (rule_id, {2})
     assert finding.fix.startswith(fix) and finding.what and finding.confirm
@@ -116,7 +104,7 @@ def test_the_engines_failures_are_diagnose_only_rules_of_the_table():
             assert (message.signature, rule_id) in CONFIG_RULE_LOG_SIGNATURES
 
 
-def test_a_source_line_that_quotes_a_message_is_no_failure(printed, tmp_path):
+def test_a_source_line_that_quotes_a_message_is_no_failure(printed, diag):
     """A traceback shows the raising statement's source: an engine from before the shared templates had the
     message's words there. Only the exception's line is the failure."""
     quoted = [
@@ -126,17 +114,17 @@ def test_a_source_line_that_quotes_a_message_is_no_failure(printed, tmp_path):
         '    raise EngineError(f"the streaming offload engine\'s CPU optimizer step failed: "',
         "the delayed offload engine cannot run with 2 offloaded parameter(s) kept in fp32 (quoted in a note)"]
     lines = [*quoted, printed["worker-stopped"][-1]]
-    [finding] = diagnosed(write(tmp_path, lines)).findings
+    [finding] = diag(diag.write(lines)).findings
     assert finding.rule_id == "engine/worker-stopped"
     assert [line.number for line in finding.evidence] == [len(lines)]
 
 
-def test_a_cpu_step_that_failed_on_a_host_allocation_is_the_host_memory_finding(printed, tmp_path):
+def test_a_cpu_step_that_failed_on_a_host_allocation_is_the_host_memory_finding(printed, diag):
     """The worker's error was the host out of memory (torch's DefaultCPUAllocator, raised on the worker thread):
     that is the failure to fix, with the host fix; the engine's error only carries it."""
     lines = ranked(printed["cpu-step-host-oom"], 0)
     inner = next(i for i, line in enumerate(lines, 1) if "RuntimeError: [enforce fail at alloc_cpu" in line)
-    diagnosis = diagnosed(write(tmp_path, lines))
+    diagnosis = diag(diag.write(lines))
     found = {f.rule_id: f for f in diagnosis.findings}
     assert list(found) == ["runtime/host-allocation-failed", "engine/cpu-step-failed"]
     host, engine = found["runtime/host-allocation-failed"], found["engine/cpu-step-failed"]
@@ -150,11 +138,11 @@ def test_a_cpu_step_that_failed_on_a_host_allocation_is_the_host_memory_finding(
     assert "carries:  the worker's own error, [runtime/host-allocation-failed]" in text
 
 
-def test_a_cpu_step_that_failed_in_the_librarys_hook_after_a_load_is_the_resume_keyerror(printed, tmp_path):
+def test_a_cpu_step_that_failed_in_the_librarys_hook_after_a_load_is_the_resume_keyerror(printed, diag):
     """The worker's error was the library's hook missing a host copy (KeyError: tensor(...) in hybrid_optimizer.py):
     the resume rule's finding, with its fix, is the one to fix."""
     lines = ranked(printed["cpu-step-resume-keyerror"], 0)
-    diagnosis = diagnosed(write(tmp_path, lines))
+    diagnosis = diag(diag.write(lines))
     found = {f.rule_id: f for f in diagnosis.findings}
     assert list(found) == ["runtime/resume-offload-keyerror", "engine/cpu-step-failed"]
     assert diagnosis.first_failure is found["runtime/resume-offload-keyerror"]
@@ -163,13 +151,13 @@ def test_a_cpu_step_that_failed_in_the_librarys_hook_after_a_load_is_the_resume_
     assert engine.fix == found["runtime/resume-offload-keyerror"].fix
 
 
-def test_the_failure_record_of_a_cpu_step_that_failed_on_a_host_allocation(printed, tmp_path):
+def test_the_failure_record_of_a_cpu_step_that_failed_on_a_host_allocation(printed, tmp_path, diag):
     """failure.json holds one line, "EngineError: <message>" (runtime/launch.py): the host finding still comes
     first, the engine's carries it from the same line."""
     qualified, _, message = printed["cpu-step-host-oom"][-1].partition(": ")
     path = tmp_path / "failure.json"
     path.write_text(json.dumps({"reason": f"{qualified.rsplit('.', 1)[-1]}: {message}"}))
-    diagnosis = diagnosed(path)
+    diagnosis = diag(path)
     assert [f.rule_id for f in diagnosis.findings] == ["runtime/host-allocation-failed", "engine/cpu-step-failed"]
     assert diagnosis.first_failure.rule_id == "runtime/host-allocation-failed"
     assert diagnosis.findings[1].carries.endswith("(failure.json:1): fix that one")
@@ -177,7 +165,7 @@ def test_the_failure_record_of_a_cpu_step_that_failed_on_a_host_allocation(print
 
 @pytest.mark.parametrize("scenario, first", [("cpu-step-keyerror", "engine/cpu-step-failed"),
                                              ("cpu-step-host-oom", "runtime/host-allocation-failed")])
-def test_rank_1s_worker_fails_first_and_the_other_ranks_time_out_after_it(printed, tmp_path, scenario, first):
+def test_rank_1s_worker_fails_first_and_the_other_ranks_time_out_after_it(printed, scenario, first, diag):
     """torchrun's output of 4 ranks: rank 1's CPU optimizer step fails on its worker thread, the other ranks wait in
     the next collective until NCCL's watchdog stops them, and torchrun reports the ranks' exits. The first failure is
     rank 1's (the worker's own error where diagnose knows it), the timeouts its consequences."""
@@ -195,7 +183,7 @@ def test_rank_1s_worker_fails_first_and_the_other_ranks_time_out_after_it(printe
                 "  host      : h200-node-03", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 2812)",
                 "  error_file: <N/A>",
                 "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"])
-    diagnosis = diagnosed(write(tmp_path, lines))
+    diagnosis = diag(diag.write(lines))
     found = {f.rule_id: f for f in diagnosis.findings}
     assert set(found) == {first, "engine/cpu-step-failed", "runtime/nccl-timeout"}
     cause = found[first]
@@ -210,9 +198,9 @@ def test_rank_1s_worker_fails_first_and_the_other_ranks_time_out_after_it(printe
                           if first == "engine/cpu-step-failed" else cause.fix)
 
 
-def test_a_worker_thread_found_stopped_after_another_error_is_its_consequence(printed, tmp_path):
+def test_a_worker_thread_found_stopped_after_another_error_is_its_consequence(printed, diag):
     oom_kill = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=991234.0."
-    diagnosis = diagnosed(write(tmp_path, [oom_kill, *ranked(printed["worker-stopped"], 0)]))
+    diagnosis = diag(diag.write([oom_kill, *ranked(printed["worker-stopped"], 0)]))
     found = {f.rule_id: f for f in diagnosis.findings}
     assert diagnosis.first_failure is found["runtime/host-memory-killed"]
     stopped = found["engine/worker-stopped"]
@@ -220,8 +208,8 @@ def test_a_worker_thread_found_stopped_after_another_error_is_its_consequence(pr
     assert stopped.measured == "waiting for the offloaded optimizer step"
 
 
-def test_json_and_the_engine_failures_own_words(printed, tmp_path, capsys):
-    path = write(tmp_path, ranked(printed["cpu-step-host-oom"], 3))
+def test_json_and_the_engine_failures_own_words(printed, capsys, diag):
+    path = diag.write(ranked(printed["cpu-step-host-oom"], 3))
     assert main(["--no-build", "--json", str(path)]) == 0
     [report] = json.loads(capsys.readouterr().out)
     assert report["first_failure"] == "runtime/host-allocation-failed"

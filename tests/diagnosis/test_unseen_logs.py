@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mbridge_offload.cli.diagnose import main
-from mbridge_offload.diagnosis import diagnose, format_diagnosis
+from mbridge_offload.diagnosis import format_diagnosis
 from mbridge_offload.diagnosis import log_text
 from mbridge_offload.diagnosis.logs import read_lines, strip_rank
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
@@ -56,21 +56,6 @@ HEADER = [
 ]
 
 
-def write(tmp_path: Path, lines: list[str], name: str = "log.txt") -> Path:
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def findings(path: Path):
-    [diagnosis] = diagnose([path], build_config=False)
-    return diagnosis.findings
-
-
-def ids(path: Path) -> list[str]:
-    return [f.rule_id for f in findings(path)]
-
-
 # --- the formats a log arrives in -----------------------------------------------------------------------------
 
 def _oom_log() -> list[str]:
@@ -102,28 +87,28 @@ def _with_progress_bar(lines: list[str]) -> bytes:  # tqdm redraws its line with
     ("log.txt.bz2", lambda lines: bz2.compress(_as_plain(lines)), 0),
     ("powershell.log", lambda lines: ("\r\n".join(lines) + "\r\n").encode("utf-16"), 0),  # `> log` in PowerShell
 ])
-def test_every_format_gives_the_same_finding_line_and_rank(tmp_path, name, encode, offset):
+def test_every_format_gives_the_same_finding_line_and_rank(tmp_path, name, encode, offset, diag):
     """The OOM is the 6th line of the text (one more after the progress bar's line, whose redraws are one line in an
     editor): each format must give that line number, rank 2 and the message's numbers."""
     lines = _oom_log()
     path = tmp_path / name
     path.write_bytes(encode(lines))
-    [finding] = findings(path)
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/cuda-oom"
     assert finding.evidence[0].number == len(lines) + offset and finding.ranks == {2}
     assert finding.evidence[0].text == OOM
     assert finding.measured.startswith("tried to allocate 896.00 MiB, 412.50 MiB free of 79.10 GiB")
 
 
-def test_a_compressed_log_cut_short_still_gives_its_lines(tmp_path):
+def test_a_compressed_log_cut_short_still_gives_its_lines(tmp_path, diag):
     """A .gz copied while the run still wrote it: the lines it holds are read, not refused."""
     whole = gzip.compress(_as_plain(["Killed"] * 2000 + _oom_log()))
     path = tmp_path / "slurm-991234.out.gz"
     path.write_bytes(whole[: len(whole) // 2])
-    assert ids(path) == ["runtime/host-memory-killed"]
+    assert diag.ids(path) == ["runtime/host-memory-killed"]
 
 
-def test_a_log_larger_than_the_limit_is_read_from_its_head_and_tail_with_true_line_numbers(tmp_path, monkeypatch):
+def test_a_log_larger_than_the_limit_is_read_from_its_head_and_tail_with_true_line_numbers(monkeypatch, diag):
     """Past MAX_LOG_BYTES only the head (the command) and the tail (the failure) are read; line numbers still
     count from the file's start, as grep -n and an editor count them."""
     monkeypatch.setattr(log_text, "MAX_LOG_BYTES", 2000)
@@ -131,8 +116,8 @@ def test_a_log_larger_than_the_limit_is_read_from_its_head_and_tail_with_true_li
     iteration = ("[rank0]:  [2026-12-04 10:02:11] iteration {i:>8}/    5000 | consumed samples: {s:>12} | "
                  "elapsed time per iteration (ms): 2211.7 |")
     lines = HEADER + [iteration.format(i=i, s=i * 64) for i in range(1, 200)] + _oom_log()
-    path = write(tmp_path, lines)
-    [finding] = findings(path)
+    path = diag.write(lines)
+    [finding] = diag.findings(path)
     assert finding.evidence[0].number == len(lines) and finding.evidence[0].text == OOM
     read = read_lines(path)
     assert read[0].text == HEADER[0]  # the head: the command the fix is computed from
@@ -202,9 +187,9 @@ def test_sizes_in_bytes_are_measured_and_written_as_torch_writes_them():
     assert oom.words().startswith("tried to allocate 512 bytes, 0 bytes free of 139.80 GiB")
 
 
-def test_a_mention_of_the_out_of_memory_class_is_no_failure(tmp_path):
+def test_a_mention_of_the_out_of_memory_class_is_no_failure(diag):
     """A warning or a traceback's source line that names the class is not the error."""
-    path = write(tmp_path, [
+    path = diag.write([
         *HEADER,
         "/opt/venv/lib/python3.12/site-packages/megatron/core/utils.py:1021: UserWarning: torch.cuda.OutOfMemoryError "
         "is caught and retried with a smaller chunk",
@@ -213,7 +198,7 @@ def test_a_mention_of_the_out_of_memory_class_is_no_failure(tmp_path):
         "Note: a 'CUDA out of memory' error means the configuration does not fit",
         "[2026-12-04 10:02:11] iteration        1/      10 | elapsed time per iteration (ms): 2211.7 |",
     ])
-    assert ids(path) == []
+    assert diag.ids(path) == []
 
 
 # --- failures outside PyTorch's allocator, and on the host -----------------------------------------------------
@@ -225,20 +210,20 @@ def test_a_mention_of_the_out_of_memory_class_is_no_failure(tmp_path):
     "RuntimeError: cudaErrorMemoryAllocation: out of memory",
     "RuntimeError: CUDA driver error: out of memory",
 ])
-def test_the_cuda_runtimes_out_of_memory_after_the_header_is_the_device_not_pinned_memory(tmp_path, error):
+def test_the_cuda_runtimes_out_of_memory_after_the_header_is_the_device_not_pinned_memory(error, diag):
     """Inside a forward pass, a few lines after a header that names the pinned grads/params settings, followed by
     torch's boilerplate that mentions "device-side assertions": a device allocation outside PyTorch."""
-    path = write(tmp_path, HEADER + [f"[rank5]: {line}" for line in (*TRACEBACK, error, *CUDA_ERROR_TAIL)])
-    [finding] = findings(path)
+    path = diag.write(HEADER + [f"[rank5]: {line}" for line in (*TRACEBACK, error, *CUDA_ERROR_TAIL)])
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/oom-outside-pytorch" and finding.ranks == {5}
     assert finding.evidence[0].number == len(HEADER) + len(TRACEBACK) + 1
 
 
-def test_a_real_device_fault_is_still_not_called_out_of_memory(tmp_path):
-    path = write(tmp_path, [f"[rank0]: {line}" for line in (
+def test_a_real_device_fault_is_still_not_called_out_of_memory(diag):
+    path = diag.write([f"[rank0]: {line}" for line in (
         *TRACEBACK, "RuntimeError: CUDA error: an illegal memory access was encountered", *CUDA_ERROR_TAIL,
         "Failed to CUDA calloc async 4 bytes")])
-    assert ids(path) == []
+    assert diag.ids(path) == []
 
 
 @pytest.mark.parametrize("error", [
@@ -248,33 +233,33 @@ def test_a_real_device_fault_is_still_not_called_out_of_memory(tmp_path):
     "terminate called after throwing an instance of 'std::bad_alloc'",
     "MemoryError",
 ])
-def test_a_failed_host_allocation_is_host_memory(tmp_path, error):
-    path = write(tmp_path, [f"[rank2]: {line}" for line in (*TRACEBACK, error)])
-    [finding] = findings(path)
+def test_a_failed_host_allocation_is_host_memory(error, diag):
+    path = diag.write([f"[rank2]: {line}" for line in (*TRACEBACK, error)])
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/host-allocation-failed" and finding.ranks == {2}
     assert "optimizer.optimizer_offload_fraction" in finding.fix
 
 
-def test_infiniband_memory_registration_is_the_memlock_limit_not_host_memory(tmp_path):
-    path = write(tmp_path, ["[rank2]: node-04:48211:48300 [2] NCCL WARN NET/IB : ibv_reg_mr failed: Cannot "
+def test_infiniband_memory_registration_is_the_memlock_limit_not_host_memory(diag):
+    path = diag.write(["[rank2]: node-04:48211:48300 [2] NCCL WARN NET/IB : ibv_reg_mr failed: Cannot "
                             "allocate memory"])
-    assert ids(path) == ["runtime/pinned-host-memory"]
+    assert diag.ids(path) == ["runtime/pinned-host-memory"]
 
 
-def test_the_shells_kill_report_is_a_host_kill(tmp_path):
-    path = write(tmp_path, ["Starting training loop at iteration 0",
+def test_the_shells_kill_report_is_a_host_kill(diag):
+    path = diag.write(["Starting training loop at iteration 0",
                             "/var/spool/slurm/d/job991234/slurm_script: line 12: 48211 Killed                  "
                             "python scripts/run_recipe.py --recipe qwen3_30b_a3b_optimizer_offload_config"])
-    assert ids(path) == ["runtime/host-memory-killed"]
+    assert diag.ids(path) == ["runtime/host-memory-killed"]
 
 
-def test_a_full_shared_memory_folder_is_not_the_checkpoint_disk(tmp_path):
-    path = write(tmp_path, ["[rank0]: RuntimeError: unable to write to file </torch_48211_1398523741_0>: No space "
+def test_a_full_shared_memory_folder_is_not_the_checkpoint_disk(diag):
+    path = diag.write(["[rank0]: RuntimeError: unable to write to file </torch_48211_1398523741_0>: No space "
                             "left on device (28)"])
-    assert ids(path) == ["runtime/shared-memory"]
-    path = write(tmp_path, ["[rank0]: OSError: [Errno 28] No space left on device: "
+    assert diag.ids(path) == ["runtime/shared-memory"]
+    path = diag.write(["[rank0]: OSError: [Errno 28] No space left on device: "
                             "'/ckpt/iter_0000500/__0_0.distcp'"])
-    assert ids(path) == ["runtime/checkpoint-write-failed"]
+    assert diag.ids(path) == ["runtime/checkpoint-write-failed"]
 
 
 @pytest.mark.parametrize("error", [
@@ -283,34 +268,34 @@ def test_a_full_shared_memory_folder_is_not_the_checkpoint_disk(tmp_path):
     "ImportError: /opt/venv/lib/python3.12/site-packages/transformer_engine_torch.cpython-312-x86_64-linux-gnu.so: "
     "undefined symbol: _ZN3c104cuda9SetDeviceEi",
 ])
-def test_a_broken_transformer_engine_install_is_the_transformer_engine_rule(tmp_path, error):
-    assert ids(write(tmp_path, ["Traceback (most recent call last):", error])) == ["env/transformer-engine"]
+def test_a_broken_transformer_engine_install_is_the_transformer_engine_rule(error, diag):
+    assert diag.ids(diag.write(["Traceback (most recent call last):", error])) == ["env/transformer-engine"]
 
 
 # --- a stop from outside, and what follows a first failure -----------------------------------------------------
 
-def test_a_time_limit_kill_is_the_schedulers_stop_not_host_memory(tmp_path):
+def test_a_time_limit_kill_is_the_schedulers_stop_not_host_memory(diag):
     """Slurm's time limit ends with SIGKILL (after KillWait): the kill follows the stop and is not the OOM killer."""
     stop = "slurmstepd: error: *** JOB 991234 ON node-03 CANCELLED AT 2026-12-04T12:00:00 DUE TO TIME LIMIT ***"
     kill = ["srun: error: node-03: task 0: Killed",
             "E1204 12:00:33.541000 140211 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
             "local_rank: 0 (pid: 2813) of binary: /opt/venv/bin/python3"]
     iteration = "0: [2026-12-04 11:59:11] iteration       51/     100 | elapsed time per iteration (ms): 4821.7 |"
-    assert ids(write(tmp_path, [iteration, stop, *kill])) == ["runtime/job-stopped"]
+    assert diag.ids(diag.write([iteration, stop, *kill])) == ["runtime/job-stopped"]
     # a kill before any stop is the host's; the kernel's own words are the OOM killer wherever they stand
-    assert ids(write(tmp_path, [iteration, *kill, stop]))[0] == "runtime/host-memory-killed"
+    assert diag.ids(diag.write([iteration, *kill, stop]))[0] == "runtime/host-memory-killed"
     oom_kill = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=991234.0."
-    assert "runtime/host-memory-killed" in ids(write(tmp_path, [iteration, stop, oom_kill]))
+    assert "runtime/host-memory-killed" in diag.ids(diag.write([iteration, stop, oom_kill]))
 
 
-def test_a_step_slurm_cancels_after_a_task_failed_is_not_a_stop(tmp_path):
-    path = write(tmp_path, [f"5: {line}" for line in (*TRACEBACK, OOM)] + [
+def test_a_step_slurm_cancels_after_a_task_failed_is_not_a_stop(diag):
+    path = diag.write([f"5: {line}" for line in (*TRACEBACK, OOM)] + [
         "srun: error: node-07: task 5: Exited with exit code 1",
         "0: slurmstepd: error: *** STEP 991234.0 ON node-07 CANCELLED AT 2026-12-04T10:13:00 ***"])
-    assert ids(path) == ["runtime/cuda-oom"]
+    assert diag.ids(path) == ["runtime/cuda-oom"]
 
 
-def test_one_rank_fails_first_and_the_others_time_out_after_it(tmp_path):
+def test_one_rank_fails_first_and_the_others_time_out_after_it(diag):
     """torchrun's output of 4 ranks: rank 3 runs out of memory, the other ranks' collectives time out and one loses
     its NCCL peer. The report names rank 3's OOM as the first failure and the rest as its consequences."""
     timeout = ("[rank{r}]:[E1204 10:12:12.527415338 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "
@@ -321,8 +306,8 @@ def test_one_rank_fails_first_and_the_others_time_out_after_it(tmp_path):
              + [timeout.format(r=r) for r in (0, 1)]
              + ["[rank2]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
                 "prematurely."])
-    path = write(tmp_path, lines)
-    [diagnosis] = diagnose([path], build_config=False)
+    path = diag.write(lines)
+    diagnosis = diag(path)
     found = {f.rule_id: f for f in diagnosis.findings}
     assert list(found) == ["runtime/cuda-oom", "runtime/nccl-timeout", "runtime/nccl-error"]
     oom_line = 4 + len(TRACEBACK) + 1
@@ -333,30 +318,30 @@ def test_one_rank_fails_first_and_the_others_time_out_after_it(tmp_path):
     assert f"the first failure: [runtime/cuda-oom] on rank 3 at log.txt:{oom_line}" in format_diagnosis(diagnosis)
 
 
-def test_an_nccl_error_alone_is_reported_without_a_cause_it_cannot_see(tmp_path):
-    path = write(tmp_path, [
+def test_an_nccl_error_alone_is_reported_without_a_cause_it_cannot_see(diag):
+    path = diag.write([
         "[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
         "[rank0]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
     ])
-    [finding] = findings(path)
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/nccl-error" and not finding.consequence_of and finding.ranks == {0}
 
 
-def test_ranks_named_by_the_launchers_own_lines(tmp_path):
+def test_ranks_named_by_the_launchers_own_lines(diag):
     """Lines without a rank prefix that name the rank: srun's task list and torchrun's failure block."""
-    path = write(tmp_path, ["slurmstepd: error: Detected 1 oom-kill event(s) in StepId=991234.0.",
+    path = diag.write(["slurmstepd: error: Detected 1 oom-kill event(s) in StepId=991234.0.",
                             "srun: error: node-03: tasks 2,6-7: Out Of Memory"])
-    assert findings(path)[0].ranks == {2, 6, 7}
-    path = write(tmp_path, ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-04_10:04:01",
+    assert diag.findings(path)[0].ranks == {2, 6, 7}
+    path = diag.write(["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-04_10:04:01",
                             "  host      : node-03", "  rank      : 6 (local_rank: 2)", "  exitcode  : -9 (pid: 2813)",
                             "  error_file: <N/A>", "  traceback : Signal 9 (SIGKILL) received by PID 2813"])
-    assert findings(path)[0].ranks == {6}
+    assert diag.findings(path)[0].ranks == {6}
 
 
 # --- the fix -------------------------------------------------------------------------------------------------------
 
-def test_fragmentation_advice_is_not_the_setting_the_run_already_had(tmp_path):
+def test_fragmentation_advice_is_not_the_setting_the_run_already_had(tmp_path, diag):
     """Where the plan fits and PyTorch held more reserved-but-unused memory than the request, the fix blames
     fragmentation; it suggests expandable segments only to a run that did not have them."""
     saved = SAVED_CONFIG.read_text().replace("optimizer_offload_fraction: 1.0", "optimizer_offload_fraction: 0.3")
@@ -372,7 +357,7 @@ def test_fragmentation_advice_is_not_the_setting_the_run_already_had(tmp_path):
         run.mkdir()
         (run / "run_config.yaml").write_text(saved)
         (run / "log.txt").write_text(f"{header}\n[rank0]: {message}\n")
-        [finding] = findings(run / "log.txt")
+        [finding] = diag.findings(run / "log.txt")
         assert "fragmentation" in finding.fix_basis
         remedy = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy"
         assert (remedy in finding.fix_basis) is (header == ""), finding.fix_basis
@@ -391,11 +376,11 @@ def test_run_facts_read_the_nodes_memory_from_the_plan_line_of_either_format():
     assert run_facts(read_lines(old), None).host_memory_gib == 124.791
 
 
-def test_a_torchrun_agents_line_under_an_srun_label_names_no_rank(tmp_path):
+def test_a_torchrun_agents_line_under_an_srun_label_names_no_rank(diag):
     """srun launching one torchrun per node labels the agent's lines with the node's task number, not a rank."""
-    path = write(tmp_path, ["1: E1204 10:04:03.541000 140211 torch/distributed/elastic/multiprocessing/api.py:869] "
+    path = diag.write(["1: E1204 10:04:03.541000 140211 torch/distributed/elastic/multiprocessing/api.py:869] "
                             "failed (exitcode: -9) local_rank: 2 (pid: 2813) of binary: /opt/venv/bin/python3"])
-    [finding] = findings(path)
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/host-memory-killed" and finding.ranks == set()
 
 
@@ -415,7 +400,7 @@ def _host_killed_run(tmp_path: Path, fraction: float, host_gib: float) -> Path:
     return run / "log.txt"
 
 
-def test_after_a_host_kill_the_fix_never_asks_for_more_offload_than_was_killed(tmp_path):
+def test_after_a_host_kill_the_fix_never_asks_for_more_offload_than_was_killed(tmp_path, diag):
     """Killed at fraction 1 on a node where the plan fits fraction 1: the node had less free than planned, and the
     fix asks for less host memory, not for fraction 1 again (it once answered with the largest fitting fraction,
     whatever the failed one)."""
@@ -425,14 +410,14 @@ def test_after_a_host_kill_the_fix_never_asks_for_more_offload_than_was_killed(t
     log = _host_killed_run(tmp_path, 1.0, 123.627)
     saved = load_run_config(log.parent / "run_config.yaml")
     assert largest_host_fitting_fraction(saved, 1, host_memory_gib=123.627, gpu_memory_gib=80.0)[0] == 1.0
-    [finding] = findings(log)
+    [finding] = diag.findings(log)
     assert finding.rule_id == "runtime/host-memory-killed"
     assert "optimizer_offload_fraction=" not in finding.fix and "smaller optimizer.optimizer_offload_fraction than 1" \
         in finding.fix
     assert "so the node had less free than planned" in finding.fix_basis
 
 
-def test_after_a_host_kill_on_a_node_the_plan_overfills_the_fix_is_a_smaller_fraction(tmp_path):
+def test_after_a_host_kill_on_a_node_the_plan_overfills_the_fix_is_a_smaller_fraction(tmp_path, diag):
     """On a node whose memory the plan fills at fraction 1 but not at a smaller one, the fix is that smaller one."""
     from mbridge_offload.diagnosis.config_source import load_run_config
     from mbridge_offload.planning import largest_host_fitting_fraction
@@ -443,15 +428,15 @@ def test_after_a_host_kill_on_a_node_the_plan_overfills_the_fix_is_a_smaller_fra
                                                           expandable=False)[0] or 0) < 1)
     largest = largest_host_fitting_fraction(saved, 1, host_memory_gib=host_gib, gpu_memory_gib=80.0,
                                             expandable=False)[0]
-    [finding] = findings(_host_killed_run(tmp_path, 1.0, host_gib))
+    [finding] = diag.findings(_host_killed_run(tmp_path, 1.0, host_gib))
     assert finding.fix == f"optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction={largest:g}"
     assert "below the 1 that failed" in finding.fix_basis
 
 
-def test_overrides_run_recipe_refused_are_reported_with_their_key_and_fix(tmp_path):
+def test_overrides_run_recipe_refused_are_reported_with_their_key_and_fix(diag):
     """run_recipe.py's own report of overrides it could not apply (a typo'd key, a value of the wrong type): each is
     a finding naming the key, what was wrong and the fix the report printed, not 'nothing recognised'."""
-    path = write(tmp_path, [
+    path = diag.write([
         "Building qwen3_1b_proxy_pretrain_config (loading Megatron Bridge) ...",
         "Invalid overrides (2):",
         "  optimizer.optimizer_offload_fraction=abc",
@@ -464,7 +449,7 @@ def test_overrides_run_recipe_refused_are_reported_with_their_key_and_fix(tmp_pa
         "And the configuration the other overrides make (the recipe with every override but those 2):",
         "Validation for 1 GPU: OK (0 errors, 0 warnings)",
     ])
-    [diagnosis] = diagnose([path], build_config=False)
+    diagnosis = diag(path)
     assert [(f.label, f.key, f.evidence[0].number) for f in diagnosis.findings] == [
         ("override", "optimizer.optimizer_offload_fraction", 4), ("override", "model.optimizer_offload_fraction", 7)]
     first, second = diagnosis.findings
@@ -476,74 +461,74 @@ def test_overrides_run_recipe_refused_are_reported_with_their_key_and_fix(tmp_pa
 LOGS = Path(__file__).parent / "logs"
 
 
-def test_torch_save_on_a_full_disk_is_the_checkpoint_write(tmp_path):
+def test_torch_save_on_a_full_disk_is_the_checkpoint_write(diag):
     """torch.save's writer on a full disk raises 'PytorchStreamWriter failed writing file data/N: file write failed'
     with no errno in the message (the 'unexpected pos' variant is the other): the checkpoint write, not nothing."""
-    [finding] = findings(LOGS / "ckpt-file-write-failed.log")
+    [finding] = diag.findings(LOGS / "ckpt-file-write-failed.log")
     assert finding.rule_id == "runtime/checkpoint-write-failed" and finding.ranks == {0}
     assert finding.evidence[0].number == 5
 
 
 @pytest.mark.parametrize("log, line, ranks", [("ecc-uncorrectable.log", 10, {6}), ("xid-79.log", 1, set())])
-def test_a_gpu_hardware_fault_is_named_with_the_node_to_drain(log, line, ranks):
+def test_a_gpu_hardware_fault_is_named_with_the_node_to_drain(log, line, ranks, diag):
     """An uncorrectable ECC error (torch's CUDA error) or the driver's Xid for a GPU fallen off the bus: a fault of
     the GPU itself, not of the run's settings, and nothing recognised before."""
-    [finding] = findings(LOGS / log)
+    [finding] = diag.findings(LOGS / log)
     assert finding.rule_id == "runtime/gpu-hardware-fault" and finding.severity == "error"
     assert finding.evidence[0].number == line and finding.ranks == ranks
     assert "--exclude" in finding.fix
 
 
-def test_an_illegal_memory_access_is_not_called_a_hardware_fault_nor_out_of_memory(tmp_path):
-    path = write(tmp_path, ["[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
+def test_an_illegal_memory_access_is_not_called_a_hardware_fault_nor_out_of_memory(diag):
+    path = diag.write(["[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
                             "gpu-node-07:18241:18290 [1] include/alloc.h:125 NCCL WARN Failed to CUDA calloc 6291456 bytes"])
-    assert ids(path) == []
+    assert diag.ids(path) == []
 
 
-def test_nan_in_the_loss_or_gradients_is_named_where_the_run_first_showed_it():
+def test_nan_in_the_loss_or_gradients_is_named_where_the_run_first_showed_it(diag):
     """Megatron's iteration line counting a NaN iteration, then its check raising 'found NaN in local grad norm':
     a diverged run, which was 'nothing recognised'."""
-    [finding] = findings(LOGS / "nan-grad-norm.log")
+    [finding] = diag.findings(LOGS / "nan-grad-norm.log")
     assert finding.rule_id == "runtime/nan-loss-or-grad" and finding.severity == "error"
     assert [line.number for line in finding.evidence] == [2, 12] and finding.ranks == {3}
     assert "optimizer.lr" in finding.fix
 
 
-def test_a_run_without_nan_iterations_is_not_called_diverged(tmp_path):
-    path = write(tmp_path, [" iteration        3/    1000 | grad norm: 1.512 | number of skipped iterations:   1 | "
+def test_a_run_without_nan_iterations_is_not_called_diverged(diag):
+    path = diag.write([" iteration        3/    1000 | grad norm: 1.512 | number of skipped iterations:   1 | "
                             "number of nan iterations:   0 |", "  check_for_nan_in_loss_and_grad ....... True"])
-    assert ids(path) == []
+    assert diag.ids(path) == []
 
 
 @pytest.mark.parametrize("log, line", [("hydra-override.log", 6), ("hydra-override-syntax.log", 4)])
-def test_a_hydra_override_megatron_bridge_could_not_apply_is_named(log, line):
+def test_a_hydra_override_megatron_bridge_could_not_apply_is_named(log, line, diag):
     """Megatron Bridge's scripts apply command-line overrides with Hydra's parser: a key the config lacks ('Could not
     override') or a malformed override ('Error parsing override') stops the launch. It was 'nothing recognised'."""
-    [finding] = findings(LOGS / log)
+    [finding] = diag.findings(LOGS / log)
     assert finding.rule_id == "runtime/hydra-override" and finding.evidence[0].number == line
     assert "+key=value" in finding.fix
 
 
-def test_a_sigkill_torchruns_agent_sent_after_another_rank_failed_is_not_the_host_killer():
+def test_a_sigkill_torchruns_agent_sent_after_another_rank_failed_is_not_the_host_killer(diag):
     """torchrun's agent stops the other ranks once one fails ('Sending process 18243 closing signal SIGTERM'), and
     SIGKILLs one that outlives the grace period: that rank's exitcode -9 is the agent's, not the kernel's."""
-    assert ids(LOGS / "oom-then-agent-kill.log") == ["runtime/cuda-oom"]
+    assert diag.ids(LOGS / "oom-then-agent-kill.log") == ["runtime/cuda-oom"]
 
 
-def test_a_sigkill_of_a_rank_the_agent_did_not_stop_is_still_the_host_killer(tmp_path):
-    path = write(tmp_path, [
+def test_a_sigkill_of_a_rank_the_agent_did_not_stop_is_still_the_host_killer(diag):
+    path = diag.write([
         "W1205 03:24:58.201000 18200 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 18243 "
         "closing signal SIGTERM",
         "E1205 03:25:03.330000 18200 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
         "local_rank: 2 (pid: 18242) of binary: /opt/venv/bin/python",
         "  exitcode  : -9 (pid: 18242)", "  traceback : Signal 9 (SIGKILL) received by PID 18242"])
-    assert ids(path) == ["runtime/host-memory-killed"]
+    assert diag.ids(path) == ["runtime/host-memory-killed"]
 
 
-def test_nccl_errors_after_the_schedulers_stop_are_its_consequence_and_the_stop_comes_first():
+def test_nccl_errors_after_the_schedulers_stop_are_its_consequence_and_the_stop_comes_first(diag):
     """Slurm's time limit stopped the job; a rank's NCCL then lost its peers (ncclRemoteError). That is the stop's
     consequence, not a failure to fix: it was named the first failure, with the stop a mere warning below it."""
-    [diagnosis] = diagnose([LOGS / "timelimit-then-nccl.out"], build_config=False)
+    diagnosis = diag(LOGS / "timelimit-then-nccl.out")
     by_id = {f.rule_id: f for f in diagnosis.findings}
     assert set(by_id) == {"runtime/job-stopped", "runtime/nccl-error"}
     assert "[runtime/job-stopped]" in by_id["runtime/nccl-error"].consequence_of
@@ -556,15 +541,15 @@ def test_nccl_errors_after_the_schedulers_stop_are_its_consequence_and_the_stop_
      "dataloader's workers are out of shared memory. Please try to raise your shared memory limit."],
     ["[rank1]: RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on device (28)"],
 ])
-def test_the_data_loaders_shared_memory_running_out_is_named(tmp_path, lines):
+def test_the_data_loaders_shared_memory_running_out_is_named(lines, diag):
     """A container's small /dev/shm (Docker's 64 MB): the data-loader workers' bus error or their full shared-memory
     file. It was 'nothing recognised' (the full /dev/shm is rightly not the checkpoint's disk)."""
-    assert ids(write(tmp_path, lines)) == ["runtime/shared-memory"]
-    assert ids(LOGS / "shm-bus-error.log") == ["runtime/shared-memory"]
+    assert diag.ids(diag.write(lines)) == ["runtime/shared-memory"]
+    assert diag.ids(LOGS / "shm-bus-error.log") == ["runtime/shared-memory"]
 
 
 @pytest.mark.parametrize("padding", ["end", "middle"])
-def test_a_log_with_blocks_of_nul_bytes_is_read_as_text(tmp_path, padding):
+def test_a_log_with_blocks_of_nul_bytes_is_read_as_text(tmp_path, padding, diag):
     """A node that crashed or rebooted leaves its log's unwritten blocks as NUL bytes (the file's size was set, its
     data never reached the disk): the log was refused as 'not a text log'. Its text is read, its lines numbered as
     `grep -a -n` numbers them."""
@@ -572,14 +557,14 @@ def test_a_log_with_blocks_of_nul_bytes_is_read_as_text(tmp_path, padding):
     path = tmp_path / "log.txt"
     cut = text.index(b"\n") + 1
     path.write_bytes(text + b"\x00" * 8192 if padding == "end" else text[:cut] + b"\x00" * 4096 + text[cut:])
-    [finding] = findings(path)
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/cuda-oom" and finding.evidence[0].number == len(_oom_log())
 
 
-def test_the_resume_keyerror_on_a_parameter_is_the_resume_rule():
+def test_the_resume_keyerror_on_a_parameter_is_the_resume_rule(diag):
     """The same failed lookup in _update_fp32_params_by_new_state where the key is an nn.Parameter: Python prints
     'KeyError: Parameter containing:' and the tensor on the lines below it."""
-    [finding] = findings(LOGS / "resume-keyerror-parameter.log")
+    [finding] = diag.findings(LOGS / "resume-keyerror-parameter.log")
     assert finding.rule_id == "runtime/resume-offload-keyerror" and finding.evidence[0].number == 7
     assert finding.ranks == {1}
 
@@ -588,13 +573,13 @@ def test_the_resume_keyerror_on_a_parameter_is_the_resume_rule():
     ("k8s-oomkilled.txt", None, 7),  # kubectl describe pod: the container's last state
     ("compose.log", ["qwen3-train-1 exited with code 137"], 1),  # docker compose: 128 + SIGKILL
 ])
-def test_a_containers_kill_for_memory_is_the_host_kill(tmp_path, log, lines, line):
-    path = write(tmp_path, lines, log) if lines else LOGS / log
-    [finding] = findings(path)
+def test_a_containers_kill_for_memory_is_the_host_kill(log, lines, line, diag):
+    path = diag.write(lines, log) if lines else LOGS / log
+    [finding] = diag.findings(path)
     assert finding.rule_id == "runtime/host-memory-killed" and finding.evidence[0].number == line
 
 
-def test_slurms_node_failure_is_the_hardware_not_nothing():
+def test_slurms_node_failure_is_the_hardware_not_nothing(diag):
     """Slurm cancels a job whose node failed ('Node failure on', 'DUE TO NODE FAILURE'): the node, not the run."""
-    [finding] = findings(LOGS / "slurm-node-failure.out")
+    [finding] = diag.findings(LOGS / "slurm-node-failure.out")
     assert finding.rule_id == "runtime/gpu-hardware-fault" and finding.evidence[0].number == 2
