@@ -220,36 +220,41 @@ _SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule
                for pattern in rule.log_signatures]
 
 
-def _matches(run: _Run) -> list[tuple[str, int, str]]:
-    """(rule id, line index, measured) for every line that shows a rule broken, in the order of the lines (and on
-    one line, of the tables). Each pattern is searched only on the lines that may hold it (line_search.py)."""
-    found: list[tuple[int, int, str, str]] = []  # (line index, the pattern's place in the tables, rule id, fix)
+_Match = tuple[str, int, str, "re.Match[str] | None"]  # (rule id, line index, upstream's fix, the signature's match)
+
+
+def _matches(run: _Run) -> list[_Match]:
+    """(rule id, line index, upstream's fix, the signature's match where a rule's signature matched) for every line
+    that shows a rule broken, in the order of the lines (and on one line, of the tables). Each pattern is searched
+    only on the lines that may hold it (line_search.py)."""
+    # (line index, the pattern's place in the tables, rule id, fix, match)
+    found: list[tuple[int, int, str, str, re.Match[str] | None]] = []
     search = run.search
     for order, (rule_id, pattern, regex) in enumerate(_SIGNATURES):
         condition = _CONDITIONS.get((rule_id, pattern))
-        for i in search.matching(pattern, regex):
+        for i, match in search.matches(pattern, regex):
             if (condition is None or condition(run, i)) and is_this_cause(RULES_BY_ID[rule_id], run.texts, i):
-                found.append((i, order, rule_id, ""))
+                found.append((i, order, rule_id, "", match))
     order = len(_SIGNATURES)
     for i, text in enumerate(run.texts):
         validator = _VALIDATOR_LINE.match(text)
         if validator and validator.group(2) in RULES_BY_ID:
-            found.append((i, order, validator.group(2), ""))
+            found.append((i, order, validator.group(2), "", None))
     for order, (pattern, rule_id) in enumerate(CONFIG_RULE_LOG_SIGNATURES, order + 1):
-        found += [(i, order, rule_id, "") for i in search.matching(pattern)]
+        found += [(i, order, rule_id, "", match) for i, match in search.matches(pattern)]
     for order, (pattern, rule_id) in enumerate(_UPSTREAM_TO_RULE, order + 1):
         # upstream's messages, where an error is raised or reported
-        found += [(i, order, rule_id, "") for i in search.matching(pattern) if _raised(run.lines, i)]
+        found += [(i, order, rule_id, "", None) for i in search.matching(pattern) if _raised(run.lines, i)]
     order += 1
     for i, text in enumerate(run.texts):
         exception = _EXCEPTION_LINE.match(text)
         if exception and not any(re.search(p, text) for p, _ in _UPSTREAM_TO_RULE):
             for pattern, key, fix in _UPSTREAM_KEYS:
                 if re.search(pattern, text):
-                    found.append((i, order, f"upstream:{key}", fix))
+                    found.append((i, order, f"upstream:{key}", fix, None))
                     break
     found.sort(key=lambda match: match[:2])
-    return [(rule_id, i, fix) for i, _, rule_id, fix in found]
+    return [(rule_id, i, fix, match) for i, _, rule_id, fix, match in found]
 
 
 def _finding(rule_id: str) -> Finding:
@@ -391,8 +396,9 @@ def _baseline_step(runs: list[_Run]) -> dict[Path, float | None]:
 def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     by_rule: dict[str, Finding] = {}
     at_line: dict[int, list[str]] = {}  # line index: the findings' rule ids matched there
+    first_match: dict[str, re.Match[str]] = {}  # rule id: its signature's match on its first evidence line
     oom = None
-    for rule_id, i, upstream_fix in _matches(run):
+    for rule_id, i, upstream_fix, match in _matches(run):
         line = run.lines[i]
         if rule_id in _TORCH_OOM_IDS:
             rule_id = _oom_variant(run)
@@ -411,6 +417,8 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         finding = by_rule[rule_id]
         if not finding.evidence:
             finding.first_index = i
+            if match is not None:
+                first_match[rule_id] = match
         finding.ranks.update(stated_ranks(run.lines, i))
         if len(finding.evidence) < MAX_EVIDENCE and all(e.text != line.text for e in finding.evidence):
             finding.evidence.append(line)
@@ -419,7 +427,7 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
         _compute_fix(run, finding, oom)
-    _engine_details(run, by_rule, at_line)
+    _engine_details(run, by_rule, at_line, first_match)
     findings.sort(key=lambda f: (f.severity != "error", f.first_index))
     _mark_consequences(findings)
     config = run._config if isinstance(run._config, RunConfig) else None
@@ -427,18 +435,20 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
                      config_source=config.source if config else "")
 
 
-def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, list[str]]) -> None:
-    """The offload engine's findings: what their first line says (measured), and where the message carries the
-    worker's own error (a failed CPU optimizer step), that error's own finding as the failure to fix: the one
-    matched on the message's line or on the line its own traceback ended with, just above it."""
+def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, list[str]],
+                    first_match: dict[str, re.Match[str]]) -> None:
+    """The offload engine's findings: what their first line says (measured, from the fields the message's signature
+    matched there), and where the message carries the worker's own error (a failed CPU optimizer step), that error's
+    own finding as the failure to fix: the one matched on the message's line or on the line its own traceback ended
+    with, just above it. A finding whose first line is no match of the message (the validator's report of the rule)
+    has no fields to read."""
     for rule_id, finding in by_rule.items():
         message = ENGINE_MESSAGES.get(rule_id)
-        if message is None or not finding.evidence:
+        match = first_match.get(rule_id)
+        if message is None or match is None or match.re.pattern != message.signature:
             continue
         i = finding.first_index
-        values = message.values(run.texts[i])
-        if values is None:
-            continue
+        values = message.values(match)
         measured = message.measured_from(values)
         finding.measured = measured[:240] + ("..." if len(measured) > 240 else "")
         carried = message.carried_from(values)[:160]

@@ -61,6 +61,7 @@ class LineSearch:
 
     def __init__(self, texts: Sequence[str]):
         self.texts = texts
+        self.searches = 0  # regular-expression searches made on single lines, all patterns together
         self.joined = "\n".join(texts)
         self.starts, at = [], 0
         for text in texts:
@@ -83,7 +84,16 @@ class LineSearch:
                 at = self.joined.find(string, max(at + 1, next_line_at))
         return sorted(found)
 
-    def matching(self, pattern: str, regex: re.Pattern[str] | None = None) -> list[int]:
-        """Indexes of the lines ``pattern`` matches (re.search on each line alone), ascending."""
+    def matches(self, pattern: str, regex: re.Pattern[str] | None = None) -> list[tuple[int, re.Match[str]]]:
+        """(index, match) of each line ``pattern`` matches (re.search on each line alone), ascending."""
         regex = regex or re.compile(pattern)
-        return [i for i in self.candidates(pattern) if regex.search(self.texts[i])]
+        found = []
+        for i in self.candidates(pattern):
+            self.searches += 1
+            if match := regex.search(self.texts[i]):
+                found.append((i, match))
+        return found
+
+    def matching(self, pattern: str, regex: re.Pattern[str] | None = None) -> list[int]:
+        """Indexes of the lines ``pattern`` matches, ascending."""
+        return [i for i, _ in self.matches(pattern, regex)]

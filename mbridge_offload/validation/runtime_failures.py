@@ -121,10 +121,9 @@ class EngineMessage:
         """The fix the message names (the words after "Fix: "), "" where it names none."""
         return self.template.split(_FIX, 1)[1] if _FIX in self.template else ""
 
-    def values(self, text: str) -> dict[str, str] | None:
-        """The fields' values on a line that shows the message; None where it does not."""
-        match = re.search(self.signature, text)
-        return None if match is None else {k: v for k, v in match.groupdict().items() if v is not None}
+    def values(self, match: re.Match[str]) -> dict[str, str]:
+        """The fields' values in a match of this message's ``signature`` (the fields the line holds)."""
+        return {k: v for k, v in match.groupdict().items() if v is not None}
 
     def measured_from(self, values: Mapping[str, str]) -> str:
         return self.measured.format(**values) if self.measured else ""
