@@ -21,6 +21,7 @@ def derive(cfg: Any, deltas: Mapping[str, Any], why: str, check=None) -> Any:
 
     ``check(new_cfg)`` may raise to refuse the result; nothing is logged then.
     """
+    _refuse_non_config(cfg, deltas)
     new = copy.deepcopy(cfg)
     changes = []
     for key, value in deltas.items():
@@ -40,3 +41,16 @@ def derive(cfg: Any, deltas: Mapping[str, Any], why: str, check=None) -> Any:
     for key, old, value in changes:
         log.info("%s: %s -> %s (%s)", key, show(old), show(value), why)
     return new
+
+
+def _refuse_non_config(cfg: Any, deltas: Mapping[str, Any]) -> None:
+    """A transform takes a built config: say so by type, not by the first key the walk cannot find. The likely
+    mistake is passing ``get_recipe(name)``, the registry's entry, instead of what its ``build()`` returns."""
+    sections = {key.split(".", 1)[0] for key in deltas}
+    if all(hasattr(cfg, section) for section in sections):
+        return
+    build = getattr(cfg, "build", None)
+    hint = (f": build it first, get_recipe({cfg.name!r}).build()" if callable(build) and hasattr(cfg, "name")
+            else ": pass the ConfigContainer a recipe function returns")
+    raise TypeError(f"a transform takes a Megatron Bridge ConfigContainer, got {type(cfg).__name__} "
+                    f"(it has no {', '.join(sorted(s for s in sections if not hasattr(cfg, s)))} section){hint}")

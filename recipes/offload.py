@@ -8,6 +8,7 @@ between mechanisms are not resolved here: the validator reports them with the fi
 
 from __future__ import annotations
 
+from numbers import Integral, Real
 from typing import Iterable
 
 from recipes.derive import derive
@@ -16,9 +17,16 @@ from mbridge_offload.facts.offload_engine import ENGINE_KEY, ENGINE_MODES
 
 
 def _number(name: str, value, whole: bool = False):
-    kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    kind = Integral if whole else Real  # numpy's scalars too
+    if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} must be a {'whole number' if whole else 'number'}, got {value!r}")
+    return int(value) if whole else value
+
+
+def _flag(name: str, value) -> bool:
+    """A switch: True or False only (``bool("false")`` is True, so a string is refused, not read)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
@@ -46,7 +54,7 @@ def with_optimizer_offload(cfg, fraction: float = 1.0, overlap: bool = False):
     return _derive_in_range(cfg, {
         "optimizer.optimizer_cpu_offload": True,
         "optimizer.optimizer_offload_fraction": fraction,
-        "optimizer.overlap_cpu_optimizer_d2h_h2d": bool(overlap),
+        "optimizer.overlap_cpu_optimizer_d2h_h2d": _flag("overlap", overlap),
         "optimizer.use_distributed_optimizer": True,
         "ddp.use_distributed_optimizer": True,
     }, why=f"optimizer offload: {fraction:.0%} of optimizer states on the CPU")
@@ -78,13 +86,13 @@ def with_activation_offload(cfg, num_layers: int, weights: bool = False, activat
     Needs PP=1 (validated, not changed here: changing the topology is the user's call). Turns off
     activation recomputation and CUDA graphs, which this mechanism cannot run with.
     """
-    _number("num_layers", num_layers, whole=True)
+    num_layers = _number("num_layers", num_layers, whole=True)
     return _derive_in_range(cfg, {
         "model.cpu_offloading": True,
         "model.cpu_offloading_num_layers": num_layers,
-        "model.cpu_offloading_activations": bool(activations),
-        "model.cpu_offloading_weights": bool(weights),
-        "model.cpu_offloading_double_buffering": bool(double_buffering),
+        "model.cpu_offloading_activations": _flag("activations", activations),
+        "model.cpu_offloading_weights": _flag("weights", weights),
+        "model.cpu_offloading_double_buffering": _flag("double_buffering", double_buffering),
         "model.recompute_granularity": None,
         "model.recompute_method": None,
         "model.recompute_num_layers": None,
@@ -101,6 +109,9 @@ def with_fine_grained_offload(cfg, modules: Iterable[str] = ("expert_fc1", "moe_
     """
     if isinstance(modules, str):
         raise TypeError(f"modules must be a list of module names, got the string {modules!r}")
+    modules = list(modules) if isinstance(modules, Iterable) else modules
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        raise TypeError(f"modules must be a list of module names (strings), got {modules!r}")
     modules = list(dict.fromkeys(modules))
     if not modules:
         raise ValueError("modules must name at least one module, e.g. ['expert_fc1', 'moe_act']")

@@ -101,3 +101,33 @@ def test_readme_python_example_runs(capsys):
     assert "Validation for 1 GPU: OK" in capsys.readouterr().out
     assert namespace["moe"].model.fine_grained_activation_offloading
     assert sorted(namespace["sweep"]) == [0.25, 0.5, 0.75, 1.0]
+
+
+def test_transform_switches_must_be_booleans(built):
+    """``bool("false")`` is True: a string switch is refused by name, never read as on."""
+    cfg = built(DENSE)
+    with pytest.raises(TypeError, match="overlap must be True or False, got 'no'"):
+        with_optimizer_offload(cfg, fraction=0.5, overlap="no")
+    with pytest.raises(TypeError, match="weights must be True or False, got 'false'"):
+        with_activation_offload(cfg, num_layers=2, weights="false")
+    with pytest.raises(TypeError, match="modules must be a list of module names"):
+        with_fine_grained_offload(cfg, modules=None)
+    with pytest.raises(TypeError, match=r"got \[1\]"):
+        with_fine_grained_offload(cfg, modules=[1])
+
+
+def test_transform_takes_numpy_numbers_as_python_ones(built):
+    import numpy as np
+
+    layers = with_activation_offload(built(DENSE), num_layers=np.int64(2)).model.cpu_offloading_num_layers
+    assert layers == 2 and type(layers) is int
+
+
+def test_transform_of_a_registry_entry_says_to_build_it(built):
+    from recipes import get_recipe
+
+    entry = get_recipe(DENSE)
+    with pytest.raises(TypeError, match=rf"got Recipe .*get_recipe\('{DENSE}'\)\.build\(\)"):
+        with_optimizer_offload(entry, fraction=0.5)
+    with pytest.raises(TypeError, match="got NoneType"):
+        with_activation_offload(None, num_layers=1)
