@@ -23,7 +23,8 @@ from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
-                                                         JOB_STOPPED, OOM_KILLER, PINNED_ALLOCATION_NEAR,
+                                                         BISECT_WORDS, JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER,
+                                                         PINNED_ALLOCATION_NEAR, SHARED_MEMORY_NEAR, SIGBUS,
                                                          is_this_cause, near)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
@@ -36,11 +37,15 @@ _TORCH_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oo
 _OOM_FIX_IDS = (*_TORCH_OOM_IDS, "runtime/oom-outside-pytorch")
 # the rules whose fix is the planner's host fix: the node's memory ran out, by a kill or a failed allocation
 _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
+# the crashes inside the run whose fix bisects the offload settings the run had on
+_BISECT_FIX_IDS = ("runtime/cuda-illegal-address", "runtime/rank-crashed")
 # What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
 # stopping after it. After an earlier error these are its consequences, and the report says so.
 # The offload engine's worker thread found stopped is likewise what an earlier failure left.
 _STOP_ID = "runtime/job-stopped"
-_CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped", "engine/worker-stopped")
+# A rank that could not reach the store or a peer's NCCL id at the start, after another rank failed, waited on that rank.
+_CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped", "engine/worker-stopped",
+                    "runtime/rendezvous-timeout")
 CARRIED_WITHIN_LINES = 400  # how far above a message that carries another error its own traceback may end
 OVERRIDE_MECHANISM = "run_recipe.py override"
 # run_recipe.py's report of overrides it could not apply (overrides/errors.py): the head, then per override its text
@@ -211,6 +216,14 @@ _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
     **{("runtime/resume-offload-keyerror", pattern):
        lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer")
        for pattern in RULES_BY_ID["runtime/resume-offload-keyerror"].log_signatures},
+    # a SIGBUS is shared memory (/dev/shm) that ran out under a mapping where the lines near it name it; else a crash
+    **{("runtime/shared-memory", pattern): lambda run, i: near(run.texts, i, SHARED_MEMORY_NEAR) for pattern in SIGBUS},
+    **{("runtime/rank-crashed", pattern): lambda run, i: not near(run.texts, i, SHARED_MEMORY_NEAR) for pattern in SIGBUS},
+    # the start-up's store timing out is the rendezvous, not a collective of training, even where NCCL's words are on
+    # its line (a rank fetching NCCL's id from the store)
+    **{("runtime/nccl-timeout", pattern): lambda run, i: not any(
+        re.search(p, run.texts[i]) for p in RULES_BY_ID["runtime/rendezvous-timeout"].log_signatures)
+       for pattern in RULES_BY_ID["runtime/nccl-timeout"].log_signatures},
     ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
     ("runtime/cpu-threads", r"Setting OMP_NUM_THREADS environment variable for each process to be 1"):
         lambda run, i: bool(run.knows("optimizer_offload")),
@@ -325,6 +338,9 @@ def _step_findings(run: _Run, baseline_s: float | None) -> list[Finding]:
 def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
     from mbridge_offload.diagnosis import fixes  # the planner: only once a fix is computed
 
+    if finding.rule_id in _BISECT_FIX_IDS:
+        _bisect_fix(run, finding)
+        return
     if finding.rule_id not in (*_OOM_FIX_IDS, *_HOST_FIX_IDS, "runtime/full-offload-slowdown"):
         return
     config = run.config
@@ -362,6 +378,26 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         return
     if computed is not None:
         finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; {allocator}; config: {config.source}"
+
+
+def _bisect_fix(run: _Run, finding: Finding) -> None:
+    """A crash inside the run: the rule's fix, its bisection narrowed to the offload settings the run had on (from
+    its header, else its config), where the run says which."""
+    on = {OFFLOAD_BISECT[0]: run.knows("optimizer_offload"), OFFLOAD_BISECT[1]: run.knows("activation_offload"),
+          OFFLOAD_BISECT[2]: run.knows("fine_grained")}
+    if any(value is None for value in on.values()):
+        finding.fix_basis = ("the rule table's fix: the log does not say which offload settings the run had (run_recipe.py's "
+                             "header does), so it names each")
+        return
+    head = finding.fix.split(BISECT_WORDS, 1)[0]
+    settings = [setting for setting, value in on.items() if value]
+    if not settings:
+        finding.fix = head + "; the run had no offload on, so offloading is not the cause"
+    else:
+        if on[OFFLOAD_BISECT[0]]:
+            settings.append(OFFLOAD_BISECT[3])  # the offload engine runs only with optimizer offload
+        finding.fix = head + BISECT_WORDS + ", ".join(settings)
+    finding.fix_basis = "the offload settings the run had on, as its header (or config) says"
 
 
 def _recipe(facts: RunFacts) -> str | None:

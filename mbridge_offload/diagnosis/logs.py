@@ -26,8 +26,10 @@ _RANK_PREFIXES = (
     re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?"),  # mpirun --tag-output
     re.compile(r"^\s{0,3}(\d{1,5}): "),  # srun --label
 )
-# What a line carries before a rank prefix without naming a rank: a container log's or journald's timestamp
-_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?=\S)")
+# What a line carries before a rank prefix without naming a rank: a container log's or journald's timestamp, and
+# docker compose's service column ("train-1  | ", v1: "train_1  | "; its names end in the replica's number)
+_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?=\S)"
+                        r"|^[\w.-]+[-_]\d+\s+\| ")
 _MAX_PREFIXES = 4  # srun's label around torchrun's --tee prefix around torchrun's rank prefix, and a timestamp
 # Ranks a launcher's own line names where the line has no rank prefix: Slurm's "srun: error: node: tasks 3,5:",
 # the NCCL watchdog's "[Rank 3]", Megatron's "failed on rank=3"

@@ -53,11 +53,27 @@ OOM_OUTSIDE_PYTORCH_NOT_NEAR = (PINNED_ALLOCATION_NEAR,
 # failed, "*** STEP ... CANCELLED AT ... ***" without a reason, is that failure's consequence, not a stop.)
 JOB_STOPPED = (r"CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)", r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ (BY \S+ )?\*\*\*",
                r"Received Signals\.SIG(TERM|INT|HUP) death signal", r"SignalException: Process \d+ got signal: (15|2|1)\b",
-               r"exiting program after receiving SIGTERM")
+               r"exiting program after receiving SIGTERM",
+               # a container stopped: docker compose's Ctrl-C, its "Stopping" line (v1: "Stopping NAME ...", v2:
+               # "Container NAME  Stopping"), the kubelet's event; docker SIGKILLs what is left after its grace period
+               r"Gracefully stopping\.\.\. \(press Ctrl\+C again to force\)", r"^\s*Stopping [\w.-]+\s+\.\.\.",
+               r"\bContainer [\w.-]+\s+Stopping\b", r"\bStopping container [\w.-]+")
 # A kill that names the out-of-memory killer (unlike a bare SIGKILL, which a scheduler's stop also ends with)
 OOM_KILLER = (r"Out of memory: Kill(ed)? process", r"invoked oom-killer", r"oom[-_]kill event", r"Memory cgroup out of memory",
               r"srun: error: .*: tasks? [\d,\-]+: Out Of Memory", r"DataLoader worker .* is killed by signal: Killed",
               r"Reason:\s+OOMKilled\b")  # Kubernetes: the container's memory limit
+# A rank's SIGBUS, as the shell, Python's faulthandler, torchrun and srun print it: shared memory (/dev/shm) that
+# ran out under a mapping when one of these lines is near, else a crash like a segmentation fault
+SIGBUS = (r"\bBus error \(core dumped\)", r"^\s*Bus error\s*$", r":\s*line \d+:\s+\d+ Bus error\b",
+          r"Fatal Python error: Bus error", r"Signal 7 \(SIGBUS\)", r"exitcode\s*:\s*-7\b", r"\(exitcode: -7\)",
+          r"Signals\.SIGBUS", r"srun: error: .*: tasks? [\d,\-]+: Bus error")
+SHARED_MEMORY_NEAR = r"/dev/shm|shared memory|\bshm\b|--shm-size"
+# Settings of a run to turn off one at a time where a crash inside the run may come from offloading (the rules'
+# fixes name them; diagnose.py names those the run had on)
+OFFLOAD_BISECT = ("optimizer.optimizer_cpu_offload=False", "model.cpu_offloading=False",
+                  "model.fine_grained_activation_offloading=False", "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+BISECT_WORDS = "; if it only fails with offload, rerun with one of these at a time to find which: "
+_BISECT = BISECT_WORDS + ", ".join(OFFLOAD_BISECT)
 LOG_NEAR_LINES = 40  # lines either side of a signature's match searched for what tells its causes apart
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
@@ -231,19 +247,25 @@ RULES: tuple[Rule, ...] = (
            r"remote process exited or there was a network error", r"NCCL error in: .*unhandled system error",
            r"NCCL communicator was aborted")),
     _rule("runtime/job-stopped", "checkpoint.save",
-          "the job was stopped from outside (Slurm's time limit, a preemption, scancel, or a stop signal to the "
-          "launcher): the run itself did not fail, and ranks killed after the stop are its consequence",
+          "the job was stopped from outside (Slurm's time limit, a preemption, scancel, a stop signal to the "
+          "launcher, or its container stopped: docker stop, compose down or Ctrl-C, a pod deleted): the run itself did "
+          "not fail, and ranks killed after the stop are its consequence (docker's exit code 137 after a stop is its "
+          "SIGKILL at the end of the grace period, not the out-of-memory killer)",
           "resume it: checkpoint.save=<dir> checkpoint.save_interval=<steps> now, and checkpoint.load=<dir> when "
           "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
           "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
           severity="warning"),
     _rule("runtime/shared-memory", "dataset.num_workers",
-          "the data-loader workers ran out of shared memory (/dev/shm, where they hand batches to the rank): a "
-          "container's default is 64 MB",
+          "shared memory (/dev/shm) ran out: the data-loader workers hand batches to the rank there, and NCCL's "
+          "shared-memory transport between the GPUs of a node keeps its buffers there; a container's default is 64 MB "
+          "(a rank's SIGBUS near /dev/shm is the same: a page of a shared mapping that could not be backed)",
           "give the container more shared memory (docker run --shm-size=16g or --ipc=host; Kubernetes: an emptyDir "
-          "with medium Memory on /dev/shm), or dataset.num_workers=0 (batches built in the rank, no shared memory)",
+          "with medium Memory on /dev/shm), or dataset.num_workers=0 (batches built in the rank, no shared memory); "
+          "for NCCL's segments only: NCCL_SHM_DISABLE=1 (slower between the GPUs of a node)",
           (r"bus error encountered in worker\. This might be caused by insufficient shared memory",
-           r"is killed by signal: Bus error", r"unable to write to file </torch_\d+_\d+(_\d+)?>")),
+           r"is killed by signal: Bus error", r"unable to write to file </torch_\d+_\d+(_\d+)?>",
+           r"NCCL WARN Error while creating shared memory segment", r"NCCL WARN Error: failed to extend /dev/shm/",
+           r"NCCL WARN Call to posix_fallocate failed", *SIGBUS)),
     _rule("runtime/hydra-override", "(override)",
           "a command-line override Megatron Bridge applies with Hydra's parser was refused before the run started: a "
           "key the config does not have ('Could not override'), or an override Hydra cannot parse",
@@ -269,6 +291,56 @@ RULES: tuple[Rule, ...] = (
           (r"uncorrectable ECC error encountered", r"cudaErrorECCUncorrectable", r"CUDA_ERROR_ECC_UNCORRECTABLE",
            r"GPU has fallen off the bus", r"NVRM: Xid \([^)]*\): (48|74|79|94|95)\b",
            r"srun: error: Node failure on ", r"CANCELLED AT \S+ DUE TO NODE FAIL")),
+    _rule("runtime/cuda-illegal-address", "(kernel)",
+          "a GPU kernel read or wrote memory outside what it was given (cudaErrorIllegalAddress, CUDA error 700; or a "
+          "misaligned address): a bug in a kernel or in the tensors handed to it (a stale pointer, a wrong size or "
+          "stride), not a lack of memory. CUDA reports it at a later call, so the traceback's line and the "
+          "allocation failures that follow it are not the cause, and the CUDA context is lost for the process",
+          "rerun with CUDA_LAUNCH_BLOCKING=1 (the traceback then names the kernel), or under compute-sanitizer "
+          "--tool memcheck (the kernel and the address)" + _BISECT,
+          (r"an illegal memory access was encountered", r"cudaErrorIllegalAddress", r"CUDA_ERROR_ILLEGAL_ADDRESS",
+           r"Cuda failure 700\b", r"\berr(or)? 700 != CUDA_SUCCESS",
+           r"CUDA (error|Error): misaligned address", r"cudaErrorMisalignedAddress")),
+    _rule("runtime/device-side-assert", "(data)",
+          "a GPU kernel's own check failed (a device-side assert): most often an index out of range, a token id at or "
+          "above the model's vocabulary size (data tokenized with another tokenizer, or a tokenizer larger than the "
+          "model's vocabulary) or a label outside the loss's classes; the kernel's line ('Assertion ... failed', "
+          "printed before the traceback) names the check. CUDA reports it at a later call, and the process's CUDA "
+          "context is lost",
+          "compare the data's largest token id with the model's vocabulary (tokenizer.vocab_size, the padded "
+          "vocabulary is a multiple of model.make_vocab_size_divisible_by x TP) and fix the data or the tokenizer; "
+          "CUDA_LAUNCH_BLOCKING=1 makes the traceback stop at the operation that asserted",
+          (r"CUDA error: device-side assert triggered", r"cudaErrorAssert\b", r"CUDA_ERROR_ASSERT\b",
+           r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion `.+` failed")),
+    _rule("runtime/rank-crashed", "(launch)",
+          "a rank's process crashed in native code (SIGSEGV, a segmentation fault; or a SIGBUS away from shared "
+          "memory): a C++/CUDA extension, a library built against another torch or CUDA (Transformer Engine, Apex), "
+          "or a fault of the node's memory. Python raised nothing, so the other ranks only see it leave",
+          "rerun with PYTHONFAULTHANDLER=1 (Python prints each thread's stack at the crash: 'Current thread' is where "
+          "it crashed) and ulimit -c unlimited (gdb python core, then bt, names the library); check that torch, "
+          "Transformer Engine and Apex were built for each other (python -c 'import transformer_engine.pytorch')"
+          + _BISECT,
+          (r"Fatal Python error: Segmentation fault", r"\bSegmentation fault \(core dumped\)", r"^\s*Segmentation fault\s*$",
+           r":\s*line \d+:\s+\d+ Segmentation fault\b", r"Signal 11 \(SIGSEGV\)", r"exitcode\s*:\s*-11\b",
+           r"\(exitcode: -11\)", r"Signals\.SIGSEGV", r"srun: error: .*: tasks? [\d,\-]+: Segmentation fault",
+           r"is killed by signal: Segmentation fault", *SIGBUS)),
+    _rule("runtime/rendezvous-timeout", "(launch)",
+          "the ranks never all met at the start: a node or rank did not join the rendezvous (it never started, "
+          "failed before it, or waits on another address), MASTER_ADDR / MASTER_PORT (--rdzv-endpoint) is wrong or "
+          "not reachable from every node (a firewall, the wrong network interface, a port in use), or the first node "
+          "started much later than the others. This is the start-up's store, not a collective of training "
+          "(runtime/nccl-timeout)",
+          "start every node with the same reachable MASTER_ADDR and MASTER_PORT (Slurm: MASTER_ADDR=$(scontrol show "
+          "hostnames $SLURM_JOB_NODELIST | head -n 1)) and the same --nnodes; open the port between the nodes; fix "
+          "the node that did not join (its own log); if the nodes only start far apart: a longer --rdzv-conf "
+          "timeout=<seconds> or dist.distributed_timeout_minutes",
+          (r"^(?!\s*raise\b).*\bRendezvous(Timeout|Connection)Error(:|\s*$)",  # raised, not the source line
+           r"Timed out after \d+ seconds waiting for (clients|workers)",
+           r"DistStoreError: Socket Timeout", r"^\s*RuntimeError: Socket Timeout\s*$",
+           r"The client socket has timed out after \S+ while trying to connect to",
+           r"The client socket has failed to connect to any network address", r"connect\(\) timed out\. Original timeout",
+           r"retrieving ncclUniqueIds? from \S+ via (c10d key-value store|TCPStore) by key '[^']*', but store->get\('[^']*'\) got "
+           r"error")),
     _rule("runtime/dataset-helper-makefile", "(launch)",
           "Megatron's initialisation ran make to build the dataset helper, and the pip wheel ships no Makefile",
           "launch through scripts/run_recipe.py: it uses the wheel's compiled helper instead of make",
@@ -385,6 +457,19 @@ CONFIRM: dict[str, str] = {
     "runtime/nccl-timeout": "search every rank's output for the first error or 'Killed' before this timeout; "
                             "compare step times across ranks",
     "runtime/shared-memory": "df -h /dev/shm inside the container (64M is Docker's default)",
+    "runtime/cuda-illegal-address": "the first rank that printed it (the others' NCCL errors and allocation failures "
+                                    "follow it); CUDA_LAUNCH_BLOCKING=1 makes the traceback stop in the kernel that "
+                                    "faulted, and the same run on other GPUs fails there too (a hardware fault would "
+                                    "not follow the run)",
+    "runtime/device-side-assert": "the 'Assertion ... failed' line above the traceback names the kernel and its "
+                                  "check (srcIndex < srcSelectDimSize: an embedding index, a token id, out of range); "
+                                  "CUDA_LAUNCH_BLOCKING=1 shows the operation",
+    "runtime/rank-crashed": "the rank's own output just before it (Python's 'Fatal Python error' block, with "
+                            "PYTHONFAULTHANDLER=1); dmesg on the node: 'segfault at ... in libNAME.so' names the "
+                            "library",
+    "runtime/rendezvous-timeout": "from every node: nc -zv MASTER_ADDR MASTER_PORT (and getent hosts MASTER_ADDR); "
+                                  "'N/M clients joined' counts who came; each node's log shows whether it started "
+                                  "and which address it used",
     "runtime/hydra-override": "the lines below the message: Hydra's own words (the key, or where the parse failed); "
                               "the config's keys: uv run scripts/run_recipe.py --recipe NAME --dry-run",
     "runtime/nan-loss-or-grad": "the iteration lines before it: lm loss and grad norm rising, or the first "

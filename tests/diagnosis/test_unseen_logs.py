@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mbridge_offload.cli.diagnose import main
-from mbridge_offload.diagnosis import format_diagnosis
+from mbridge_offload.diagnosis import diagnose, format_diagnosis
 from mbridge_offload.diagnosis import log_text
 from mbridge_offload.diagnosis.logs import read_lines, strip_rank
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
@@ -223,7 +223,7 @@ def test_a_real_device_fault_is_still_not_called_out_of_memory(diag):
     path = diag.write([f"[rank0]: {line}" for line in (
         *TRACEBACK, "RuntimeError: CUDA error: an illegal memory access was encountered", *CUDA_ERROR_TAIL,
         "Failed to CUDA calloc async 4 bytes")])
-    assert diag.ids(path) == []
+    assert diag.ids(path) == ["runtime/cuda-illegal-address"]
 
 
 @pytest.mark.parametrize("error", [
@@ -482,7 +482,7 @@ def test_a_gpu_hardware_fault_is_named_with_the_node_to_drain(log, line, ranks, 
 def test_an_illegal_memory_access_is_not_called_a_hardware_fault_nor_out_of_memory(diag):
     path = diag.write(["[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
                             "gpu-node-07:18241:18290 [1] include/alloc.h:125 NCCL WARN Failed to CUDA calloc 6291456 bytes"])
-    assert diag.ids(path) == []
+    assert diag.ids(path) == ["runtime/cuda-illegal-address"]
 
 
 def test_nan_in_the_loss_or_gradients_is_named_where_the_run_first_showed_it(diag):
@@ -583,3 +583,85 @@ def test_slurms_node_failure_is_the_hardware_not_nothing(diag):
     """Slurm cancels a job whose node failed ('Node failure on', 'DUE TO NODE FAILURE'): the node, not the run."""
     [finding] = diag.findings(LOGS / "slurm-node-failure.out")
     assert finding.rule_id == "runtime/gpu-hardware-fault" and finding.evidence[0].number == 2
+
+
+# --- crashes, start-up and stops that were 'nothing recognised' or blamed on memory ---------------------------------
+
+@pytest.mark.parametrize("log, found, line, ranks", [
+    # torchrun, 4 ranks, warnings first: rank 3's illegal address, NCCL's calloc after it, the others' watchdog
+    ("illegal-address-torchrun.log", ["runtime/cuda-illegal-address", "runtime/nccl-timeout"], 29, {3}),
+    # NCCL's own words ("Cuda failure 700"), under srun --label; Slurm cancels the step after it: no stop
+    ("illegal-address-nccl.out", ["runtime/cuda-illegal-address"], 2, {1}),
+    # Transformer Engine's cuDNN call ("err 700 != CUDA_SUCCESS"), colours and CRLF
+    ("illegal-address-te.log", ["runtime/cuda-illegal-address"], 9, {5}),
+    ("device-side-assert.log", ["runtime/device-side-assert"], 1, {1}),
+    # Python's faulthandler, torchrun's "exitcode: -11" and its failure block, behind torchrun's --tee prefix
+    ("segfault-torchrun.log", ["runtime/rank-crashed"], 2, {0}),
+    ("segfault-srun.out", ["runtime/rank-crashed"], 2, {5}),
+    # a SIGBUS with nothing of shared memory near: a crash, not /dev/shm
+    ("sigbus-rank.log", ["runtime/rank-crashed"], 2, {2}),
+    # NCCL's shared-memory segment in a container's 64 MB /dev/shm, docker compose's column before each line
+    ("nccl-shm-compose.log", ["runtime/shared-memory", "runtime/nccl-error"], 2, set()),
+    ("rendezvous-master.log", ["runtime/rendezvous-timeout"], 10, {0}),
+    ("rendezvous-client.out", ["runtime/rendezvous-timeout"], 1, {1}),
+    ("rendezvous-timeout.log", ["runtime/rendezvous-timeout"], 6, set()),
+    # docker compose stopped (Ctrl-C, v2; "Stopping NAME ...", v1): the 137 that follows is docker's SIGKILL
+    ("compose-stop.log", ["runtime/job-stopped"], 2, set()),
+    ("compose-v1-stop.log", ["runtime/job-stopped"], 2, set()),
+    # a copy cut inside torch's message, CRLF, no final newline: the OOM with the numbers it kept
+    ("oom-cut-short.log", ["runtime/cuda-oom"], 3, {3}),
+])
+def test_unseen_failure_logs_name_the_failure_where_it_first_shows(diag, log, found, line, ranks):
+    diagnosis = diag(LOGS / log)
+    assert [f.rule_id for f in diagnosis.findings] == found
+    first = diagnosis.findings[0]
+    assert (first.evidence[0].number, first.ranks) == (line, ranks)
+    assert all(f.consequence_of for f in diagnosis.findings[1:] if f.severity == "error")
+    assert first.fix and first.confirm and first.what
+
+
+def test_an_illegal_address_is_not_out_of_memory_whatever_follows_it():
+    """After an illegal address NCCL's allocations fail too ('Failed to CUDA calloc'): no OOM finding, so no fix that
+    asks for more offload."""
+    ids = [f.rule_id for f in diagnose([LOGS / "illegal-address-torchrun.log"], build_config=False)[0].findings]
+    assert not {"runtime/oom-outside-pytorch", "runtime/cuda-oom", "runtime/gpu-hardware-fault"} & set(ids)
+
+
+def test_a_crash_fix_bisects_only_the_offload_settings_the_run_had_on(diag):
+    """The header says optimizer offload on, activation offload off: the bisection names the optimizer offload and the
+    engine, never a setting the run did not have."""
+    [finding] = diag.findings(LOGS / "illegal-address-te.log")
+    assert finding.fix.startswith("rerun with CUDA_LAUNCH_BLOCKING=1")
+    bisect = finding.fix.split("to find which: ")[1]
+    assert bisect == "optimizer.optimizer_cpu_offload=False, ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library"
+    assert "header" in finding.fix_basis
+    off = diag.write(HEADER[:1] + ["  optimizer offload: off", "  activation offload (layer-level): off",
+                                   "  fine-grained activation offload: off", "Segmentation fault (core dumped)"])
+    [crash] = diag.findings(off)
+    assert crash.rule_id == "runtime/rank-crashed" and "had no offload on" in crash.fix
+
+
+def test_a_sigbus_near_dev_shm_is_shared_memory_not_a_crash(diag):
+    lines = ["[rank1]: RuntimeError: unable to mmap 65536 bytes from file </dev/shm/torch_18692_1954506624_0>",
+             "Fatal Python error: Bus error", "  traceback : Signal 7 (SIGBUS) received by PID 18692"]
+    assert diag.ids(diag.write(lines)) == ["runtime/shared-memory"]
+
+
+def test_the_start_ups_store_is_no_collective_timeout(diag):
+    """A rank fetching NCCL's id from the store after the first rank died names NCCL and a timeout on one line: the
+    rendezvous, after the first failure, not the watchdog's collective timeout."""
+    path = diag.write([f"[rank0]: {line}" for line in (*TRACEBACK, OOM)] + [
+        "[rank1]: torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving ncclUniqueId "
+        "from [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout",
+        "[rank2]: torch.distributed.DistBackendError: [2] is setting up NCCL communicator and retrieving ncclUniqueId "
+        "from [0] via c10d key-value store by key '0', but store->get('0') got error: NCCL timed out"])
+    diagnosis = diag(path)
+    assert [f.rule_id for f in diagnosis.findings] == ["runtime/cuda-oom", "runtime/rendezvous-timeout"]
+    assert "[runtime/cuda-oom] on rank 0" in diagnosis.findings[1].consequence_of
+
+
+def test_a_docker_137_without_a_stop_is_still_the_host_kill_and_compose_columns_name_no_rank(diag):
+    path = diag.write(["train-1  | [rank0]: iteration 3", "train-1 exited with code 137"])
+    assert diag.ids(path) == ["runtime/host-memory-killed"]
+    assert strip_rank("train-1  | [rank3]: Killed") == (3, "Killed")
+    assert strip_rank("qwen3_train_1  | Killed") == (None, "Killed")
