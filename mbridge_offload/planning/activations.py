@@ -13,6 +13,8 @@ TE 2.20), read from their code, per token of a micro batch on the rank:
 - MoE MLP: the norm's input and output (the router keeps it), routing indices, probabilities and the permute's
   row map, the permuted tokens (fc1's input), the experts' fc1 output and the SwiGLU's three products, fc2's
   input, all top-k times per token.
+- Gemma3's layer spec: its norms after the attention's projection and after fc2 keep their inputs and fp32
+  statistics.
 - after the last layer: the final norm's input and output; the loss peaks at the logits plus TE's fused cross
   entropy's bf16 copy (4 B per token and vocabulary entry; 6 B unfused: the fp32 copy beside the bf16 logits),
   or in the output layer's backward at the logits' gradient plus a bf16 weight gradient.
@@ -35,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbridge_offload.facts.offload_bytes import pinned_block_bytes
-from mbridge_offload.planning.tensors import ffn_width, layers_per_stage, vocab_rows
+from mbridge_offload.planning.tensors import ffn_width, layers_per_stage, post_norms, vocab_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +170,8 @@ def layer_activations(cfg) -> LayerActivations:
     fine_grained = {name: 2 * sum(numels) for name, numels in _fine_grained_tensors(m, w).items()}
     fine_grained.update(expert_modules)
     per_layer = (_attention_bytes_per_token(m, w) + mlp) * tokens
+    if post_norms(m):  # Gemma3's norms after the projection and after fc2 keep their inputs and fp32 statistics
+        per_layer += 2 * (2 * w.h + 4) * tokens
     if _unfused_rope(m):
         per_layer += 8 * w.kv * w.positions  # cos and sin for q and for k, per position
     chosen = 0.0
@@ -302,6 +306,8 @@ def _dense_layer_offloaded_tensors(m, w: _Widths) -> list[int]:
     per_token = [h, h, q, k, k, q, h, h]
     if getattr(m, "qk_layernorm", False):
         per_token += [q, k]  # the norms' contiguous inputs
+    if post_norms(m):
+        per_token += [h, h]  # the inputs of the norms after the projection and after fc2
     if _glu_unfused(m):
         per_token += [ffn, ffn, ffn]  # SiLU's output, the linear copy, the product (fc1's output stays: a view)
     else:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from mbridge_offload.facts.key_ranges import KEY_RANGES, OFFLOAD_FRACTION_KEY, is_count, is_number
-from mbridge_offload.planning.tensors import vocab_rows
+from mbridge_offload.planning.tensors import (COUNTED_LAYER_SPECS, OLMOE_LAYER_SPEC, layer_spec_name,
+                                              vocab_rows)
 from mbridge_offload.validation.problem import Problem
 
 # The validator's rules whose breach leaves the planner's arithmetic without meaning, after the key ranges.
@@ -90,11 +91,42 @@ def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
                       "the unfused and local attention keep each layer's softmax over sequence x sequence scores for "
                       "backward; the planner counts flash or fused attention, which keeps none",
                       "memory/unmodeled-attention-backend"))
+    spec = layer_spec_name(m)
+    if spec is not None and spec not in COUNTED_LAYER_SPECS and not getattr(m, "heterogeneous_block_specs", False):
+        found.append(("model.transformer_layer_spec", spec,
+                      "a layer spec the planner does not count builds other modules than Megatron Bridge's GPT, "
+                      "OLMoE and Gemma3 specs (extra norms, other attention or MLP), whose tensors and activations "
+                      "the count has not", "memory/unmodeled-layer-spec"))
     if getattr(m, "heterogeneous_block_specs", False):
         found.append(("model.heterogeneous_block_specs", True,
                       "layers of different shapes (Llama-Nemotron's heterogeneous blocks): the planner counts every "
                       "layer alike", "memory/unmodeled-heterogeneous"))
     return found
+
+
+def _olmoe_norm_problems(m: Any) -> list[Problem]:
+    """OLMoE's q and k norms span all attention heads (olmoe_provider.OLMoESelfAttention): the first forward fails
+    on a query or key narrower than that, as a TP shard of the heads or fewer key/value groups than heads are."""
+    if layer_spec_name(m) != OLMOE_LAYER_SPEC or not getattr(m, "qk_layernorm", False):
+        return []
+    heads, tp = m.num_attention_heads, m.tensor_model_parallel_size
+    groups = m.num_query_groups or heads
+    problems = []
+    if is_count(tp, 1) and tp > 1:
+        problems.append(Problem(
+            key="model.tensor_model_parallel_size", value=repr(tp),
+            rule="OLMoE's q and k norms are as wide as all heads (num_attention_heads x kv_channels) and are not "
+                 "split by TP: on a rank's share of the heads the first forward fails on the norm's shape",
+            fix="model.tensor_model_parallel_size=1  (split OLMoE's experts with model.expert_model_parallel_size)",
+            rule_id="memory/olmoe-qk-norm-width", source=PLANNER_SOURCE))
+    if groups != heads:
+        problems.append(Problem(
+            key="model.num_query_groups", value=repr(m.num_query_groups),
+            rule=f"OLMoE's k norm is as wide as all {heads} heads: a key of {groups} key/value groups is narrower "
+                 "and the first forward fails on the norm's shape",
+            fix=f"model.num_query_groups={heads}  (or null)", rule_id="memory/olmoe-qk-norm-width",
+            source=PLANNER_SOURCE))
+    return problems
 
 
 def unmodeled_problems(cfg: Any) -> list[Problem]:
@@ -104,6 +136,7 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
     problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
                         fix=FIXES.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]
+    problems.extend(_olmoe_norm_problems(m))
     if vocab_rows(cfg) is None:  # Megatron Bridge sets it from a tokenizer the config does not size, at launch
         problems.append(Problem(
             key="model.vocab_size", value="None",

@@ -12,6 +12,7 @@ parameters, then distrib_optimizer.py:779 on the fp32 main shards), and both wal
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -67,6 +68,43 @@ def vocab_rows(cfg) -> int | None:
     return -(-size // multiple) * multiple
 
 
+# The layer specs the count knows, by the name of the function (or partial's function) the provider sets: Megatron
+# Bridge's GPT ones (the Transformer Engine spec and the local one hold tensors of the same sizes), OLMoE's (its
+# q and k norms span all heads: olmoe_provider.OLMoESelfAttention) and Gemma3's (a norm after the attention's
+# projection and one after fc2: te_layers.TERowParallelLinearLayerNorm). Any other spec builds modules the count
+# does not know (plannable.py refuses it by model.transformer_layer_spec).
+GPT_LAYER_SPECS = frozenset({"default_layer_spec", "transformer_engine_layer_spec",
+                             "transformer_engine_full_layer_spec", "local_layer_spec"})
+OLMOE_LAYER_SPEC = "olmoe_layer_spec"
+GEMMA3_LAYER_SPEC = "gemma3_layer_spec"
+COUNTED_LAYER_SPECS = GPT_LAYER_SPECS | {OLMOE_LAYER_SPEC, GEMMA3_LAYER_SPEC}
+
+
+def layer_spec_name(m) -> str | None:
+    """The name of model config ``m``'s transformer_layer_spec: the function's (a partial's function's), or the
+    class of a spec given built; None where the config has none (a GPT spec then). A cached config holds a stand-in
+    shown as the function was (mbridge_offload/fast_check/snapshot.py): the name is read from that text."""
+    spec = getattr(m, "transformer_layer_spec", None)
+    if spec is None:
+        return None
+    func = getattr(spec, "func", spec)
+    if callable(func) and hasattr(func, "__qualname__"):
+        return func.__qualname__
+    shown = re.match(r"(?:functools\.partial\()?<function (\S+?)(?: at 0x[0-9a-fA-F]+)?>", repr(spec))
+    return shown.group(1) if shown else type(spec).__qualname__
+
+
+def post_norms(m) -> bool:
+    """Whether each layer has a norm after the attention's projection and one after fc2 (Gemma3's layer spec)."""
+    return layer_spec_name(m) == GEMMA3_LAYER_SPEC
+
+
+def learned_position_rows(m) -> int:
+    """Rows of the learned absolute position embedding (GPTModel builds it for max_sequence_length = seq_length,
+    whole on every TP rank: a torch Embedding), 0 for RoPE and the others, which have no parameters."""
+    return m.seq_length if getattr(m, "position_embedding_type", None) == "learned_absolute" else 0
+
+
 def named_tensors(cfg, stage: int) -> list[Tensor]:
     """The parameter tensors one rank of pipeline stage ``stage`` holds, in ``named_parameters()`` order:
     per layer the attention's projection, its fused norm, QKV, the QK norms, then the MLP's fused norm and
@@ -106,17 +144,27 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
         if bias:
             add(f"{name}.bias", rows // split_rows, "small")
 
+    # OLMoE normalizes the query and the key over all heads at once, a norm as wide as every head (not split by TP)
+    q_norm, k_norm = (heads * kv, heads * kv) if layer_spec_name(m) == OLMOE_LAYER_SPEC else (kv, kv)
+    # softmax_type learnable (gpt-oss's attention sinks): one learned offset per head of the rank
+    sinks = getattr(m, "softmax_type", "vanilla") == "learnable"
     if stage == 0:
         add("embedding", vocab * h // tp, "embedding")
+        if learned_position_rows(m):
+            add("embedding.position", learned_position_rows(m) * h, "embedding")
     for layer in range(layers):
+        if sinks:
+            add(f"l{layer}.softmax_offset", heads // tp, "small")
         linear(f"l{layer}.proj", h, heads * kv, "dense", 1, tp)
+        if post_norms(m):
+            norm(f"l{layer}.proj.post_ln", h)
         norm(f"l{layer}.ln1", h)
         add(f"l{layer}.qkv", (heads // tp + 2 * groups_per_rank) * kv * h, "dense")
         if qkv_bias:
             add(f"l{layer}.qkv.bias", (heads // tp + 2 * groups_per_rank) * kv, "small")
         if m.qk_layernorm:
-            norm(f"l{layer}.q_ln", kv)
-            norm(f"l{layer}.k_ln", kv)
+            norm(f"l{layer}.q_ln", q_norm)
+            norm(f"l{layer}.k_ln", k_norm)
         if experts:
             ffn = m.moe_ffn_hidden_size or ffn_width(m)
             norm(f"l{layer}.ln2", h)
@@ -135,6 +183,8 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
             norm(f"l{layer}.ln2", h)
             linear(f"l{layer}.fc1", gated * ffn_width(m), h, "dense", tp)
             linear(f"l{layer}.fc2", h, ffn_width(m), "dense", 1, tp)
+            if post_norms(m):
+                norm(f"l{layer}.fc2.post_ln", h)
     if stage == pp - 1:
         norm("final_ln", h)
         if not m.share_embeddings_and_output_weights or pp > 1:
@@ -187,7 +237,7 @@ def forward_position(tensor: Tensor) -> tuple[int, int]:
     """Where the forward meets ``tensor`` (sortable): the embedding, the layers in order, the final norm, the
     output layer (the order of the model's parameters, which the stream engine's choice of what to offload walks
     backwards)."""
-    if tensor.name == "embedding":
+    if tensor.name.startswith("embedding"):
         return (0, 0)
     if tensor.name.startswith("l"):
         return (1, int(tensor.name[1:tensor.name.index(".")]))

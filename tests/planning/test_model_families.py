@@ -102,3 +102,35 @@ def test_a_model_without_an_mlp_width_is_planned_with_megatron_cores():
     p = plan_with_recommendation(bridge_recipe("gemma3_1b_pretrain_config", ffn_hidden_size=None), 1, fraction=0.5,
                                  gpu_memory_gib=139.8)
     assert not p.unplanned and p.activation_bytes_gpu > 0
+
+
+def test_a_layer_spec_the_planner_does_not_count_is_refused_by_its_key():
+    """Gemma2's layer spec (post norms and an attention that may keep its scores) on OLMoE: not the modules the count
+    has, so refused by model.transformer_layer_spec, never planned as OLMoE's."""
+    from megatron.bridge.models.gemma.gemma2_provider import gemma2_layer_spec
+
+    problem = _refused(bridge_recipe("olmoe_7b_pretrain_config", transformer_layer_spec=gemma2_layer_spec), 8,
+                       "memory/unmodeled-layer-spec", "model.transformer_layer_spec")
+    assert problem.value == "gemma2_layer_spec"
+
+
+@pytest.mark.parametrize("fields,key", [
+    ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, "model.tensor_model_parallel_size"),
+    ({"num_query_groups": 8}, "model.num_query_groups"),
+])
+def test_olmoe_with_a_query_or_key_narrower_than_its_norms_is_refused(fields, key):
+    """OLMoE's q and k norms are num_attention_heads x kv_channels wide (OLMoESelfAttention): a TP shard of the heads
+    or fewer key/value groups fail the first forward on the norm's shape."""
+    problem = _refused(bridge_recipe("olmoe_7b_pretrain_config", **fields), 8, "memory/olmoe-qk-norm-width", key)
+    assert problem.fix.split("=")[0] == key
+
+
+def test_gemma3_is_planned_with_its_post_norms_activations():
+    """Gemma3's norms after the projection and fc2 keep their inputs: more activations than the same model with
+    the GPT layer spec."""
+    from megatron.bridge.models.gpt_provider import default_layer_spec
+
+    gemma = plan_with_recommendation(bridge_recipe("gemma3_1b_pretrain_config"), 1, fraction=0.5, gpu_memory_gib=139.8)
+    gpt = plan_with_recommendation(bridge_recipe("gemma3_1b_pretrain_config", transformer_layer_spec=default_layer_spec),
+                                   1, fraction=0.5, gpu_memory_gib=139.8)
+    assert not gemma.unplanned and gemma.activation_bytes_gpu > gpt.activation_bytes_gpu

@@ -1,7 +1,9 @@
 """The planner's parameter count (tensors.named_tensors) against Megatron Core's own: the GPTModel a config's
 provider builds, on the meta device (no memory, no GPU: Megatron Core's local layer spec, whose tensors have the
-sizes of the Transformer Engine spec's). Biases (add_bias_linear, add_qkv_bias), LayerNorm's bias and the shared
-expert's gate were missing from the count."""
+sizes of the Transformer Engine spec's, with the modules a model's own spec adds: OLMoE's attention, Gemma3's
+norms after the projection and fc2). Biases (add_bias_linear, add_qkv_bias), LayerNorm's bias, the shared
+expert's gate, OLMoE's q and k norms over all heads, Gemma3's post norms, gpt-oss's attention sinks and a learned
+position embedding were missing from the count."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import socket
 import pytest
 
 from overrides import apply_overrides
-from mbridge_offload.planning.tensors import named_tensors
+from mbridge_offload.planning.tensors import GEMMA3_LAYER_SPEC, OLMOE_LAYER_SPEC, layer_spec_name, named_tensors
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +34,58 @@ def one_rank():
     dist.destroy_process_group()
 
 
+def _local_row_parallel_with_post_norm():
+    """Megatron Bridge's TERowParallelLinearLayerNorm (Gemma's linear_proj and linear_fc2: the row-parallel linear,
+    then a norm of its output width) on Megatron Core's local linear and norm, which need no Transformer Engine."""
+    import inspect
+
+    from megatron.bridge.models.common.te_layers import TERowParallelLinearLayerNorm
+    from megatron.core.models.gpt.gpt_layer_specs import LNImpl
+    from megatron.core.tensor_parallel import RowParallelLinear
+
+    assert "self.post_layernorm = TENorm(config, output_size)" in inspect.getsource(TERowParallelLinearLayerNorm)
+
+    class RowParallelLinearPostNorm(RowParallelLinear):
+        def __init__(self, input_size, output_size, *, config, **kwargs):
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.post_layernorm = LNImpl(config=config, hidden_size=output_size, eps=config.layernorm_epsilon)
+
+    return RowParallelLinearPostNorm
+
+
+def local_layer_spec(m):
+    """The local layer spec with the modules of ``m``'s own spec that hold other tensors than the GPT spec's."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(num_experts=m.num_moe_experts, moe_grouped_gemm=False,
+                                    qk_layernorm=m.qk_layernorm, normalization=m.normalization)
+    if layer_spec_name(m) == OLMOE_LAYER_SPEC:
+        from megatron.bridge.models.olmoe.olmoe_provider import OLMoESelfAttention
+
+        spec.submodules.self_attention.module = OLMoESelfAttention
+    if layer_spec_name(m) == GEMMA3_LAYER_SPEC:
+        post_norm = _local_row_parallel_with_post_norm()
+        spec.submodules.self_attention.submodules.linear_proj = post_norm
+        mlp = spec.submodules.mlp  # a ModuleSpec, or a partial of the MLP given its submodules
+        (mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules).linear_fc2 = post_norm
+    return spec
+
+
 def megatron_count(cfg) -> int:
     """Parameters of the GPTModel Megatron Core builds from ``cfg.model`` on one rank, on the meta device."""
     import torch
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from unittest import mock
 
     m = copy.deepcopy(cfg.model)
     m.perform_initialization, m.use_cpu_initialization, m.gradient_accumulation_fusion = False, True, False
     m.persist_layer_norm = False  # a Transformer Engine or Apex kernel: the local spec's torch LayerNorm has none
+    m.layernorm_zero_centered_gamma = False  # the same weight read as 1 + w (Gemma): the torch norm has no such mode
     m.moe_grouped_gemm, m.moe_token_dispatcher_type = False, "allgather"  # the others allocate on a GPU
-    m.transformer_layer_spec = get_gpt_layer_local_spec(num_experts=m.num_moe_experts, moe_grouped_gemm=False,
-                                                        qk_layernorm=m.qk_layernorm, normalization=m.normalization)
+    m.transformer_layer_spec = local_layer_spec(m)
     m.finalize()
-    with torch.device("meta"):
+    # the learnable softmax offset is made on torch.cuda.current_device() (dot_product_attention.py), which a
+    # machine without a GPU has not: it is made on the meta device like every other tensor here
+    with torch.device("meta"), mock.patch.object(torch.cuda, "current_device", lambda: "meta"):
         model = m.provide(pre_process=True, post_process=True)
     return sum(p.numel() for p in model.parameters())
 
@@ -138,3 +179,44 @@ def test_gemma3_trains_the_null_tokenizers_vocabulary_not_the_models():
     assert rows != cfg.model.vocab_size
     (embedding,) = [t for t in named_tensors(cfg, 0) if t.name == "embedding"]
     assert embedding.numel == rows * cfg.model.hidden_size
+
+
+def test_olmoes_q_and_k_norms_span_all_heads():
+    """OLMoE's attention (olmoe_provider.OLMoESelfAttention) normalizes q and k over all 16 heads x 128 channels at
+    once: 2 x 2048 norm weights per layer, where Megatron Core's QK norm has 2 x 128. The count had 2 x 128."""
+    cfg = one_gpu(copy.deepcopy(_bridge_built("olmoe_7b_pretrain_config")))
+    m = cfg.model
+    norms = {t.name: t.numel for t in named_tensors(cfg, 0) if t.name.startswith("l0.") and t.name[3:5] in ("q_", "k_")}
+    assert norms == {"l0.q_ln": m.num_attention_heads * m.kv_channels, "l0.k_ln": m.num_attention_heads * m.kv_channels}
+
+
+@pytest.mark.parametrize("overrides", [["model.softmax_type=learnable"], ["model.softmax_type=learnable",
+                                                                          "model.tensor_model_parallel_size=2"]])
+def test_attention_sinks_are_one_parameter_per_head_of_the_rank(one_rank, overrides):
+    """gpt-oss's learnable softmax offsets (its attention sinks): a parameter of heads / TP per layer, which the count
+    had not. On one rank, the count is Megatron Core's; on TP2 each rank holds half of them."""
+    one = one_gpu(copy.deepcopy(_bridge_built("olmoe_7b_pretrain_config")))
+    cfg = apply_overrides(one, overrides)
+    sinks = [t.numel for t in named_tensors(cfg, 0) if t.name.endswith("softmax_offset")]
+    heads = cfg.model.num_attention_heads // cfg.model.tensor_model_parallel_size
+    assert sinks == [heads] * cfg.model.num_layers
+    if cfg.model.tensor_model_parallel_size == 1:
+        assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
+
+
+def test_a_learned_position_embedding_is_counted(one_rank, recipe):
+    """position_embedding_type learned_absolute (GPT-3's): GPTModel builds a seq_length x hidden table beside the
+    word embedding, whole on every TP rank."""
+    cfg = one_gpu(apply_overrides(recipe("qwen3_0p6b_pretrain_config"),
+                                  ["model.position_embedding_type=learned_absolute"]))
+    assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
+    tp2 = apply_overrides(cfg, ["model.tensor_model_parallel_size=2"])
+    (position,) = [t for t in named_tensors(tp2, 0) if t.name == "embedding.position"]
+    assert position.numel == cfg.model.seq_length * cfg.model.hidden_size
+
+
+def test_gemma3_counts_its_norms_after_the_projection_and_fc2(one_rank):
+    """Bridge's Gemma3 layer spec (TERowParallelLinearLayerNorm for linear_proj and linear_fc2): a hidden-wide norm
+    after each, two per layer the count had not."""
+    cfg = _vocabulary_as_bridge_sets_it(one_gpu(copy.deepcopy(_bridge_built("gemma3_1b_pretrain_config"))))
+    assert sum(t.numel for t in named_tensors(cfg, 0)) == megatron_count(cfg)
