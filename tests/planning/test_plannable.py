@@ -137,3 +137,60 @@ def test_fewer_query_groups_than_tp_ranks_are_replicated_not_refused(built):
     qkv = next(t for t in named_tensors(cfg, 0) if t.name == "l0.qkv")
     assert qkv.numel == (32 // 8 + 2 * 1) * 128 * 2048
     assert not plan(cfg, 8).unplanned
+
+
+@pytest.mark.parametrize("recipe_name,gpus,overrides,rule_id,key", [
+    # 4097 positions do not split over TP2's sequence-parallel ranks (nor 130 per CP rank of 260 over TP4)
+    ("qwen3_0p6b_pretrain_config", 2, ["model.tensor_model_parallel_size=2", "model.sequence_parallel=True",
+                                       "model.seq_length=4097", "dataset.seq_length=4097", "train.global_batch_size=8"],
+     "memory/seq-length-sp", "model.seq_length"),
+    ("qwen3_0p6b_pretrain_config", 8, ["model.tensor_model_parallel_size=4", "model.sequence_parallel=True",
+                                       "model.context_parallel_size=2", "model.seq_length=260",
+                                       "dataset.seq_length=260", "train.global_batch_size=8"],
+     "memory/seq-length-sp", "model.seq_length"),
+    # a shared expert of 1001 does not split over TP2
+    (MOE_PROXY, 2, ["model.tensor_model_parallel_size=2", "model.sequence_parallel=True",
+                    "model.moe_shared_expert_intermediate_size=1001"],
+     "memory/shared-expert-ffn-per-tp", "model.moe_shared_expert_intermediate_size"),
+])
+def test_a_split_megatron_core_asserts_on_is_refused_and_its_fix_plans(built, recipe_name, gpus, overrides, rule_id,
+                                                                        key):
+    """Sizes TP must divide that no validator rule checks: planned before, an assertion in the run's first step."""
+    cfg = apply_overrides(built(recipe_name), overrides)
+    p = plan_with_recommendation(cfg, gpus, fraction=0.5)
+    assert p.unplanned and p.params_per_rank == 0
+    (problem,) = [q for q in plan_problems(p, None) if q.rule_id == rule_id]
+    assert problem.key == key and problem.value.startswith(str(value_of(cfg, key)))
+    fixed = apply_overrides(cfg, problem.fix.split("  (")[0].split())
+    assert not plan_with_recommendation(fixed, gpus, fraction=0.5).unplanned
+
+
+def value_of(cfg, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+@pytest.mark.parametrize("seq", [1, 129, 131072])
+@pytest.mark.parametrize("micro_batch", [1, 3, 16])
+def test_odd_sequence_lengths_and_micro_batches_plan_finite_positive_numbers(built, seq, micro_batch):
+    """From 1 token to 128k, micro batches of 1 to 16: a plan of finite numbers, none negative, that grows with
+    the tokens of a micro batch."""
+    import dataclasses
+    import math
+
+    def numbers(obj):
+        if dataclasses.is_dataclass(obj):
+            return [n for f in dataclasses.fields(obj) for n in numbers(getattr(obj, f.name))]
+        if isinstance(obj, (list, tuple)):
+            return [n for x in obj for n in numbers(x)]
+        return [obj] if isinstance(obj, (int, float)) and not isinstance(obj, bool) else []
+
+    def planned(s):
+        cfg = apply_overrides(built(MOE_PROXY), [f"model.seq_length={s}", f"dataset.seq_length={s}",
+                                                 f"train.micro_batch_size={micro_batch}",
+                                                 f"train.global_batch_size={4 * micro_batch}"])
+        return plan(cfg, 1, fraction=0.5)
+
+    p = planned(seq)
+    assert not p.unplanned and all(math.isfinite(n) and n >= 0 for n in numbers(p))
+    assert planned(seq + 1).activation_bytes_gpu > p.activation_bytes_gpu
