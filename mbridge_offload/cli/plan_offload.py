@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
+from recipes import registry
 from mbridge_offload.cli.parsing import (CommandParser, at_least_one, not_prepared_problems, problem_json, readable_dir,
                                          recipe_or_exit)
 from mbridge_offload.facts.import_notices import quiet_import_notices
@@ -38,9 +39,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _option_action(parser: argparse.ArgumentParser, token: str) -> argparse.Action | None:
+    """The option ``token`` names: exactly, or as the one long option it abbreviates (argparse's allow_abbrev)."""
+    actions = parser._option_string_actions
+    if token in actions:
+        return actions[token]
+    if token.startswith("--") and parser.allow_abbrev:
+        matches = {actions[o] for o in actions if o.startswith(token)}
+        return matches.pop() if len(matches) == 1 else None
+    return None
+
+
+def argument_errors(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """What argparse would say of every option value its type refuses ("argument --x: ..."), and of an unknown
+    --recipe (with did-you-mean), in the order given. argparse stops at the first; a command line with several bad
+    values gets them all at once."""
+    errors, tokens, i = [], list(argv), 0
+    while i < len(tokens):
+        token = str(tokens[i])
+        i += 1
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-":
+            continue
+        flag, has_value, value = token.partition("=")
+        action = _option_action(parser, flag)
+        recipe = action is not None and action.dest == "recipe"
+        if action is None or (action.type is None and not recipe) or action.nargs is not None:
+            continue
+        if not has_value:
+            if i >= len(tokens):
+                continue  # argparse says the value is missing
+            value = str(tokens[i])
+            i += 1
+        try:
+            registry.get(value) if recipe else action.type(value)
+        except registry.UnknownRecipe as unknown:
+            errors.append(f"argument --recipe: {unknown}")
+        except argparse.ArgumentTypeError as error:
+            errors.append(f"argument {'/'.join(action.option_strings)}: {error}")
+        except (TypeError, ValueError):
+            errors.append(f"argument {'/'.join(action.option_strings)}: invalid "
+                          f"{getattr(action.type, '__name__', 'value')} value: {value!r}")
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    errors = argument_errors(parser, argv)
+    if len(errors) > 1:  # one alone: argparse (or the recipe's did-you-mean) says it, as for any other command
+        parser.error(f"{len(errors)} invalid arguments: " + "; ".join(errors))
     args = parser.parse_intermixed_args(argv)
     if args.compare:
         quiet_import_notices()
