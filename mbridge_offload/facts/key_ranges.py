@@ -8,6 +8,7 @@ these ranges as ordinary rules of its table (with the same id, words and fix).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -34,11 +35,33 @@ class KeyRange:
     fix: Callable[[Any], str]  # a constant fix ignores the config (the docs table passes None)
     observed: Callable[[Any], str] | None = None  # the value to show, when not the key's own
     fix_text: str = ""  # the fix in the docs table, where ``fix`` depends on the config
+    number: bool = True  # the key takes a number: any text it holds is shown as text, quoted
 
     def value(self, cfg: Any) -> str:
         if self.observed is not None:
             return self.observed(cfg)
-        return show(get_path(cfg, self.key))
+        return show_typed(get_path(cfg, self.key), number=self.number)
+
+
+# text a reader would take for a number, a bool, null, a list or a dict when shown bare
+_READS_AS_ANOTHER_TYPE = re.compile(
+    r"(?i:[+-]?(\d[\d_]*\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(inf|infinity|nan)|0[xob][0-9a-f_]+|true|false|null)"
+    r"|None|[\[{'\"].*", re.DOTALL)
+
+
+def show_typed(value: Any, number: bool = False) -> str:
+    """``value`` for a report, its type seen where the bare text would hide it: text that reads as a number, a bool,
+    null, a list or a dict, or that is empty or has spaces at an end, is shown quoted as text (the string '16', not
+    16: ``train.micro_batch_size='16'`` is refused because it is text). ``number``: the key takes a number, so any
+    text is shown that way."""
+    if isinstance(value, str):
+        if number or value != value.strip() or not value or _READS_AS_ANOTHER_TYPE.fullmatch(value):
+            return f"the string {value!r}"
+        return value
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(repr(v) if isinstance(v, str) and show_typed(v) != v else show_typed(v)
+                              for v in value) + "]"
+    return show(value)
 
 
 def fixed(text: str) -> Callable[[Any], str]:
@@ -131,7 +154,8 @@ CPU_OFFLOADING_NUM_LAYERS = KeyRange(
     id="activation-offload/num-layers-range", key="model.cpu_offloading_num_layers",
     text="must satisfy 0 <= cpu_offloading_num_layers < model.num_layers",
     holds=_num_layers_holds, fix=_num_layers_fix,
-    observed=lambda cfg: f"{cfg.model.cpu_offloading_num_layers} (model.num_layers={cfg.model.num_layers})",
+    observed=lambda cfg: (f"{show_typed(cfg.model.cpu_offloading_num_layers, number=True)} "
+                          f"(model.num_layers={show_typed(cfg.model.num_layers, number=True)})"),
     fix_text="model.cpu_offloading_num_layers=<n below model.num_layers>")
 
 OFFLOAD_MODULES_KNOWN = KeyRange(
@@ -141,7 +165,7 @@ OFFLOAD_MODULES_KNOWN = KeyRange(
     fix=lambda cfg: ("model.offload_modules=["
                      + ",".join(sorted(offload_modules(cfg) & set(FINE_GRAINED_MODULES)) or ["expert_fc1", "moe_act"])
                      + "]"),
-    fix_text="model.offload_modules=[expert_fc1,moe_act]")
+    fix_text="model.offload_modules=[expert_fc1,moe_act]", number=False)
 
 ACTIVATION_OFFLOAD_FRACTION = _share(
     "fine-grained/fraction-range", "model.activation_offload_fraction",
@@ -185,7 +209,8 @@ MOE_ROUTER_TOPK = KeyRange(
     text="on an MoE model, must be a whole number from 1 to model.num_moe_experts (experts each token is routed to)",
     holds=_topk_holds, fix=lambda cfg: "model.moe_router_topk=" + (
         str(min(8, value_at(cfg, "model.num_moe_experts"))) if cfg is not None and _moe_model(cfg) else "8"),
-    observed=lambda cfg: f"{show(value_at(cfg, 'model.moe_router_topk'))} (experts {show(value_at(cfg, 'model.num_moe_experts'))})",
+    observed=lambda cfg: (f"{show_typed(value_at(cfg, 'model.moe_router_topk'), number=True)} "
+                          f"(experts {show_typed(value_at(cfg, 'model.num_moe_experts'), number=True)})"),
     fix_text="model.moe_router_topk=<1 to num_moe_experts>")
 
 MOE_FFN_HIDDEN_SIZE = KeyRange(

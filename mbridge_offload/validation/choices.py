@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mbridge_offload.facts.config_tree import get_path, show
+from mbridge_offload.facts.key_ranges import show_typed
 from mbridge_offload.facts.spelling import close_words
 from mbridge_offload.validation.guard import guarded
 from mbridge_offload.validation.rule import CHOICES, Context, Rule
@@ -185,7 +186,7 @@ def _rule(choice: WordChoice) -> Rule:
                 applies=lambda c: c is not None and _value(c, choice.key) is not _ABSENT,
                 holds=lambda c: choice.admits(_value(c, choice.key)),
                 fix=lambda c: choice.fix_text if c is None else choice.fix(_value(c, choice.key)),
-                observed=lambda c: show(_value(c, choice.key)), fix_text=choice.fix_text,
+                observed=lambda c: show_typed(_value(c, choice.key)), fix_text=choice.fix_text,
                 log_signatures=choice.log_signatures)
 
 

@@ -46,6 +46,18 @@ RULES: tuple[Rule, ...] = guarded(
                                  else f"~{f}") for f in _resiliency_features(c)),
          observed=lambda c: "enabled: " + ", ".join(_resiliency_features(c)),
          fix_text="~ft / ~nvrx_straggler / ~inprocess_restart, or install nvidia-resiliency-ext"),
+    # ConfigContainer.validate checks the flex dispatcher's backend against the GPU it runs on; the validator skips
+    # that check where there is no CUDA device (upstream.py): the report says what was not checked.
+    Rule(id="env/flex-dispatcher-gpu-unchecked", mechanism=ENVIRONMENT, key="model.moe_flex_dispatcher_backend",
+         text="with moe_token_dispatcher_type=flex, Megatron Bridge checks the dispatcher backend (DeepEP: Ampere, "
+              "Hopper, B200/B300; HybridEP: Ampere to Blackwell; NCCL EP: Hopper, Blackwell) against the GPU: not "
+              "checked here, where there is no CUDA device; the launch on the GPUs checks it",
+         applies=lambda c: getattr(c.model, "moe_token_dispatcher_type", None) == "flex" and not c.has_cuda(),
+         holds=lambda c: False,
+         observed=lambda c: (f"{c.model.moe_flex_dispatcher_backend} (moe_token_dispatcher_type=flex; not checked "
+                             "against a GPU: no CUDA device here)"),
+         fix=fixed("nothing to change here; to check it before a long run, validate on a GPU node "
+                   "(run_recipe.py --dry-run there)"), severity="warning"),
     Rule(id="env/fast-hadamard-transform", mechanism=ENVIRONMENT, key="model.experimental_attention_variant",
          text="DeepSeek sparse attention (dsa) needs fast-hadamard-transform, which is not installed "
               "(needs its own CUDA build)",

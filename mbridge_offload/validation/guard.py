@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from mbridge_offload.facts.config_tree import show
+from mbridge_offload.facts.key_ranges import show_typed
 from mbridge_offload.validation.rule import Context, Rule
 
 
@@ -60,7 +60,7 @@ def guard(rule: Rule) -> Rule:
 
     def safe_observed(ctx: Context) -> str:
         try:
-            return observed(ctx) if observed is not None else show(ctx.get(rule.key))
+            return observed(ctx) if observed is not None else show_typed(ctx.get(rule.key))
         except Exception as error:  # noqa: BLE001
             return f"(unreadable: {_reason(error)})"
 

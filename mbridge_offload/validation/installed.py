@@ -34,3 +34,15 @@ def version_tuple(text: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def cuda_available() -> bool:
+    """Whether this machine has a CUDA device torch can use (the GPU checks of Megatron Bridge's validate() need one)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken driver is no device to check against
+        return False

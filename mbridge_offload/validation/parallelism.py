@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from mbridge_offload.facts.key_ranges import GRID_RANGES, MODEL_COUNT_RANGES, fixed, grid_sane, is_count
+from mbridge_offload.facts.key_ranges import GRID_RANGES, MODEL_COUNT_RANGES, fixed, grid_sane, is_count, show_typed
 from mbridge_offload.validation.guard import gpus_ok, guarded, sane
 from mbridge_offload.validation.rule import PARALLELISM, Context, Rule
 from mbridge_offload.validation.upstream_rules import MODEL
@@ -162,6 +162,32 @@ def _model_vocab_checked_against_tokenizer(ctx: Context) -> bool:
             and not getattr(tokenizer, "use_tokenizer_vocab_size", False))
 
 
+def _given_vocab_replaced(ctx: Context) -> bool:
+    """The command line gave model.vocab_size, and tokenizer.use_tokenizer_vocab_size puts the tokenizer's in its
+    place at setup."""
+    return (ctx.given("model.vocab_size") and is_count(ctx.model.vocab_size, 1)
+            and bool(getattr(getattr(ctx.cfg, "tokenizer", None), "use_tokenizer_vocab_size", False)))
+
+
+def _given_vocab_observed(ctx: Context) -> str:
+    tokenizer = ctx.cfg.tokenizer
+    known = _tokenizer_vocab(ctx)
+    trains = (f"the {tokenizer.tokenizer_type}'s tokenizer.vocab_size={known}" if known is not None else
+              f"the vocabulary of the {tokenizer.tokenizer_type} ({show_typed(tokenizer.tokenizer_model)}), "
+              "known at launch,")
+    return f"{ctx.model.vocab_size} (given; tokenizer.use_tokenizer_vocab_size=True: {trains} trains)"
+
+
+def _given_vocab_fix(ctx: Context) -> str:
+    vocab, known = ctx.model.vocab_size, _tokenizer_vocab(ctx)
+    if known is not None and vocab < known:  # Bridge refuses a model vocabulary below the tokenizer's
+        return (f"tokenizer.vocab_size={vocab}  (the null tokenizer then has the vocabulary given; or drop "
+                f"model.vocab_size={vocab} to train the tokenizer's {known})")
+    return (f"tokenizer.use_tokenizer_vocab_size=False  (model.vocab_size={vocab} then trains; Megatron Bridge refuses "
+            f"it at setup if it is below the tokenizer's vocabulary), or drop model.vocab_size={vocab} to train the "
+            "tokenizer's")
+
+
 RULES: tuple[Rule, ...] = guarded(
     *(Rule.of_range(PARALLELISM, key_range) for key_range in (*GRID_RANGES, *MODEL_COUNT_RANGES)),
     Rule(id="parallel/world-size", mechanism=PARALLELISM, key="model.tensor_model_parallel_size",
@@ -261,17 +287,27 @@ RULES: tuple[Rule, ...] = guarded(
          fix_text="tokenizer.vocab_size=<model.vocab_size>, or model.vocab_size=<the tokenizer's vocabulary>",
          log_signatures=(r"Model vocab_size \(\d+\) cannot be smaller than tokenizer's vocab_size",)),
     # tokenizer.use_tokenizer_vocab_size: Bridge's setup returns the tokenizer's vocabulary whatever model.vocab_size
-    # says (_validate_and_set_vocab_size, no message). The validator sees the final config, not which keys the
-    # command line set; the recipes build the NullTokenizer with the model's vocabulary, so where the two differ one
-    # of them was changed, and the model's (what the planner counted) is not what trains. Other tokenizers' sizes are
-    # known only at launch: not checked (Bridge's own pretraining recipes set both on purpose).
+    # says (_validate_and_set_vocab_size, no message). A model.vocab_size the command line gave is the user's: it is
+    # refused wherever the tokenizer's vocabulary replaces it with another, or with one known only at launch (a Hugging
+    # Face or SentencePiece tokenizer's). One the recipe set (Bridge's own pretraining recipes set both on purpose) is
+    # judged on the values alone: the recipes build the NullTokenizer with the model's vocabulary, so where the two
+    # differ one of them was changed, and the model's (what the planner counted) is not what trains.
+    Rule(id="model/given-vocab-replaced-by-tokenizer", mechanism=MODEL, key="model.vocab_size",
+         text="a model.vocab_size given on the command line is replaced at setup by the tokenizer's vocabulary where "
+              "tokenizer.use_tokenizer_vocab_size is True (Megatron Bridge, with no message): the run would not "
+              "train the vocabulary asked for (refused unless the tokenizer's is known to be the same: the "
+              "NullTokenizer's tokenizer.vocab_size)",
+         applies=sane(_given_vocab_replaced), holds=lambda c: c.model.vocab_size == _tokenizer_vocab(c),
+         observed=_given_vocab_observed, fix=_given_vocab_fix,
+         fix_text="tokenizer.use_tokenizer_vocab_size=False (model.vocab_size then trains), or drop model.vocab_size"),
     Rule(id="model/vocab-replaced-by-tokenizer", mechanism=MODEL, key="model.vocab_size",
          text="model.vocab_size is replaced at setup by the tokenizer's vocabulary where "
               "tokenizer.use_tokenizer_vocab_size is True (Megatron Bridge, with no message): a model.vocab_size that "
               "differs is not what trains (checked where the config gives the tokenizer's vocabulary: the "
               "NullTokenizer's tokenizer.vocab_size)",
          applies=sane(lambda c: (bool(getattr(c.cfg.tokenizer, "use_tokenizer_vocab_size", False))
-                                 and is_count(c.model.vocab_size, 1) and _tokenizer_vocab(c) is not None)),
+                                 and is_count(c.model.vocab_size, 1) and _tokenizer_vocab(c) is not None
+                                 and not c.given("model.vocab_size"))),
          holds=lambda c: c.model.vocab_size == _tokenizer_vocab(c),
          observed=lambda c: (f"{c.model.vocab_size} (tokenizer.use_tokenizer_vocab_size=True: the "
                              f"{c.cfg.tokenizer.tokenizer_type}'s tokenizer.vocab_size={_tokenizer_vocab(c)} trains)"),

@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping
 from mbridge_offload.facts.checkpoint_dir import saved_run_config
 from mbridge_offload.facts.config_tree import get_path, show
 from mbridge_offload.facts.environment import run_env
-from mbridge_offload.facts.key_ranges import KeyRange
+from mbridge_offload.facts.key_ranges import KeyRange, show_typed
 from mbridge_offload.facts.parallel import ParallelSizes
-from mbridge_offload.validation.installed import module_available, te_version
+from mbridge_offload.validation.installed import cuda_available, module_available, te_version
 
 # Mechanism names, as shown to users (the README's offload table groups by these, in this order).
 OPTIMIZER = "optimizer offload"
@@ -45,6 +45,7 @@ class Context:
     has_module: Callable[[str], bool] = module_available
     te_version: str | None = "detect"  # "detect": look at what is installed; None: not installed
     given_keys: frozenset[str] = frozenset()
+    has_cuda: Callable[[], bool] = cuda_available  # a CUDA device here (checks of the GPU's architecture need one)
 
     def get(self, key: str) -> Any:
         return get_path(self.cfg, key)
@@ -114,17 +115,16 @@ class Rule:
     @classmethod
     def of_range(cls, mechanism: str, key_range: KeyRange) -> "Rule":
         """A key's admissible values (defined once, in facts) as a rule of the table."""
-        observed = key_range.observed
         return cls(id=key_range.id, mechanism=mechanism, key=key_range.key, text=key_range.text,
                    applies=always, holds=lambda ctx: key_range.holds(ctx.cfg),
                    fix=lambda ctx: key_range.fix(None if ctx is None else ctx.cfg),
-                   observed=None if observed is None else (lambda ctx: observed(ctx.cfg)),
+                   observed=lambda ctx: key_range.value(ctx.cfg),
                    fix_text=key_range.fix_text)
 
     def value(self, ctx: Context) -> str:
         if self.observed is not None:
             return self.observed(ctx)
-        return show(ctx.get(self.key))
+        return show_typed(ctx.get(self.key))
 
 
 def always(ctx: Context) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from mbridge_offload.facts.config_tree import KeyPathError, get_path, show, walk
+from mbridge_offload.facts.key_ranges import show_typed
 from mbridge_offload.validation.problem import Problem
 from mbridge_offload.validation.registry import RULES_BY_ID
 from mbridge_offload.validation.rule import Context, Rule
@@ -79,7 +80,7 @@ def _from_rule(rule: Rule, ctx: Context, first_line: str) -> Problem:
         value = rule.value(ctx)
     except (KeyPathError, AttributeError, TypeError, ZeroDivisionError, ValueError):
         try:
-            value = show(get_path(ctx.cfg, rule.key))
+            value = show_typed(get_path(ctx.cfg, rule.key))
         except (KeyPathError, AttributeError, TypeError):
             value = "(unset)"
     try:
@@ -127,7 +128,7 @@ def translate_upstream(message: str | UpstreamFailure, cfg: Any, ctx: Context) -
     value = ""
     if key:
         try:
-            value = show(get_path(cfg, key))
+            value = show_typed(get_path(cfg, key))
         except KeyPathError:
             value = ""
     return Problem(key=key, value=value, rule=text, fix=fix, severity="error", rule_id="", source="upstream",
@@ -210,10 +211,11 @@ def _gpu_architecture_checks_skipped_without_a_gpu() -> Iterator[None]:
     """ConfigContainer.validate checks the flex dispatcher's backend (DeepEP, HybridEP, NCCL EP) against the GPU of
     the machine it runs on (torch.cuda.get_device_properties(0)). Run where the validator runs, a login node or
     laptop without a GPU, that call raises 'Found no NVIDIA driver': the machine's failure, not the config's, and it
-    stopped every check after it. Without a GPU the check is skipped here; the launch on the GPUs makes it."""
-    import torch
+    stopped every check after it. Without a GPU the check is skipped here, and env/flex-dispatcher-gpu-unchecked says
+    so in the report; the launch on the GPUs makes it."""
+    from mbridge_offload.validation.installed import cuda_available
 
-    if torch.cuda.is_available():
+    if cuda_available():
         yield
         return
     import megatron.bridge.training.config as bridge_config

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 import dataclasses
 
 from mbridge_offload.facts.config_tree import show
+from mbridge_offload.facts.key_ranges import show_typed
 from mbridge_offload.validation.choices import (FP8_FORMAT_WORDS, MOE_BALANCING_WORDS, NORMALIZATION_WORDS,
                                                  OPTIMIZER_WORDS)
 from mbridge_offload.validation.guard import guarded
@@ -145,8 +146,8 @@ def _group(id: str, mechanism: str, key: str, text: str, applies: Callable[[Cont
     """A rule over several requirements of one feature: it holds when all do; its value names those broken."""
     return _rule(id, mechanism, key, text, applies, lambda c: not _broken(checks(c)),
                  (lambda c: "  ".join(fixes(c)) or fix) if fixes else fix,
-                 observed=lambda c: f"{show(c.get(key))}; broken: " + "; ".join(_broken(checks(c))) if _broken(
-                     checks(c)) else show(c.get(key)),
+                 observed=lambda c: f"{show_typed(c.get(key))}; broken: " + "; ".join(_broken(checks(c))) if _broken(
+                     checks(c)) else show_typed(c.get(key)),
                  fix_text=fix if fixes else "")
 
 
@@ -567,6 +568,42 @@ PRESET_FP8_SETTINGS: tuple[tuple[str, Callable[[Context], bool], str], ...] = (
 )
 
 
+# model.<name> keys with a preset rule of their own above (precision/preset-replaces-<name>)
+_PRESET_MODEL_RULES = ("fp8", "fp4", "fp4_recipe", "fp8_recipe", *(name for name, _, _ in PRESET_FP8_SETTINGS))
+PRESET_SECTIONS = ("model", "optimizer", "ddp")  # what MixedPrecisionConfig.setup writes its fields over
+
+
+def _given_replaced_by_preset(c: Context) -> list[tuple[str, Any, Any]]:
+    """(key, value given, value the preset writes) for each key the command line gave in the model, optimizer or
+    DDP config that the mixed_precision preset writes over with another value at setup (update_config_with_
+    precision_overrides: every field of the preset the section has, with only a debug log), besides the model keys
+    that have a rule of their own."""
+    mp = _mixed_precision(c)
+    if mp is None or not dataclasses.is_dataclass(mp):
+        return []
+    preset_fields = {f.name for f in dataclasses.fields(mp)}
+    out = []
+    for key in sorted(c.given_keys):
+        section, _, name = key.partition(".")
+        if section not in PRESET_SECTIONS or name not in preset_fields or (section == "model"
+                                                                           and name in _PRESET_MODEL_RULES):
+            continue
+        obj = getattr(c.cfg, section, None)
+        if obj is None or not hasattr(obj, name):
+            continue
+        given, written = getattr(obj, name), _preset_value(c, name)
+        if given != written:
+            out.append((key, given, written))
+    return out
+
+
+def _given_replaced_fix(c: Context) -> str:
+    replaced = _given_replaced_by_preset(c)
+    keys = " ".join(f"{key}={show(given)}" for key, given, _ in replaced)
+    return (f"drop {keys}  (the preset's value then trains, as it would anyway), or mixed_precision=null to train "
+            f"the precision settings of the model, optimizer and ddp as they are (each then set by you)")
+
+
 def _flag(c: Context, name: str) -> bool:
     return bool(_m(c, name))
 
@@ -647,7 +684,7 @@ RULES: tuple[Rule, ...] = guarded(
               c.model.num_layers % _m(c, "no_rope_freq") == 0 if isinstance(_m(c, "no_rope_freq"), int)
               else len(_m(c, "no_rope_freq")) == c.model.num_layers),
           "model.no_rope_freq=null  (or a divisor of model.num_layers)",
-          observed=lambda c: f"{show(_m(c, 'no_rope_freq'))} (num_layers={c.model.num_layers}, "
+          observed=lambda c: f"{show_typed(_m(c, 'no_rope_freq'))} (num_layers={c.model.num_layers}, "
                              f"flash_decode={_m(c, 'flash_decode')})"),
     _rule("model/flash-attention-version", MODEL, "model.flash_attention_version",
           "model.flash_attention_version must be 2, 3 or 4 (or null)",
@@ -813,6 +850,19 @@ RULES: tuple[Rule, ...] = guarded(
                                            f"{show(c.cfg.mixed_precision)} sets {show(_preset_value(c, name))})"),
             fix_text=f"model.{name}=<the preset's>  (another value needs mixed_precision as a config)")
       for name, when, effect in PRESET_FP8_SETTINGS),
+    # the preset's other fields (bf16, fp16, params_dtype, the loss scaling, ddp.grad_reduce_in_fp32, ...), over the
+    # model, optimizer and DDP configs alike: only a key the command line gave can be told from the recipe's own.
+    _rule("precision/preset-replaces-given", PRECISION, "mixed_precision",
+          "a precision key given on the command line (model., optimizer. or ddp. bf16, fp16, params_dtype, "
+          "grad_reduce_in_fp32, the loss scaling, ...) is replaced at setup by the mixed_precision preset's value "
+          "(every field of the preset is applied over those configs, with no message): the run would not train "
+          "as the command line asks",
+          lambda c: bool(c.given_keys) and _mixed_precision(c) is not None,
+          lambda c: not _given_replaced_by_preset(c), _given_replaced_fix,
+          observed=lambda c: (f"{show(c.cfg.mixed_precision)} (writes " + ", ".join(
+              f"{key}={show(written)} over {show(given)} given" for key, given, written in _given_replaced_by_preset(c))
+              + ")"),
+          fix_text="drop the key given (the preset's value trains), or mixed_precision=null"),
     # MoE
     _rule("moe/ffn-hidden-size-needs-experts", MODEL, "model.moe_ffn_hidden_size",
           "model.moe_ffn_hidden_size needs num_moe_experts (unless moe_layer_freq leaves dense layers)",
@@ -1034,7 +1084,7 @@ RULES: tuple[Rule, ...] = guarded(
           "matching virtual_pipeline_model_parallel_size), embedding first and loss last once each, num_layers "
           "decoder layers, mtp_num_layers MTP layers in one last virtual stage",
           lambda c: c.model.pipeline_model_parallel_layout is not None, lambda c: not _layout_error(c),
-          "model.pipeline_model_parallel_layout=null", observed=lambda c: f"{show(c.model.pipeline_model_parallel_layout)} "
+          "model.pipeline_model_parallel_layout=null", observed=lambda c: f"{show_typed(c.model.pipeline_model_parallel_layout)} "
                                                                        f"({_layout_error(c)})"),
     _group("pipeline/uneven-stages", PARALLELISM, "model.num_layers_in_first_pipeline_stage",
            "with num_layers_in_first/last_pipeline_stage: each > 0, the remaining layers split evenly over the "
@@ -1105,7 +1155,7 @@ RULES: tuple[Rule, ...] = guarded(
           "inference_cuda_graph_scope a known scope",
           lambda c: bool(_graph_module_values(c)) or _m(c, "inference_cuda_graph_scope") is not None,
           lambda c: not _graph_modules_error(c), "model.cuda_graph_modules=[]",
-          observed=lambda c: f"{show(_m(c, 'cuda_graph_modules'))} ({_graph_modules_error(c)})"),
+          observed=lambda c: f"{show_typed(_m(c, 'cuda_graph_modules'))} ({_graph_modules_error(c)})"),
     _rule("model/cuda-graph-inference-scope", MODEL, "model.inference_cuda_graph_scope",
           "inference_cuda_graph_scope layer / block needs cuda_graph_impl=local; other implementations take none",
           lambda c: _m(c, "inference_cuda_graph_scope") is not None, _inference_scope_ok,

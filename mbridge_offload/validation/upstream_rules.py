@@ -18,7 +18,7 @@ import os
 from typing import Any, Callable
 
 from mbridge_offload.facts.config_tree import show
-from mbridge_offload.facts.key_ranges import fixed
+from mbridge_offload.facts.key_ranges import fixed, show_typed
 from mbridge_offload.validation.rule import CHECKPOINT, ENVIRONMENT, PARALLELISM, Context, Rule, always
 
 TRAINING = "training length and scheduler"
@@ -235,7 +235,8 @@ RULES: tuple[Rule, ...] = (
                      and c.cfg.train.train_iters is not None),
           lambda c: c.cfg.scheduler.max_steps >= c.cfg.train.train_iters,
           lambda c: f"scheduler.max_steps={c.cfg.train.train_iters}  (or null)",
-          observed=lambda c: f"{c.cfg.scheduler.max_steps} (train.train_iters={c.cfg.train.train_iters})",
+          observed=lambda c: (f"{show_typed(c.cfg.scheduler.max_steps, number=True)} "
+                              f"(train.train_iters={show_typed(c.cfg.train.train_iters, number=True)})"),
           fix_text="scheduler.max_steps=<train.train_iters or more>"),
     _rule("scheduler/start-weight-decay", TRAINING, "scheduler.start_weight_decay",
           "scheduler.start_weight_decay must be >= 0", lambda c: c.cfg.scheduler.start_weight_decay is not None,
@@ -246,7 +247,7 @@ RULES: tuple[Rule, ...] = (
           lambda c: (c.cfg.scheduler.end_weight_decay is not None
                      and c.cfg.scheduler.end_weight_decay >= c.cfg.scheduler.start_weight_decay),
           lambda c: f"scheduler.end_weight_decay={c.cfg.scheduler.start_weight_decay}",
-          observed=lambda c: (f"{show(c.cfg.scheduler.end_weight_decay)} "
+          observed=lambda c: (f"{show_typed(c.cfg.scheduler.end_weight_decay)} "
                               f"(start_weight_decay={c.cfg.scheduler.start_weight_decay})"),
           fix_text="scheduler.end_weight_decay=<start_weight_decay or more>"),
     _rule("scheduler/override-or-checkpoint", TRAINING, "scheduler.override_opt_param_scheduler",
@@ -263,36 +264,37 @@ RULES: tuple[Rule, ...] = (
                               or c.cfg.scheduler.lr_wsd_decay_samples is not None)),
           "scheduler.lr_decay_samples=null scheduler.lr_warmup_samples=0 scheduler.lr_wsd_decay_samples=null  "
           "(or the *_iters ones, for sample-based training)",
-          observed=lambda c: (f"lr_decay_iters={show(c.cfg.scheduler.lr_decay_iters)}, "
+          observed=lambda c: (f"lr_decay_iters={show_typed(c.cfg.scheduler.lr_decay_iters)}, "
                               f"lr_warmup_iters={c.cfg.scheduler.lr_warmup_iters}, "
-                              f"lr_decay_samples={show(c.cfg.scheduler.lr_decay_samples)}, "
+                              f"lr_decay_samples={show_typed(c.cfg.scheduler.lr_decay_samples)}, "
                               f"lr_warmup_samples={c.cfg.scheduler.lr_warmup_samples}")),
     _rule("scheduler/warmup-one-way", TRAINING, "scheduler.lr_warmup_fraction",
           "warmup is given one way: scheduler.lr_warmup_fraction, or lr_warmup_iters, or lr_warmup_samples",
           lambda c: c.cfg.scheduler.lr_warmup_fraction is not None,
           lambda c: c.cfg.scheduler.lr_warmup_iters == 0 and c.cfg.scheduler.lr_warmup_samples == 0,
           "scheduler.lr_warmup_fraction=null  (or scheduler.lr_warmup_iters=0 scheduler.lr_warmup_samples=0)",
-          observed=lambda c: (f"{c.cfg.scheduler.lr_warmup_fraction} (lr_warmup_iters="
-                              f"{c.cfg.scheduler.lr_warmup_iters}, lr_warmup_samples={c.cfg.scheduler.lr_warmup_samples})")),
+          observed=lambda c: (f"{show_typed(c.cfg.scheduler.lr_warmup_fraction, number=True)} (lr_warmup_iters="
+                              f"{show_typed(c.cfg.scheduler.lr_warmup_iters, number=True)}, lr_warmup_samples="
+                              f"{show_typed(c.cfg.scheduler.lr_warmup_samples, number=True)})")),
     _rule("scheduler/sample-based-fields", TRAINING, "scheduler.lr_decay_iters",
           "sample-based training (train.train_samples) takes lr_decay_samples / lr_warmup_samples, not "
           "lr_decay_iters / lr_warmup_iters", _sample_based,
           lambda c: c.cfg.scheduler.lr_decay_iters is None and c.cfg.scheduler.lr_warmup_iters == 0,
           "scheduler.lr_decay_iters=null scheduler.lr_warmup_iters=0  (give lr_decay_samples / lr_warmup_samples)",
-          observed=lambda c: (f"lr_decay_iters={show(c.cfg.scheduler.lr_decay_iters)}, "
+          observed=lambda c: (f"lr_decay_iters={show_typed(c.cfg.scheduler.lr_decay_iters)}, "
                               f"lr_warmup_iters={c.cfg.scheduler.lr_warmup_iters}")),
     _rule("scheduler/iteration-based-fields", TRAINING, "scheduler.lr_decay_samples",
           "iteration-based training (train.train_iters) takes lr_decay_iters / lr_warmup_iters, not "
           "lr_decay_samples / lr_warmup_samples", lambda c: not _sample_based(c),
           lambda c: c.cfg.scheduler.lr_decay_samples is None and c.cfg.scheduler.lr_warmup_samples == 0,
           "scheduler.lr_decay_samples=null scheduler.lr_warmup_samples=0  (give lr_decay_iters / lr_warmup_iters)",
-          observed=lambda c: (f"lr_decay_samples={show(c.cfg.scheduler.lr_decay_samples)}, "
+          observed=lambda c: (f"lr_decay_samples={show_typed(c.cfg.scheduler.lr_decay_samples)}, "
                               f"lr_warmup_samples={c.cfg.scheduler.lr_warmup_samples}")),
     _rule("scheduler/decay-steps-positive", TRAINING, "scheduler.lr_decay_iters",
           "the learning-rate decay must span > 0 steps (lr_decay_iters, else max_steps or train_iters, "
           "x global batch)", always, lambda c: _decay_steps(c) > 0,
           "scheduler.lr_decay_iters=null  (it then follows train.train_iters, which must be > 0)",
-          observed=lambda c: f"{show(c.cfg.scheduler.lr_decay_iters)} (decay steps {_decay_steps(c)})"),
+          observed=lambda c: f"{show_typed(c.cfg.scheduler.lr_decay_iters)} (decay steps {_decay_steps(c)})"),
     # dataset (GPTDatasetConfig.finalize)
     *(_not_null(f"dataset/{name.replace('_', '-')}-set", DATASET, f"dataset.{name}",
                 lambda c: hasattr(c.cfg.dataset, "reset_position_ids"), f"dataset.{name}=False")
@@ -503,7 +505,8 @@ RULES: tuple[Rule, ...] = (
           "profiling.profile_step_end must be >= profiling.profile_step_start", _profiling,
           lambda c: c.cfg.profiling.profile_step_end >= c.cfg.profiling.profile_step_start,
           lambda c: f"profiling.profile_step_end={c.cfg.profiling.profile_step_start}",
-          observed=lambda c: f"{c.cfg.profiling.profile_step_end} (profile_step_start={c.cfg.profiling.profile_step_start})",
+          observed=lambda c: (f"{show_typed(c.cfg.profiling.profile_step_end, number=True)} (profile_step_start="
+                              f"{show_typed(c.cfg.profiling.profile_step_start, number=True)})"),
           fix_text="profiling.profile_step_end=<profile_step_start or later>"),
     _rule("nvrx/measures-something", MONITORING, "nvrx_straggler.calc_relative_gpu_perf",
           "NVRx straggler detection needs calc_relative_gpu_perf or calc_individual_gpu_perf", _nvrx_on,

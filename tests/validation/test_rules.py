@@ -271,6 +271,16 @@ CASES.update({
 # tokenizer.use_tokenizer_vocab_size takes the NullTokenizer's 151936 over a model.vocab_size that differs
 CASES["model/vocab-replaced-by-tokenizer"] = case(DENSE, {"tokenizer.use_tokenizer_vocab_size": True},
                                                   {"tokenizer.use_tokenizer_vocab_size": True, "model.vocab_size": 200000})
+# model.vocab_size given on the command line: kept where the NullTokenizer's vocabulary is the same, refused where not
+GIVEN_VOCAB = {"given_keys": frozenset({"model.vocab_size"})}
+CASES["model/given-vocab-replaced-by-tokenizer"] = case(
+    DENSE, {"tokenizer.use_tokenizer_vocab_size": True, "model.vocab_size": 151936},
+    {"tokenizer.use_tokenizer_vocab_size": True, "model.vocab_size": 200000},
+    passing_ctx=GIVEN_VOCAB, failing_ctx=GIVEN_VOCAB)
+# the flex dispatcher's GPU check: made where there is a CUDA device, said to be skipped where there is none
+CASES["env/flex-dispatcher-gpu-unchecked"] = case(
+    MOE, {"model.moe_token_dispatcher_type": "flex"}, {"model.moe_token_dispatcher_type": "flex"}, gpus=(16, 16),
+    passing_ctx={"has_cuda": lambda: True}, failing_ctx={"has_cuda": lambda: False})
 CASES["model/vocab-below-tokenizer"] = case(DENSE, {"model.vocab_size": 1024, "tokenizer.vocab_size": 1024},
                                             {"model.vocab_size": 1024})
 
@@ -319,6 +329,7 @@ PASS_BY_NOT_APPLYING = {
     "optimizer-offload/fraction-ignored", "optimizer-offload/overlap-ignored",
     "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
     "planner/reserve-rule-full-device",  # a warning that holds nowhere it applies: the opt-in rule is unchecked
+    "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
 
 

@@ -102,6 +102,10 @@ CASES = {
                                                  {"model.fp4_recipe": "custom", "mixed_precision": "bf16_with_nvfp4_mixed"}),
     # a value other than Megatron Core's default, set on the model, where the preset's FP8 reads it: kept only where
     # the preset writes the same (a preset given as a config, where no registered one does)
+    # a precision key the command line gave: kept where the preset writes the same, refused where it writes another
+    "precision/preset-replaces-given": case({"ddp.grad_reduce_in_fp32": True}, {"ddp.grad_reduce_in_fp32": False},
+                                            passing_ctx={"given_keys": frozenset({"ddp.grad_reduce_in_fp32"})},
+                                            failing_ctx={"given_keys": frozenset({"ddp.grad_reduce_in_fp32"})}),
     "precision/preset-replaces-fp8-recipe": case({"mixed_precision": CURRENT, "model.fp8_recipe": "tensorwise"},
                                                  {"mixed_precision": CURRENT, "model.fp8_recipe": "blockwise"}),
     "precision/preset-replaces-fp8-param": case({"mixed_precision": CURRENT, "model.fp8_param": True},
