@@ -2,7 +2,8 @@
 
     new_cfg = apply_overrides(cfg, ["optimizer.optimizer_offload_fraction=0.75", "train.train_iters=20"])
 
-Semantics on dataclass configs: ``key=value`` changes a field; ``+key=value`` sets a field that is
+Semantics on dataclass configs: ``key=value`` changes a field (a dict given over a dict is merged into it, entry
+by entry, as Hydra merges it); ``+key=value`` sets a field that is
 unset (null) or adds a dict entry, creating a null section on the way (``+comm_overlap.x=...``);
 ``++key=value`` sets or adds; ``~key`` resets a field to its default or removes a dict entry.
 The same key twice, a sweep, an unknown key, a wrong type or malformed grammar is refused (what cannot
@@ -76,6 +77,17 @@ def _default(f: dataclasses.Field) -> Any:
             raise _Refused(f"its default cannot be made here ({type(error).__name__})",
                            "set a value instead: key=value") from None
     raise _Refused("has no default to reset to", "set a value instead: key=value")
+
+
+def _merged(old: Any, new: Any) -> Any:
+    """A dict given over a dict is merged into it, entry by entry, as Hydra does (OmegaConf.update with merge=True):
+    ``env_vars={A:1}`` adds A and keeps the recipe's other variables (``~env_vars.NAME`` removes one)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    merged = copy.deepcopy(old)
+    for name, value in new.items():
+        merged[name] = _merged(merged.get(name), value)
+    return merged
 
 
 def _is_none_word(ov: ParsedOverride) -> bool:
@@ -193,6 +205,7 @@ class _Application:
             old = node.get(leaf, "(unset)")
             new = (coerce(ov.value, dict_value_type, ov.raw, key=ov.key) if dict_value_type is not None
                    else ov.value)
+            new = _merged(old, new)
             node[leaf] = new
             return old, new
         if not dataclasses.is_dataclass(node):
@@ -219,7 +232,7 @@ class _Application:
                     # (a choice field reads None itself: cuda_graph_impl=None gets "did you mean none")
                     raise _Refused(f"expects {describe(annotation)}, got None (this field cannot be null)",
                                    f"{ov.key}=<{describe(annotation)}>")
-            new = coerce(value, annotation, ov.raw, old, key=ov.key)
+            new = _merged(old, coerce(value, annotation, ov.raw, old, key=ov.key))
         setattr(node, leaf, new)
         return old, new
 
@@ -259,8 +272,11 @@ def _conflicts(parsed: list[ParsedOverride]) -> dict[int, OverrideError]:
         if same is not None:
             errors[ov.index] = OverrideError(text=ov.text,
                                              key=ov.key,
-                                             message=f"given twice (first: {shown(same.text, 120)})",
-                                             fix="give each key once",
+                                             message=(f"given twice (first: {shown(same.text, 120)}); Hydra would "
+                                                      "apply both and keep the last, which hides a stale or mistyped "
+                                                      "argument: a command here takes each key once"),
+                                             fix=f"keep the one you mean: {shown(same.text, 120)} or "
+                                                 f"{shown(ov.text, 120)}",
                                              index=ov.index)
         elif inside is not None:
             outer, inner = (inside, ov) if ov.key.startswith(inside.key + ".") else (ov, inside)

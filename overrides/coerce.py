@@ -98,6 +98,8 @@ def allows_null(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (Union, types.UnionType) and _NONE in typing.get_args(annotation)
 
 
+_LEADING_ZEROS = re.compile(r"[+-]?0[\d_]*\d[\d_]*(\.\d*)?([eE][+-]?\d+)?")
+_BOOL_WORDS = {**dict.fromkeys(("yes", "y", "on", "1"), True), **dict.fromkeys(("no", "n", "off", "0"), False)}
 _HEX = re.compile(r"[+-]?0[xXoObB][0-9a-fA-F_]+")
 _NUMBER = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", re.IGNORECASE)
 
@@ -109,6 +111,9 @@ def _number_hint(value: Any, key: str) -> str:
             return f"write it in decimal: {key}={int(value.strip().replace('_', ''), 0)}"
         except ValueError:
             return ""
+    if isinstance(value, str) and _LEADING_ZEROS.fullmatch(value.strip()):
+        plain = re.sub(r"^([+-]?)0+(?=\d)", r"\1", value.strip())
+        return f"write it without the leading zeros: {key}={plain} (Hydra reads {value.strip()} as text)"
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         return f"write the number without quotes: {key}={value.strip()}"
     return ""
@@ -181,6 +186,10 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
     if annotation is bool:
         if isinstance(value, bool):
             return value
+        meant = _BOOL_WORDS.get(str(raw if raw is not None else value).strip().lower())
+        if meant is not None:  # YAML 1.1 / OmegaConf words for a bool: Hydra's grammar reads them as text or a number
+            raise CoerceError(f"expects True or False, got {_show(value, raw)} (a bool is written True or False)",
+                              f"{key}={meant}")
         raise CoerceError(f"expects True or False, got {_show(value, raw)}", f"{key}=True or {key}=False")
 
     if annotation is int:
@@ -199,6 +208,13 @@ def coerce(value: Any, annotation: Any, raw: str | None = None, current: Any = N
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if isinstance(value, float) and math.isnan(value):
                 raise CoerceError("expects a number, got nan", f"{key}=<a number>")
+            typed = (raw or "").strip().lower().lstrip("+-")
+            if isinstance(value, float) and math.isinf(value) and typed not in ("inf", "infinity"):
+                raise CoerceError(f"{_show(value, raw)} is beyond the largest float (about 1.8e308): it would be read "
+                                  "as infinity", f"{key}={'-' if value < 0 else ''}inf if infinity is meant, else a smaller number")
+            if value == 0 and re.search(r"[1-9]", typed.split("e")[0]):
+                raise CoerceError(f"{_show(value, raw)} is below the smallest float (about 5e-324): it would be read "
+                                  "as 0", f"{key}=0 if zero is meant, else a larger number")
             return float(value)
         raise CoerceError(f"expects a float (a number), got {_show(value, raw)}",
                           _number_hint(value, key) or f"{key}=<a number, e.g. 0.5 or 1e-4>")

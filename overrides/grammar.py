@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from mbridge_offload.facts.spelling import ascii_lookalike, describe_char
 from overrides.errors import OverrideError
 
 CHANGE, ADD, FORCE_ADD, DELETE = "change", "add", "force_add", "delete"
@@ -23,6 +24,8 @@ _KEY_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*|[0-9]+")
 _INTERPOLATION = re.compile(r"(?<!\\)\$\{")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SHUFFLE = re.compile(r"^\s*shuffle\s*\(")
+_MOST_DIGITS = 4300  # Python reads no longer whole number from text (sys.int_info.default_max_str_digits)
+_DIGITS = re.compile(r"\d{%d,}" % (_MOST_DIGITS + 1))
 _SEVERAL = re.compile(r"\s[+~]{0,2}[A-Za-z_][\w.\-]*=")  # "a=1 b=2": two overrides in one argument
 
 
@@ -96,6 +99,99 @@ def _printable(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
+def _outside_quotes(text: str) -> list[int]:
+    """The positions of ``text`` outside ASCII quotes (inside them, any character is the text's own)."""
+    positions, quote, escaped = [], None, False
+    for i, char in enumerate(text):
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = None
+            continue
+        if char in "'\"" and (i == 0 or text[i - 1] in "=[{,: "):
+            quote = char
+            continue
+        positions.append(i)
+    return positions
+
+
+def _lookalikes(text: str) -> tuple[list[tuple[int, str, str]], str]:
+    """The characters outside quotes that look like ASCII ones but are not ((position, character, its ASCII)), and
+    ``text`` with each replaced."""
+    found = []
+    key_end = next((i for i, c in enumerate(text) if c == "=" or ascii_lookalike(c) == "="), len(text))
+    for i in _outside_quotes(text):
+        if not text[i].isascii():
+            ascii_text = ascii_lookalike(text[i])
+            if ascii_text is not None:  # a space inside a key is never meant: the look-alike goes
+                found.append((i, text[i], "" if ascii_text == " " and i < key_end else ascii_text))
+    fixed = list(text)
+    for i, _, ascii_text in found:
+        fixed[i] = ascii_text
+    return found, "".join(fixed)
+
+
+def _lookalike_error(text: str, index: int, key: str, where: str) -> OverrideError | None:
+    """A character outside quotes that looks like an ASCII one (an en dash for '-', typographic quotes, a no-break
+    space, a Cyrillic letter): named, with the override retyped in ASCII."""
+    found, fixed = _lookalikes(text)
+    if not found:
+        return None
+    first = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    drawn_as = ascii_lookalike(first[1]) or ""
+    drawn = f"looks like {drawn_as!r} but is not it" if drawn_as.strip() else (
+        "looks like a space but is not one" if drawn_as else "is invisible")
+    value = value_text_of(text)
+    keep = (f"; to keep the characters as typed, quote the value: {key_of(text) if text[:1] not in '+~' else text.split('=', 1)[0]}="
+            f"{_quote(value)}" if where == "value" and value and first[2].strip() and first[2] not in "'\"" else "")
+    if "=" in fixed:  # a space that was not one, next to '=' or at an end: dropped
+        head, _, rest = fixed.partition("=")
+        fixed = head.strip() + "=" + rest.strip()
+    return OverrideError(text=text,
+                         key=key_of(fixed) if where == "key" else key,
+                         message=f"{describe_char(first[1])} at position {first[0] + 1} {drawn}{more} (text pasted "
+                                 "from a document, chat or web page brings such characters)",
+                         fix=f"retype it in ASCII: {fixed.strip()}{keep}",
+                         index=index)
+
+
+_PREFIX_WORDS = "'+key=value' adds a key, '++key=value' adds or changes one, '~key' resets one to its default"
+
+
+def _prefix_error(text: str, key: str, sep: str, value: str, refuse: Any) -> OverrideError | None:
+    """A key that still starts with '+', '~' or '-' once the override's own prefix is read (``+++a=1``, ``~~a``,
+    ``+~a``, ``--a=1``): the prefix is not one Hydra knows."""
+    if not key or key[0] not in "+~-":
+        return None
+    name = key.lstrip("+~-")
+    head = text[: len(text) - len(key) - len(sep + value)]
+    typed = head + key[: len(key) - len(name)]
+    body = name + (sep + value if sep else "")
+    if set(typed) <= {"-"}:
+        from overrides.short_flags import SHORT_FLAGS
+
+        flag = next((f for f in SHORT_FLAGS if typed + name in f.flags), None)
+        if flag is not None:
+            return refuse(name, f"{typed + name} is an option of the command, not an override",
+                          f"{typed + name} {value or '<value>'}  (a space, not '='), or "
+                          + " ".join(f"{k}={value or '<value>'}" for k in flag.keys))
+        fix = (f"write it without dashes: {body}" if sep else f"write {name}=<value>") + \
+              " (an override is key=value; the options with dashes are the command's own, see --help)"
+        return refuse(name, f"{typed!r} before the key: an override takes no dashes", fix)
+    if "~" in typed and "+" in typed:
+        return refuse(name, f"{typed!r} mixes '+' and '~' ({_PREFIX_WORDS})",
+                      f"~{name} to reset it, or ++{name}=<value> to set it" if not sep else
+                      f"~{name} to reset it, or ++{body} to set it")
+    if "~" in typed:
+        return refuse(name, f"{typed!r} is not a prefix ({_PREFIX_WORDS})", f"~{body}")
+    return refuse(name, f"{typed!r} is not a prefix ({_PREFIX_WORDS})",
+                  f"++{body}" if sep else f"++{name}=<value>")
+
+
 def shape_error(text: str, index: int = 0) -> OverrideError | None:
     """The refusal of an override whose shape is wrong before any value is read; None when it is fine."""
     def refuse(key: str, message: str, fix: str) -> OverrideError:
@@ -114,8 +210,23 @@ def shape_error(text: str, index: int = 0) -> OverrideError | None:
         return refuse(_CONTROL.sub("", key_of(text)), f"contains a control character "
                       f"({_printable(control.group())} at position {control.start() + 1})",
                       f"retype it without it: {cleaned}" if cleaned else f"write key=value, e.g. {EXAMPLE}")
+    if not key_of(text).isascii():  # the key, before the first '='; a look-alike '=' (＝) leaves all of it key
+        lookalike = _lookalike_error(text, index, "", "key")
+        if lookalike is not None:
+            return lookalike
     op, rest = _op_and_key(text.lstrip())
     key, sep, value = rest.partition("=")
+    prefix = _prefix_error(text.lstrip(), key, sep, value, refuse) if text == text.lstrip() else None
+    if prefix is not None:
+        return prefix
+    if not sep and ":" in key and _KEY_PART.fullmatch(key.split(":", 1)[0].split(".")[-1] or "-"):
+        name, _, typed_value = key.partition(":")
+        return refuse(name, "':' does not set a value here (that is YAML; an override is key=value)",
+                      f"write {_PREFIX[op]}{name}={typed_value.strip() or '<value>'}")
+    if not sep and key and any(part == "" for part in key.split(".")):
+        dotted = ".".join(p for p in key.split(".") if p)
+        return refuse(key, "an empty part in the key (a dot at the start or end, or two dots), and no '=value'",
+                      f"write {_PREFIX[op]}{dotted}=<value>" if dotted else f"write key=value, e.g. {EXAMPLE}")
     if key != key.strip() or text != text.lstrip():
         fixed = _PREFIX[op] + key.strip() + (sep + value.strip() if sep else "")
         return refuse(key.strip(), "spaces around the key (an override is one word: key=value)",
@@ -139,8 +250,10 @@ def shape_error(text: str, index: int = 0) -> OverrideError | None:
             dotted = ".".join(p for p in key.split(".") if p)
             return refuse(key, "an empty part in the key (a dot at the start or end, or two dots)",
                           f"write {dotted}=..." if dotted else f"write key=value, e.g. {EXAMPLE}")
+        odd = next((c for c in bad if not (c.isascii() and (c.isalnum() or c in "_-"))), None)
         return refuse(key, f"{bad!r} is not a key name (names are ASCII letters, digits, '_' and '-', "
-                      "joined by '.')", "see --dry-run output for the keys of this recipe")
+                      "joined by '.')" + (f": {describe_char(odd)} is none of them" if odd else ""),
+                      "see --dry-run output for the keys of this recipe")
     if not sep:
         return None
     if value.startswith("="):
@@ -157,6 +270,10 @@ def shape_error(text: str, index: int = 0) -> OverrideError | None:
     if stripped == "~":
         return refuse(key, "'~' is not a value here (YAML's null is written null; ~ before a key resets it)",
                       f"{key}=null to set it to none, or ~{key} to reset it to its default")
+    digits = _DIGITS.search(stripped) if stripped[:1] not in "'\"" else None
+    if digits:
+        return refuse(key, f"a number of {len(digits.group())} digits (more than {_MOST_DIGITS}: no setting takes one "
+                      "this long; pasted by mistake?)", f"give the value itself: {key}=<value>")
     if _SEVERAL.search(stripped) and stripped[:1] not in "'\"":
         return refuse(key, "several overrides in one argument",
                       "give each as its own argument: " + " ".join(text.split()))
@@ -171,6 +288,52 @@ def _has_interpolation(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_has_interpolation(k) or _has_interpolation(v) for k, v in value.items())
     return False
+
+
+def _unescaped(value: Any) -> Any:
+    """``\\${x}`` is Hydra's (OmegaConf's) way to write the text ``${x}``: the text, as OmegaConf reads it."""
+    if isinstance(value, str):
+        return value.replace("\\${", "${")
+    if isinstance(value, list):
+        return [_unescaped(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unescaped(v) for k, v in value.items()}
+    return value
+
+
+def _duplicate_dict_key(value_text: str) -> str | None:
+    """A key a dict of the value gives twice (``{A:1,A:2}``; Hydra's parser keeps the last silently), else None."""
+    stack: list[set[str] | None] = []  # one frame per open bracket: a dict's keys so far, None for a list
+    start, quote, escaped = None, None, False
+    for i, char in enumerate(value_text):
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = None
+            continue
+        if char in "'\"":
+            quote = char
+        elif char == "\\":
+            escaped = True  # an escaped character outside quotes (\, \: ...) is text
+        elif char in "[{":
+            stack.append(set() if char == "{" else None)
+            start = i + 1 if char == "{" else None
+        elif char in "]}":
+            if stack:
+                stack.pop()
+            start = None
+        elif char == "," and stack and stack[-1] is not None:
+            start = i + 1
+        elif char == ":" and stack and stack[-1] is not None and start is not None:
+            name = value_text[start:i].strip().strip("'\"")
+            if name in stack[-1]:
+                return name
+            stack[-1].add(name)
+            start = None
+    return None
 
 
 def _syntax_fix(parser: Any, text: str) -> str:
@@ -188,6 +351,11 @@ def _syntax_fix(parser: Any, text: str) -> str:
             candidates.append(("close the brackets", head + value + closing[:missing]))
     if value and value[0] in "'\"" and value.count(value[0]) % 2:
         candidates.append(("close the quote", head + value + value[0]))
+    if value and value[0] == "[":
+        flat = re.sub(r"\[\s*,|,\s*(?=[,\]])", lambda m: "[" if m.group().startswith("[") else "", value)
+        if flat != value:
+            candidates.append(("drop the empty item (a ',' at the start or end of the list, or two in a row)",
+                               head + flat))
     for words, fixed in candidates:
         try:
             parser.parse_override(fixed)
@@ -256,6 +424,10 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
             ov = parser.parse_override(text)
         except Exception as error:  # noqa: BLE001 - HydraException, or anything its parser raises on odd input
             if not isinstance(error, RecursionError) and "maximum recursion depth" not in str(error):
+                lookalike = _lookalike_error(text, index, key_guess, "value")
+                if lookalike is not None:
+                    errors.append(lookalike)
+                    continue
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 errors.append(OverrideError(text=text,
                                             key=key_guess,
@@ -295,7 +467,18 @@ def parse(texts: list[str]) -> tuple[list[ParsedOverride], list[OverrideError]]:
                                          index=index))
             continue
         value = ov.value()
-        if _has_interpolation(value):
+        interpolated = _has_interpolation(value)  # an escaped one (\\${x}) is text, unescaped below
+        value = _unescaped(value)
+        duplicate = _duplicate_dict_key(value_text or "")
+        if duplicate is not None:
+            errors.append(OverrideError(text=text,
+                                        key=ov.key_or_group,
+                                        message=f"the dict gives {duplicate!r} twice (Hydra keeps the last; the "
+                                                "result would depend on the order)",
+                                        fix=f"give {duplicate!r} once in {ov.key_or_group}={{...}}",
+                                        index=index))
+            continue
+        if interpolated:
             errors.append(OverrideError(text=text,
                                         key=ov.key_or_group,
                                         message="interpolations (${...}) are not resolved here",

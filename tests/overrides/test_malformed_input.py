@@ -84,6 +84,39 @@ MALFORMED = {
     "~comm_overlap.tp_comm_overlap": ("null", "drop ~comm_overlap.tp_comm_overlap"),
     "model.offload_modules=core_attn,moe_act": ("sweep", "model.offload_modules=[core_attn,moe_act]"),
     "optimizer.optimizer_offload_fraction=AUTO": ("float", "optimizer.optimizer_offload_fraction=auto, written exactly"),
+    # characters that look like ASCII ones (text pasted from a document or a chat): the fix was to quote them, which
+    # keeps them (a path named \u201c/ckpt\u201d, a number that is not one) or named no character at all
+    "train.train_iters=\u20135": ("EN DASH", "retype it in ASCII: train.train_iters=-5"),
+    "train.train_iters=\u22125": ("MINUS SIGN", "retype it in ASCII: train.train_iters=-5"),
+    "train.train_iters=\u00a05": ("NO-BREAK SPACE", "retype it in ASCII: train.train_iters=5"),
+    "checkpoint.save=\u201c/ckpt\u201d": ("LEFT DOUBLE QUOTATION MARK", 'retype it in ASCII: checkpoint.save="/ckpt"'),
+    "checkpoint.save=\u2018/ckpt\u2019": ("LEFT SINGLE QUOTATION MARK", "retype it in ASCII: checkpoint.save='/ckpt'"),
+    "checkpoint.save=/data/run\u20131": ("EN DASH", "checkpoint.save=/data/run-1; to keep the characters as typed, "
+                                                    "quote the value: checkpoint.save='/data/run\u20131'"),
+    "tr\u0430in.train_iters=5": ("CYRILLIC SMALL LETTER A", "retype it in ASCII: train.train_iters=5"),
+    "\uff54rain.train_iters=5": ("FULLWIDTH LATIN SMALL LETTER T", "retype it in ASCII: train.train_iters=5"),
+    "train.train_iters=\uff15": ("FULLWIDTH DIGIT FIVE", "retype it in ASCII: train.train_iters=5"),
+    "train.train_iters\u200b=5": ("ZERO WIDTH SPACE", "retype it in ASCII: train.train_iters=5"),
+    "\ufefftrain.train_iters=5": ("invisible", "retype it in ASCII: train.train_iters=5"),
+    "train\u2024train_iters=5": ("ONE DOT LEADER", "retype it in ASCII: train.train_iters=5"),
+    "train.train_iters\uff1d5": ("FULLWIDTH EQUALS SIGN", "retype it in ASCII: train.train_iters=5"),
+    "+env_vars.A\u00e9=1": ("LATIN SMALL LETTER E WITH ACUTE", "--dry-run"),
+    # prefixes Hydra does not know, options written as overrides, YAML's ':'
+    "+++train.train_iters=5": ("not a prefix", "++train.train_iters=5"),
+    "~~train.train_iters": ("not a prefix", "~train.train_iters"),
+    "+~train.train_iters": ("mixes '+' and '~'", "~train.train_iters to reset it"),
+    "--train.train_iters=5": ("no dashes", "write it without dashes: train.train_iters=5"),
+    "-tp=2": ("option of the command", "-tp 2  (a space, not '='), or model.tensor_model_parallel_size=2"),
+    "train.train_iters:5": ("YAML", "write train.train_iters=5"),
+    "model.": ("empty part", "write model=<value>"),
+    "model.offload_modules=[core_attn,]": ("syntax", "drop the empty item"),
+    "model.offload_modules=[core_attn,,moe_act]": ("syntax", "model.offload_modules=[core_attn,moe_act]"),
+    "env_vars={A:1,A:2}": ("'A' twice", "give 'A' once"),
+    # numbers Hydra reads as text, or that a float cannot hold
+    "train.train_iters=007": ("int", "write it without the leading zeros: train.train_iters=7"),
+    "optimizer.lr=1e400": ("largest float", "optimizer.lr=inf if infinity is meant"),
+    "optimizer.lr=-1e400": ("largest float", "optimizer.lr=-inf if infinity is meant"),
+    "optimizer.lr=1e-400": ("smallest float", "optimizer.lr=0 if zero is meant"),
 }
 
 
@@ -261,3 +294,66 @@ def test_the_commands_refuse_malformed_overrides_with_exit_2_and_no_traceback(de
         for typed in ("optimizer.lr=interval(0,1)", "optimizer.lr = 1", "checkpoint.save=", "model.cpu_offload=True"):
             assert typed in text, (argv[0], typed, text)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("word,meant", [("yes", True), ("on", True), ("1", True), ("y", True), ("no", False),
+                                        ("off", False), ("0", False)])
+def test_a_bool_written_as_yaml_words_is_refused_with_the_value_it_means(dense, word, meant):
+    (error,) = refusal(dense, [f"model.cpu_offloading={word}"]).errors
+    assert error.fix == f"model.cpu_offloading={meant}", error.format()
+
+
+def test_the_same_key_twice_is_refused_saying_what_hydra_would_do(dense):
+    """Hydra applies both and keeps the last; here the command takes each key once: the refusal says so and names
+    both, so the user keeps the one meant."""
+    (error,) = refusal(dense, ["train.train_iters=5", "train.train_iters=6"]).errors
+    assert "Hydra would apply both and keep the last" in error.message
+    assert error.fix == "keep the one you mean: train.train_iters=5 or train.train_iters=6"
+
+
+def test_a_dict_given_over_a_dict_is_merged_as_hydra_merges_it(dense):
+    """env_vars={A:1} replaced the recipe's whole env_vars (its NCCL settings dropped without a word); Hydra merges a
+    dict into the dict it is given over (OmegaConf.update with merge=True): so does the override now."""
+    from omegaconf import OmegaConf
+
+    hydra = OmegaConf.create({"env_vars": dict(dense.env_vars)})
+    first = next(iter(dense.env_vars))
+    OmegaConf.update(hydra, "env_vars", {"A": 1, first: "changed"}, merge=True)
+    cfg = apply_overrides(dense, [f"env_vars={{A:1,{first}:changed}}"])
+    assert cfg.env_vars == OmegaConf.to_container(hydra)["env_vars"]
+    assert set(dense.env_vars) < set(cfg.env_vars)
+
+
+def test_an_escaped_interpolation_is_the_text_as_omegaconf_reads_it(dense):
+    """checkpoint.save=\\${x} is Hydra's way to write the text ${x}: it was kept with its backslash."""
+    from omegaconf import OmegaConf
+
+    cfg = apply_overrides(dense, ["checkpoint.save=/ckpt/\\${x}"])
+    assert cfg.checkpoint.save == OmegaConf.create({"save": "/ckpt/\\${x}"}).save == "/ckpt/${x}"
+
+
+def test_look_alike_characters_inside_quotes_are_the_texts_own(dense):
+    cfg = apply_overrides(dense, ["checkpoint.save='/data/run\u20131 \u201cfinal\u201d'"])
+    assert cfg.checkpoint.save == "/data/run\u20131 \u201cfinal\u201d"
+
+
+@pytest.mark.parametrize("text", ["train.train_iters=-0", "train.train_iters=+5", "train.train_iters=1_000",
+                                  "train.train_iters=1e3", "optimizer.lr=inf", "optimizer.lr=.5",
+                                  "model.cpu_offloading=TRUE", "checkpoint.save=NULL"])
+def test_numbers_bools_and_null_as_hydra_reads_them(dense, text):
+    """What Hydra's grammar reads as a number, a bool or null is that value here too (-0 is 0, +5 is 5, 1_000 is
+    1000, TRUE is True, NULL is null), the override layer typing it for the field."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hydra = OverridesParser.create().parse_override(text).value()
+    key = text.split("=", 1)[0]
+    section, name = key.split(".")
+    assert getattr(getattr(apply_overrides(dense, [text]), section), name) == hydra
+
+
+def test_a_number_longer_than_python_reads_is_refused_by_key(dense):
+    """Hydra's parser raised Python's own 'Exceeds the limit (4300 digits)' and the fix was to quote the value."""
+    (error,) = refusal(dense, ["train.train_iters=" + "9" * 5000]).errors
+    assert error.key == "train.train_iters" and "5000 digits" in error.message
+    assert error.fix == "give the value itself: train.train_iters=<value>"
+

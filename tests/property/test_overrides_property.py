@@ -59,3 +59,42 @@ def test_typed_overrides_never_raise_and_never_change_the_input(seed_config, con
 @given(texts=st.lists(ANY_TEXT, max_size=4))
 def test_any_text_never_raises_and_never_changes_the_input(seed_config, texts):
     check(seed_config, texts)
+
+
+# ASCII characters of a key and the characters drawn like them that text pasted from a document or chat brings
+LOOKALIKES = {"a": "\u0430", "e": "\u0435", "o": "\u043e", "p": "\u0440", "c": "\u0441", "x": "\u0445",
+              "i": "\u0456", "s": "\u0455", ".": "\u2024", "_": None, "t": "\uff54", "n": "\uff4e"}
+INVISIBLE = ("\u200b", "\u200d", "\u2060", "\ufeff", "\u00a0", "\u202e")
+
+
+@SETTINGS
+@given(data=st.data())
+def test_a_look_alike_or_invisible_character_in_a_key_is_named_and_the_fix_is_the_override_in_ascii(seed_config,
+                                                                                                      data):
+    """Whatever key of the seed's config, one of its characters swapped for a character drawn like it (or an invisible
+    one slipped in) is refused: the character is named by its code point and the fix is the override as meant."""
+    from hypothesis import assume
+
+    from overrides import OverrideErrors, apply_overrides
+    from cmdline_strategies import HOT_KEYS
+
+    key = data.draw(st.sampled_from(HOT_KEYS), label="key")
+    meant = f"{key}=1"
+    spots = [i for i, c in enumerate(key) if LOOKALIKES.get(c)]
+    if data.draw(st.booleans(), label="invisible") or not spots:
+        at = data.draw(st.integers(min_value=1, max_value=len(key)), label="at")
+        char = data.draw(st.sampled_from(INVISIBLE), label="char")
+        typed = key[:at] + char + key[at:] + "=1"
+    else:
+        at = data.draw(st.sampled_from(spots), label="at")
+        char = LOOKALIKES[key[at]]
+        typed = key[:at] + char + key[at + 1:] + "=1"
+    assume(typed != meant)
+    try:
+        apply_overrides(seed_config, [typed])
+    except OverrideErrors as errors:
+        (error,) = errors.errors
+        assert f"U+{ord(char):04X}" in error.message, error.format()
+        assert error.fix.startswith(f"retype it in ASCII: {meant}"), error.format()
+    else:
+        raise AssertionError(f"{typed!r} was accepted")
