@@ -280,13 +280,30 @@ def split_fraction_overrides(parser: argparse.ArgumentParser, overrides: list[st
         parser.error(str(stop.code).split(": ", 1)[-1] if isinstance(stop.code, str) else "invalid overrides")
 
 
+def announce_unparsable(overrides: Sequence[str]) -> None:
+    """Before Megatron Bridge loads (~35 s): the overrides that do not parse, at once, so a typo is seen and can
+    be fixed without the wait. The full report, with what the other overrides make of the config, follows once it
+    has loaded (checking those needs the built recipe)."""
+    from overrides import OverrideErrors
+    from overrides.grammar import parse
+
+    _, errors = parse(list(overrides))
+    if errors:
+        print(f"{OverrideErrors(errors).format()}\n(seen before loading Megatron Bridge; the full report follows once "
+              "it has loaded, ~35 s: Ctrl-C stops here)", file=sys.stderr, flush=True)
+
+
 def refuse_bad_overrides(parser: RefusalParser, recipe_name: str, overrides: list[str]) -> None:
     """Before any training starts: overrides that cannot be applied to the recipe are refused (exit 2, the
     override errors), from the cache of the recipe (mbridge_offload/fast_check), else by building the recipe
     here once; each run's run_recipe.py validates the rest."""
     from mbridge_offload import fast_check
 
-    message = fast_check.override_errors(registry.get(recipe_name), overrides, build=True)
+    recipe = registry.get(recipe_name)
+    message = fast_check.override_errors(recipe, overrides)  # from the cache: no wait
+    if message is None and overrides:
+        announce_unparsable(overrides)
+        message = fast_check.override_errors(recipe, overrides, build=True)
     if message:
         sys.exit(parser.refuse(message, said=f"{parser.prog}: error: " + message))
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from overrides.short_flags import SHORT_FLAGS, dest, to_overrides
 from recipes import registry
-from mbridge_offload.cli.parsing import CommandParser, at_least_one, check_writable, recipe_or_exit, refuse
+from mbridge_offload.cli.parsing import (CommandParser, announce_unparsable, at_least_one, check_writable, recipe_or_exit,
+                                         refuse)
 from mbridge_offload.facts.import_notices import quiet_import_notices
 from mbridge_offload.planning import add_plan_arguments
 from mbridge_offload.facts.offload_engine import ENGINE_ENV, ENGINE_MODES
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         code = warm_worker.ask("run_recipe", argv)
         if code is not None:
             return code
+    announce_unparsable(overrides)
     print(f"Building {recipe.name} (loading Megatron Bridge) ...", file=sys.stderr, flush=True)
     quiet_import_notices()
     from mbridge_offload.prepare import NotPrepared, prepare

@@ -172,3 +172,28 @@ def test_refusals_need_no_megatron(argv, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert not any("megatron" in line or "| torch" in line for line in imported)
     assert not any(tmp_path.iterdir())
+
+
+def test_unparsable_overrides_are_shown_before_megatron_loads():
+    """A typo in an override is known without the recipe: it is printed before Megatron Bridge is imported (~35 s),
+    in a fresh process, with the override, the problem and the fix."""
+    probe = ("import sys\n"
+             "from mbridge_offload.cli.parsing import announce_unparsable\n"
+             "announce_unparsable(['optimizer.optimizer_offload_fraction=0.5', 'model.x=[1', '=5'])\n"
+             "assert 'megatron.bridge' not in sys.modules, 'announced after loading Megatron Bridge'\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Invalid overrides (2):" in done.stderr
+    assert "fix: close the brackets: model.x=[1]" in done.stderr
+    assert "no key before '='" in done.stderr
+    assert "optimizer_offload_fraction" not in done.stderr.split("fix:")[0]  # the valid one is not listed
+
+
+def test_run_recipe_announces_unparsable_overrides_before_building(capsys):
+    code = _main("run_recipe")(["--recipe", RECIPE, "--dry-run", "model.x=[1", "model.num_layerz=3"])
+    err = capsys.readouterr().err
+    assert code == 2
+    announced, building = err.index("seen before loading Megatron Bridge"), err.find("Building ")
+    assert err.index("model.x=[1") < announced
+    assert building == -1 or announced < building  # answered from the cache, or announced before the build
+    assert "model.num_layerz" in err[announced:]  # the full report names the unknown key too
