@@ -2,7 +2,8 @@
 validator's problems. Everything is keyed by what could change the answer, so a stale answer is never
 given: the installed versions of the stack, the plugin's own sources (recipes, overrides, validation,
 facts, planning, this package), the Python version; a validation also by every value of the config, the
-GPU count, the environment and the keys the command line gave. A change of any of them is a new key (a new
+GPU count, the environment, the keys the command line gave and what the validator reads from the machine (its
+GPUs, their driver, the packages importable). A change of any of them is a new key (a new
 folder): the old entries are simply not read again.
 
 Where: ``$MBRIDGE_OFFLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/mbridge-offload``, else
@@ -170,18 +171,25 @@ def reads_files(cfg: Any) -> bool:
     return False
 
 
-def validation_key(cfg: Any, num_gpus: int, environ: Mapping[str, str],
-                   given_keys: Iterable[str] = frozenset()) -> str | None:
-    """The key of a validation: the config's values, the GPU count, the environment and the keys the command line
-    gave (validation's Context.given_keys: the same values given by another command line may be another answer)."""
+def validation_key(cfg: Any, num_gpus: int, environ: Mapping[str, str], given_keys: Iterable[str] = frozenset(),
+                   machine: Any = None) -> str | None:
+    """The key of a validation: the config's values, the GPU count, the environment, the keys the command line
+    gave (validation's Context.given_keys: the same values given by another command line may be another answer)
+    and what the validator reads from the machine (``machine``: validation.installed.machine_facts(), read here
+    when not given: the GPUs, their driver, the packages importable), so that a cache in a home directory shared by
+    a login node and a GPU node never answers one with the other's result."""
     if not enabled() or reads_files(cfg):
         return None
     try:
         values = snapshot.fingerprint(cfg)
     except Exception:  # noqa: BLE001
         return None
+    if machine is None:
+        from mbridge_offload.validation.installed import machine_facts
+
+        machine = machine_facts()
     given = sorted(given_keys)
-    return hashlib.sha256(f"{values}|{num_gpus}|{_env_key(environ)}|{given}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{values}|{num_gpus}|{_env_key(environ)}|{given}|{machine!r}".encode()).hexdigest()[:32]
 
 
 def load_validation(key: str | None) -> tuple | None:

@@ -46,8 +46,13 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def worker_key() -> str:
-    """The installed stack's key and every source file of the plugin: a worker answers only for these."""
-    digest = hashlib.sha256(store.stack_key().encode())
+    """The installed stack's key, every source file of the plugin, the packages importable and the machine: a worker
+    answers only for these (its socket sits in the cache folder, which a shared home directory shares between
+    machines; a Unix socket answers only on the machine that made it, and the worker reads that machine's GPUs)."""
+    from mbridge_offload.validation.installed import importable_modules
+
+    digest = hashlib.sha256(store.stack_key().encode() + b"\0" + socket.gethostname().encode())
+    digest.update(repr(importable_modules()).encode())  # a package installed since the worker loaded
     for package in PACKAGES_OF_THE_PLUGIN:
         for path in sorted((store.ROOT / package).rglob("*.py")):
             digest.update(str(path.relative_to(store.ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")

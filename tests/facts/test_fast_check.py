@@ -5,12 +5,15 @@ refusals from the cache print what the slow path prints."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 
 import pytest
 
 from recipes import registry
 from mbridge_offload.fast_check import snapshot, store
+from mbridge_offload.validation import installed
+from mbridge_offload.validation.installed import DeviceFacts, Gpu, MachineFacts
 
 OVERRIDES = (
     ["optimizer.optimizer_offload_fraction=1.5"], ["optimizer.optimizer_ofload_fraction=0.5"],
@@ -106,6 +109,69 @@ def test_validation_is_keyed_by_values_gpus_and_environment(built):
     assert key != store.validation_key(apply_overrides(cfg, ["train.train_iters=7"]), 1, {"A": "1"})
     resumed = apply_overrides(cfg, ["checkpoint.load=/some/where"])
     assert store.validation_key(resumed, 1, {"A": "1"}) is None  # reads files: never cached
+
+
+_H100 = Gpu(name="NVIDIA H100 80GB HBM3", memory_bytes=85_520_809_984, capability=(9, 0))
+# device facts a validation may be run under: each pair differs in one thing the validator reads of the GPU
+DEVICES = {
+    "no GPU (a login node)": DeviceFacts(),
+    "no GPU, CUDA build of PyTorch": DeviceFacts(torch_cuda="12.8"),
+    "H100": DeviceFacts(gpus=(_H100,), driver="550.54.15", torch_cuda="12.8"),
+    "H100, another driver": DeviceFacts(gpus=(_H100,), driver="570.86.10", torch_cuda="12.8"),
+    "H100, CPU build of PyTorch": DeviceFacts(gpus=(_H100,), driver="550.54.15"),
+    "two H100": DeviceFacts(gpus=(_H100, _H100), driver="550.54.15", torch_cuda="12.8"),
+    "H100 94 GB": DeviceFacts(gpus=(Gpu(name="NVIDIA H100 NVL", memory_bytes=100_485_038_080, capability=(9, 0)),),
+                              driver="550.54.15", torch_cuda="12.8"),
+    "H200": DeviceFacts(gpus=(Gpu(name="NVIDIA H200", memory_bytes=150_754_820_096, capability=(9, 0)),),
+                        driver="550.54.15", torch_cuda="12.8"),
+    "A100": DeviceFacts(gpus=(Gpu(name="NVIDIA A100-SXM4-80GB", memory_bytes=85_899_345_920, capability=(8, 0)),),
+                        driver="550.54.15", torch_cuda="12.8"),
+    "same name, another capability": DeviceFacts(gpus=(Gpu(name="NVIDIA H100 80GB HBM3", memory_bytes=85_520_809_984,
+                                                           capability=(10, 0)),), driver="550.54.15", torch_cuda="12.8"),
+}
+
+
+def test_a_cached_validation_is_keyed_by_the_machines_gpus(built):
+    """A cache in a home directory shared by a login node and a GPU node: a validation on one never answers the other
+    (the validator's GPU checks, env/flex-dispatcher-gpu-unchecked among them, answer differently there)."""
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    modules = installed.importable_modules()
+    keys = {name: store.validation_key(cfg, 1, {}, machine=MachineFacts(devices=devices, modules=modules))
+            for name, devices in DEVICES.items()}
+    assert None not in keys.values()
+    assert len(set(keys.values())) == len(keys), keys
+
+
+def test_a_cached_validation_is_keyed_by_what_this_machine_has(built):
+    """Without a machine stated, the key reads this machine's facts with the validator's own function: the same key
+    as those facts stated, another key for any other GPU or another package importable."""
+    cfg = built("qwen3_1b_proxy_pretrain_config")
+    here = installed.machine_facts()
+    assert store.validation_key(cfg, 1, {}) == store.validation_key(cfg, 1, {}, machine=here)
+    another_gpu = dataclasses.replace(here, devices=dataclasses.replace(here.devices,
+                                                                        gpus=here.devices.gpus + (_H100,)))
+    assert store.validation_key(cfg, 1, {}) != store.validation_key(cfg, 1, {}, machine=another_gpu)
+    folder, names = here.modules[0]
+    apex_installed = dataclasses.replace(here, modules=((folder, tuple(sorted(
+        names + ("apex-0.1.dist-info", "fused_weight_gradient_mlp_cuda.cpython-312-x86_64-linux-gnu.so")))),
+        *here.modules[1:]))
+    assert store.validation_key(cfg, 1, {}) != store.validation_key(cfg, 1, {}, machine=apex_installed)
+
+
+def test_the_machines_facts_are_read_without_pytorch():
+    """The fast path answers without importing PyTorch (~3 s): the device facts come from the driver's library and
+    the installed torch/version.py, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mbridge_offload.validation.installed import machine_facts; f = machine_facts(); "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert f.modules and all(isinstance(g.name, str) for g in f.devices.gpus); print(f.devices)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=store.ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    import torch
+
+    assert done.stdout.strip().endswith(f"torch_cuda='{torch.version.cuda or ''}')")
 
 
 def _run(argv):

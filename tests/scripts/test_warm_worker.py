@@ -88,3 +88,18 @@ def test_the_worker_key_changes_with_the_plugins_sources(tmp_path, monkeypatch):
     finally:
         source.unlink()
         warm_worker.worker_key.cache_clear()
+
+
+def test_the_worker_key_changes_with_the_machine(monkeypatch):
+    """A cache folder in a home directory shared by a login node and a GPU node: each machine its own worker (a Unix
+    socket answers only where it was made, and the worker validates against its own machine's GPUs)."""
+    import socket
+
+    key = warm_worker.worker_key()
+    monkeypatch.setattr(socket, "gethostname", lambda: "another-node-of-the-cluster")
+    try:
+        warm_worker.worker_key.cache_clear()
+        assert warm_worker.worker_key() != key
+    finally:
+        monkeypatch.undo()
+        warm_worker.worker_key.cache_clear()
