@@ -129,7 +129,7 @@ class _Run:
         self.lines = read_lines(path)
         self.texts = [line.text for line in self.lines]
         self.facts: RunFacts = run_facts(self.lines, run_folder(path))
-        self.search = LineSearch(self.texts)
+        self.search = LineSearch(self.texts, _SEARCHED)
         self.first_stop: int | None = min((i for p in JOB_STOPPED for i in self.search.matching(p)[:1]), default=None)
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
@@ -232,6 +232,10 @@ _NUMERIC = {"runtime/full-offload-slowdown", "runtime/fine-grained-warmup"}  # j
 _SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule.id not in _NUMERIC
                for pattern in rule.log_signatures]
 
+
+# every pattern searched on a log's lines: their lines are found together, in one pass (line_search.py)
+_SEARCHED = (*(pattern for _, pattern, _ in _SIGNATURES), *JOB_STOPPED, _AGENT_STOP,
+             *(pattern for pattern, _ in CONFIG_RULE_LOG_SIGNATURES), *(pattern for pattern, _ in _UPSTREAM_TO_RULE))
 
 _Match = tuple[str, int, str, "re.Match[str] | None"]  # (rule id, line index, upstream's fix, the signature's match)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 try:
@@ -56,33 +56,91 @@ def required_strings(pattern: str) -> tuple[str, ...]:
     return _required(parsed)
 
 
-class LineSearch:
-    """The lines of one log, and the line indexes where a pattern matches."""
+# Digits are read as 0 while finding the lines that hold a required string: the lines of a long run differ in their
+# numbers only (an iteration line per step), so they become a few distinct lines, each searched once; a required
+# string is read the same way, so its lines are found among them (with the few whose digits differ, which the
+# pattern's own search then leaves out)
+_DIGITS = str.maketrans("123456789", "000000000")
+_DIGIT_BYTES = bytes.maketrans(b"123456789", b"000000000")
 
-    def __init__(self, texts: Sequence[str]):
+
+def _trie(strings: Iterable[str]) -> str:
+    """One regular expression matching any of ``strings``: a tree of their characters, so each position of the text
+    is tried character by character rather than string by string; at a position it matches the longest of them
+    that starts there."""
+    root: dict[str, dict] = {}
+    for string in strings:
+        node = root
+        for char in string:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def branch(node: dict[str, dict]) -> str:
+        alternatives = [re.escape(char) + branch(child) for char, child in sorted(node.items()) if char]
+        if not alternatives:
+            return ""
+        if "" in node:
+            return "(?:" + "|".join(alternatives) + ")?"
+        return alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
+
+    return branch(root)
+
+
+class LineSearch:
+    """The lines of one log, and the line indexes where a pattern matches. The lines that hold each required string
+    of the patterns given up front are found in one pass over the log's distinct lines (digits read as 0): a single
+    regular expression of all those strings. A pattern not given up front costs a pass of its own."""
+
+    def __init__(self, texts: Sequence[str], patterns: Iterable[str] = ()):
         self.texts = texts
         self.searches = 0  # regular-expression searches made on single lines, all patterns together
-        self.joined = "\n".join(texts)
-        self.starts, at = [], 0
-        for text in texts:
-            self.starts.append(at)
-            at += len(text) + 1
+        self.passes = 0  # passes that find the lines holding required strings (each reads every distinct line)
+        # each distinct line (digits as 0) once, and the indexes of the lines that read as it
+        forms: dict[bytes, int] = {}
+        self._form_lines: list[list[int]] = []
+        for i, form in enumerate("\n".join(texts).encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES)
+                                 .split(b"\n") if texts else ()):
+            at = forms.setdefault(form, len(forms))
+            if at == len(self._form_lines):
+                self._form_lines.append([])
+            self._form_lines[at].append(i)
+        self._forms = "\n".join(form.decode("utf-8", "surrogatepass") for form in forms)
+        self._form_starts, at = [], 0
+        for form in forms:
+            self._form_starts.append(at)
+            at += len(form.decode("utf-8", "surrogatepass")) + 1
+        self._holding: dict[str, set[int]] = {}  # a required string (digits as 0): the distinct lines that hold it
+        self._index({s.translate(_DIGITS) for pattern in patterns for s in required_strings(pattern)})
+
+    def _index(self, strings: set[str]) -> None:
+        """Which distinct lines hold each of ``strings`` (not indexed yet), in one pass: their tree's expression
+        searched again from one character past each match's start, so overlapping occurrences are found too. A
+        match is the longest string starting at its position; every string inside it is on that line as well (one
+        that starts there and is shorter is its prefix)."""
+        strings = {s for s in strings if s not in self._holding}
+        if not strings:
+            return
+        self.passes += 1
+        inside = {s: [t for t in strings if t in s] for s in strings}
+        for s in strings:
+            self._holding[s] = set()
+        regex, text, starts, at = re.compile(_trie(strings)), self._forms, self._form_starts, 0
+        while match := regex.search(text, at):
+            form = bisect_right(starts, match.start()) - 1
+            for s in inside[match.group()]:
+                self._holding[s].add(form)
+            at = match.start() + 1
 
     def candidates(self, pattern: str) -> list[int] | range:
         """Indexes of the lines that may match ``pattern``: those holding one of its required strings, ascending."""
-        strings = required_strings(pattern)
+        strings = {s.translate(_DIGITS) for s in required_strings(pattern)}
         if not strings:
             return range(len(self.texts))
-        found: set[int] = set()
-        for string in strings:
-            at = self.joined.find(string)
-            while at >= 0:
-                line = bisect_right(self.starts, at) - 1
-                found.add(line)
-                # the next occurrence on a later line: this line is a candidate already
-                next_line_at = self.starts[line + 1] if line + 1 < len(self.starts) else len(self.joined)
-                at = self.joined.find(string, max(at + 1, next_line_at))
-        return sorted(found)
+        self._index(strings)
+        forms = set().union(*(self._holding[s] for s in strings))
+        if len(forms) == 1:
+            return self._form_lines[forms.pop()]
+        return sorted(i for form in forms for i in self._form_lines[form])
 
     def matches(self, pattern: str, regex: re.Pattern[str] | None = None) -> list[tuple[int, re.Match[str]]]:
         """(index, match) of each line ``pattern`` matches (re.search on each line alone), ascending."""
