@@ -6,6 +6,10 @@ tree of dataclasses of the same names, fields, annotations and values, created o
 machinery (overrides/), the rules, the planner and describe() read it exactly as they read the real one,
 since they only use dataclass fields, annotations and attribute values.
 
+A look-alike class derives from stand-ins of the real class's bases: empty classes of the same names, each
+noting the methods its original defines (``DEFINES``), so a check by class name (``type(x).__mro__``) or by
+which class defines a method reads the look-alike as the real config; the methods themselves are not rebuilt.
+
 What cannot be represented faithfully (functions, objects of other classes, torch dtypes) is kept as an
 ``Opaque`` value that shows as the original did; an override that would set a field of such a type, or walk
 through a null section (which would create a real section), is not answered from a snapshot
@@ -23,8 +27,10 @@ import typing
 from pathlib import Path, PosixPath
 from typing import Any, Literal, Union
 
-FORMAT = 4  # bump when the data layout changes (part of the cache key)
+FORMAT = 5  # bump when the data layout changes (part of the cache key)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# the attribute of a look-alike class or base stand-in naming the methods its original defines in its own body
+DEFINES = "__snapshot_defines__"
 
 
 class Opaque:
@@ -91,6 +97,18 @@ def _is_dtype_class(annotation: Any) -> bool:
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _defined_methods(cls: type) -> list[str]:
+    """The public methods ``cls`` defines in its own body (not inherited)."""
+    return sorted(name for name, attr in vars(cls).items() if not name.startswith("_")
+                  and isinstance(attr, (types.FunctionType, staticmethod, classmethod)))
+
+
+def _bases(cls: type) -> list[tuple[str, str, str, list[str]]]:
+    """(module, qualname, name, methods it defines) of each class ``cls`` derives from, in method resolution order
+    (without ``cls`` and ``object``)."""
+    return [(k.__module__, k.__qualname__, k.__name__, _defined_methods(k)) for k in cls.__mro__[1:-1]]
 
 
 def _text(value: Any) -> str:
@@ -161,7 +179,7 @@ class _Dumper:
                 default = ("missing",)
             fields.append((f.name, self.annotation(hints.get(f.name, Any)), default, f.init))
         self.classes[name] = {"name": cls.__name__, "qualname": cls.__qualname__, "module": cls.__module__,
-                              "fields": fields}
+                              "fields": fields, "bases": _bases(cls), "defines": _defined_methods(cls)}
         return name
 
     def value(self, value: Any) -> Any:
@@ -212,6 +230,15 @@ class _Loader:
         self.data = data
         self.classes: dict[str, type] = {}
         self.enums: dict[str, type] = {}
+        self.stand_ins: dict[str, type] = {}
+
+    def stand_in(self, module: str, qualname: str, name: str, methods: list[str]) -> type:
+        """An empty class named as a base of a real class, noting the methods that base defines."""
+        key = f"{module}.{qualname}"
+        if key not in self.stand_ins:
+            self.stand_ins[key] = type(name, (), {"__module__": module, "__qualname__": qualname,
+                                                  DEFINES: frozenset(methods)})
+        return self.stand_ins[key]
 
     def enum(self, name: str) -> type:
         if name not in self.enums:
@@ -261,8 +288,9 @@ class _Loader:
             return self.classes[name]
         info = self.data["classes"][name]
         fields = info["fields"]
-        cls = dataclasses.make_dataclass(info["name"], [(f[0], Any) for f in fields],
-                                         module=info["module"])
+        bases = tuple(self.stand_in(*base) for base in info["bases"])
+        cls = dataclasses.make_dataclass(info["name"], [(f[0], Any) for f in fields], bases=bases,
+                                         module=info["module"], namespace={DEFINES: frozenset(info["defines"])})
         cls.__qualname__ = info["qualname"]
         self.classes[name] = cls  # before the annotations: they may name this class
         annotations, dc_fields = {}, {}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mbridge_offload.facts.key_ranges import KEY_RANGES, OFFLOAD_FRACTION_KEY, is_count, is_number
+from mbridge_offload.facts.key_ranges import (KEY_RANGES, OFFLOAD_FRACTION_KEY, OPTIMIZER_OFFLOAD_FRACTION, is_count,
+                                              is_number, show_typed)
 from mbridge_offload.planning.tensors import (COUNTED_LAYER_SPECS, OLMOE_LAYER_SPEC, layer_spec_name,
                                               vocab_rows)
 from mbridge_offload.validation.problem import Problem
@@ -54,8 +55,69 @@ FIXES = {"memory/unmodeled-attention-backend": "model.attention_backend=auto  (o
 
 
 def _subclass_of(obj: Any, class_name: str) -> bool:
-    """Whether ``obj``'s class derives from one named ``class_name`` (by name: planning imports no Megatron)."""
+    """Whether ``obj``'s class derives from one named ``class_name`` (by name: planning imports no Megatron; a
+    cached config's look-alike class derives from stand-ins of the same names, fast_check/snapshot.py)."""
     return any(k.__name__ == class_name for k in type(obj).__mro__)
+
+
+# The providers whose provide() builds the model the planner counts, by the class that defines the provide() a
+# provider inherits: Megatron Core's GPTModel as GPTModelProvider builds it, Gemma's with its embedding scaled (the
+# same tensors) and Gemma3's with its own embedding and rotary embedding (the same tensors). A provider that
+# defines provide() anew builds another model (a vision-language model around its language model, T5, Wan, Flux,
+# a Mamba hybrid), whatever its fields say.
+COUNTED_PROVIDERS = frozenset({
+    "megatron.bridge.models.gpt_provider.GPTModelProvider",
+    "megatron.bridge.models.gemma.gemma_provider.GemmaModelProvider",
+    "megatron.bridge.models.gemma.gemma3_provider.Gemma3ModelProvider",
+})
+GPT_PROVIDER = "GPTModelProvider"
+
+
+# What a cached config's look-alike class (and each stand-in of a base) notes of its original's methods: the name
+# of fast_check.snapshot.DEFINES, which planning does not import (fast_check imports planning).
+SNAPSHOT_DEFINES = "__snapshot_defines__"
+
+
+def _defines(klass: type, method: str) -> bool:
+    """Whether ``klass`` defines ``method`` in its own body, or (a look-alike class) its original did."""
+    own = vars(klass)
+    return method in own or method in own.get(SNAPSHOT_DEFINES, ())
+
+
+def _qualified(klass: type) -> str:
+    return f"{klass.__module__}.{klass.__qualname__}"
+
+
+def provider_builder(m: Any) -> str | None:
+    """The qualified name of the class whose provide() model config ``m`` uses, or None where none defines one."""
+    owner = next((k for k in type(m).__mro__ if _defines(k, "provide")), None)
+    return None if owner is None else _qualified(owner)
+
+
+def _provider_problem(m: Any) -> Problem | None:
+    """A model provider whose provide() builds another model than the GPT models the planner counts."""
+    builder = provider_builder(m)
+    if builder in COUNTED_PROVIDERS or _subclass_of(m, "HybridModelProvider"):  # hybrids: memory/unmodeled-mamba
+        return None
+    name = _qualified(type(m))
+    language_model = _subclass_of(m, GPT_PROVIDER)
+    built_by = f"its provide() is {builder}.provide" if builder else "it defines no provide()"
+    if language_model:
+        rule = (f"{type(m).__name__} is a GPT provider whose provide() builds another model ({built_by}): a "
+                "vision, audio or other encoder and its projection around the language model, which hold tensors "
+                "and activations the planner does not count; it counts Megatron Core's GPTModel as "
+                "GPTModelProvider (and Gemma's, Gemma3's) builds it")
+        fix = ("plan the language model alone: a GPT recipe with this model's model.* sizes (run_recipe.py --list), "
+               "then keep GPU headroom for the encoder, measured by a short run; or set "
+               f"{OFFLOAD_FRACTION_KEY}=<a fraction> by hand instead of auto")
+    else:
+        rule = (f"{type(m).__name__} builds no GPT model ({built_by}): the planner counts Megatron Core's GPTModel "
+                "(attention and MLP or MoE layers, an embedding and an output layer) as GPTModelProvider builds it; "
+                "an encoder-decoder, diffusion or state-space model holds other tensors and activations")
+        fix = ("none that keeps this model: size it by a short measured run (its peak memory), and set "
+               f"{OFFLOAD_FRACTION_KEY}=<a fraction> by hand instead of auto")
+    return Problem(key="model", value=name, rule=rule, fix=fix, rule_id="memory/unmodeled-model",
+                   source=PLANNER_SOURCE)
 
 
 def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
@@ -167,6 +229,9 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
     """The model features the planner does not count, each as a problem naming its key, value, rule and fix; and a
     vocabulary left to the tokenizer, whose size the embedding and output layer need."""
     m = cfg.model
+    other_model = _provider_problem(m)
+    if other_model is not None:  # its layers' features are another model's: the rest would be guesses
+        return [other_model]
     problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
                         fix=FIXES.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]
@@ -190,10 +255,11 @@ def _gpu_count_problem(num_gpus: Any) -> Problem:
 
 
 def _fraction_problem(fraction: Any) -> Problem:
-    return Problem(key=OFFLOAD_FRACTION_KEY, value=repr(fraction),
-                   rule="must be a number from 0 to 1: the share of optimizer states (and their Adam step) moved to "
-                        "the CPU", fix=f"{OFFLOAD_FRACTION_KEY}=0.5  (or auto)",
-                   rule_id="optimizer-offload/fraction-range", source=PLANNER_SOURCE)
+    """The offload fraction argument out of range, in the words of the key's own range (the validator's), so a
+    fraction given on the command line and one in the config are refused alike and said once (``_once``)."""
+    rule = OPTIMIZER_OFFLOAD_FRACTION
+    return Problem(key=rule.key, value=show_typed(fraction, number=rule.number), rule=rule.text, fix=rule.fix(None),
+                   rule_id=rule.id, source=PLANNER_SOURCE)
 
 
 def unplannable_problems(cfg: Any, num_gpus: Any, fraction: Any = None) -> tuple[Problem, ...]:

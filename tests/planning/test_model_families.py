@@ -134,3 +134,66 @@ def test_gemma3_is_planned_with_its_post_norms_activations():
     gpt = plan_with_recommendation(bridge_recipe("gemma3_1b_pretrain_config", transformer_layer_spec=default_layer_spec),
                                    1, fraction=0.5, gpu_memory_gib=139.8)
     assert not gemma.unplanned and gemma.activation_bytes_gpu > gpt.activation_bytes_gpu
+
+
+def _as_provider(cfg, provider_class):
+    """``cfg`` with its model built by Megatron Bridge's ``provider_class`` from the sizes both classes have."""
+    import dataclasses
+
+    cfg = copy.deepcopy(cfg)
+    takes = {f.name for f in dataclasses.fields(provider_class) if f.init}
+    cfg.model = provider_class(**{f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)
+                                  if f.init and f.name in takes})
+    return cfg
+
+
+def _real_and_cached(cfg):
+    """The config, and the look-alike of it a cached command plans (fast_check/snapshot.py)."""
+    from mbridge_offload.fast_check import snapshot
+
+    return [("real", cfg), ("cached", snapshot.load(snapshot.dump(cfg)))]
+
+
+@pytest.mark.parametrize("module,name,language_model", [
+    ("megatron.bridge.models.qwen_vl.qwen25_vl_provider", "Qwen25VLModelProvider", True),
+    ("megatron.bridge.models.gemma_vl.gemma3_vl_provider", "Gemma3VLModelProvider", True),
+    ("megatron.bridge.models.t5_provider", "T5ModelProvider", False),
+    ("megatron.bridge.diffusion.models.wan.wan_provider", "WanModelProvider", False),
+])
+def test_a_provider_that_builds_another_model_than_gpt_is_refused_by_its_class(built, module, name, language_model):
+    """A vision-language provider (a GPT provider whose provide() builds an encoder around the language model), T5
+    and Wan: refused by key ``model`` naming the class, from the real config and from the cache's look-alike, whose
+    class keeps the names of its bases and where provide() is defined."""
+    import importlib
+
+    cfg = _as_provider(built("qwen3_0p6b_optimizer_offload_config"), getattr(importlib.import_module(module), name))
+    for where, config in _real_and_cached(cfg):
+        p = plan_with_recommendation(config, 1, fraction=0.5, gpu_memory_gib=139.8)
+        assert p.unplanned and p.params_per_rank == 0, where
+        (problem,) = plan_problems(p, None)
+        assert (problem.rule_id, problem.key, problem.value) == ("memory/unmodeled-model", "model", f"{module}.{name}")
+        assert ("plan the language model alone" in problem.fix) == language_model, problem.fix
+        assert "optimizer.optimizer_offload_fraction=" in problem.fix
+
+
+@pytest.mark.parametrize("module,name", [
+    ("megatron.bridge.models.gpt_provider", "GPTModelProvider"),
+    ("megatron.bridge.models.gemma.gemma3_provider", "Gemma3ModelProvider"),  # its own provide(), GPTModel's tensors
+])
+def test_a_gpt_provider_is_planned_from_the_real_config_and_from_the_cache(built, module, name):
+    import importlib
+
+    cfg = _as_provider(built("qwen3_0p6b_optimizer_offload_config"), getattr(importlib.import_module(module), name))
+    (_, real), (_, cached) = _real_and_cached(cfg)
+    planned = [plan_with_recommendation(c, 1, fraction=0.5, gpu_memory_gib=139.8) for c in (real, cached)]
+    assert not planned[0].unplanned and planned[0].params_per_rank > 0
+    assert planned[1].params_per_rank == planned[0].params_per_rank
+    assert planned[1].total_bytes_gpu == planned[0].total_bytes_gpu
+
+
+def test_a_cached_hybrid_model_is_refused_as_the_real_one_is():
+    """The look-alike of a Mamba hybrid keeps HybridModelProvider among its bases' names."""
+    cfg = bridge_recipe("nemotronh_4b_pretrain_config")
+    for where, config in _real_and_cached(cfg):
+        problem = _refused(config, 1, "memory/unmodeled-mamba", "model.hybrid_layer_pattern")
+        assert "M" in problem.value, where

@@ -194,3 +194,26 @@ def test_odd_sequence_lengths_and_micro_batches_plan_finite_positive_numbers(bui
     p = planned(seq)
     assert not p.unplanned and all(math.isfinite(n) and n >= 0 for n in numbers(p))
     assert planned(seq + 1).activation_bytes_gpu > p.activation_bytes_gpu
+
+
+@pytest.mark.parametrize("fraction", ["-1", "1.5"])
+def test_an_offload_fraction_out_of_range_is_refused_in_the_words_of_its_key_range(capsys, fraction):
+    """-of below 0 and above 1 (the fraction given to the planner, and the config's own) say one rule and one fix:
+    the key range's (facts/key_ranges.py), once."""
+    from mbridge_offload.facts.key_ranges import OPTIMIZER_OFFLOAD_FRACTION
+
+    code = plan_offload.main(["--recipe", "qwen3_0p6b_pretrain_config", "-of", fraction])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert out.count(f"rule: {OPTIMIZER_OFFLOAD_FRACTION.text}") == 1, out
+    assert out.count("fix:  ") == 1 and f"fix:  {OPTIMIZER_OFFLOAD_FRACTION.fix(None)}\n" in out, out
+
+
+def test_a_fraction_argument_out_of_range_is_refused_as_the_configs_own(built):
+    cfg = built("qwen3_0p6b_optimizer_offload_config")
+    for fraction in (-1.0, 1.5):
+        given = plan_problems(plan(cfg, 1, fraction=fraction), None)
+        configured = plan_problems(plan(apply_overrides(cfg, [f"optimizer.optimizer_offload_fraction={fraction}"]), 1),
+                                   None)
+        assert [(q.rule_id, q.key, q.value, q.rule, q.fix) for q in given] \
+            == [(q.rule_id, q.key, q.value, q.rule, q.fix) for q in configured], (given, configured)
