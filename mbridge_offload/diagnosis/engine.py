@@ -22,8 +22,9 @@ from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
-from mbridge_offload.validation.runtime_failures import (CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
-                                                         BISECT_WORDS, JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER,
+from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
+                                                         CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
+                                                         JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER,
                                                          PINNED_ALLOCATION_NEAR, SHARED_MEMORY_NEAR, SIGBUS,
                                                          is_this_cause, near)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
@@ -38,14 +39,28 @@ _OOM_FIX_IDS = (*_TORCH_OOM_IDS, "runtime/oom-outside-pytorch")
 # the rules whose fix is the planner's host fix: the node's memory ran out, by a kill or a failed allocation
 _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
 # the crashes inside the run whose fix bisects the offload settings the run had on
-_BISECT_FIX_IDS = ("runtime/cuda-illegal-address", "runtime/rank-crashed")
+_BISECT_FIX_IDS = ("runtime/cuda-illegal-address", "runtime/rank-crashed", "runtime/rank-aborted")
 # What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
 # stopping after it. After an earlier error these are its consequences, and the report says so.
 # The offload engine's worker thread found stopped is likewise what an earlier failure left.
 _STOP_ID = "runtime/job-stopped"
 # A rank that could not reach the store or a peer's NCCL id at the start, after another rank failed, waited on that rank.
+# A rank's abort is how its process ended after an exception C++ did not catch: where that exception (its what() line,
+# just below) or an earlier line is a failure of the table, that one is the cause. A network error between the nodes
+# is also what a rank sees of a peer that died.
+_ABORT_ID = "runtime/rank-aborted"
+_NETWORK_ID = "runtime/nccl-network"
 _CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-stopped", "engine/worker-stopped",
-                    "runtime/rendezvous-timeout")
+                    "runtime/rendezvous-timeout", _ABORT_ID, _NETWORK_ID)
+# what follows from a failed network link when nothing failed before it: NCCL's error, the watchdog, the abort
+_AFTER_NETWORK = ("runtime/nccl-error", "runtime/nccl-timeout", _ABORT_ID)
+ABORT_WHAT_LINES = 3  # how far below 'terminate called after throwing' its what() line stands
+# A Python traceback no rule names: reported only where no other error is, with its last frame
+_EXCEPTION_ID = "runtime/python-exception"
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+_TRACEBACK_LINES = 400  # the longest traceback read
+_TRACEBACK = RULES_BY_ID[_EXCEPTION_ID].log_signatures[0]
+_NOT_AN_ERROR = re.compile(r"(SystemExit|KeyboardInterrupt|GeneratorExit)\b")  # an exit, a Ctrl-C: no failure of code
 CARRIED_WITHIN_LINES = 400  # how far above a message that carries another error its own traceback may end
 OVERRIDE_MECHANISM = "run_recipe.py override"
 # run_recipe.py's report of overrides it could not apply (overrides/errors.py): the head, then per override its text
@@ -235,7 +250,8 @@ _SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule
 
 # every pattern searched on a log's lines: their lines are found together, in one pass (line_search.py)
 _SEARCHED = (*(pattern for _, pattern, _ in _SIGNATURES), *JOB_STOPPED, _AGENT_STOP,
-             *(pattern for pattern, _ in CONFIG_RULE_LOG_SIGNATURES), *(pattern for pattern, _ in _UPSTREAM_TO_RULE))
+             *(pattern for pattern, _ in CONFIG_RULE_LOG_SIGNATURES), *(pattern for pattern, _ in _UPSTREAM_TO_RULE),
+             ABORT_EXCEPTION)
 
 _Match = tuple[str, int, str, "re.Match[str] | None"]  # (rule id, line index, upstream's fix, the signature's match)
 
@@ -438,7 +454,11 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     at_line: dict[int, list[str]] = {}  # line index: the findings' rule ids matched there
     first_match: dict[str, re.Match[str]] = {}  # rule id: its signature's match on its first evidence line
     oom = None
-    for rule_id, i, upstream_fix, match in _matches(run):
+    matches = _matches(run)
+    named = {i for rule_id, i, _, _ in matches if rule_id != _ABORT_ID}
+    for rule_id, i, upstream_fix, match in matches:
+        if rule_id == _ABORT_ID and i in named:
+            continue  # the exception std::terminate names on this line is that rule's failure (std::bad_alloc)
         line = run.lines[i]
         if rule_id in _TORCH_OOM_IDS:
             rule_id = _oom_variant(run)
@@ -463,6 +483,17 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         if len(finding.evidence) < MAX_EVIDENCE and all(e.text != line.text for e in finding.evidence):
             finding.evidence.append(line)
     findings = list(by_rule.values()) + _override_findings(run) + _step_findings(run, baseline_s)
+    if _EXCEPTION_ID in by_rule:
+        # a traceback is a failure of its own only where nothing else is: not one that ends in a named failure's line,
+        # nor one beside an error that is no consequence (that error is the one to fix)
+        exception = by_rule[_EXCEPTION_ID]
+        raised = _exception_details(run, exception)
+        named = [r for r in at_line.get(exception.first_index, ()) if r != _EXCEPTION_ID]
+        if not raised or named or any(f.severity == "error" and f.rule_id not in (_EXCEPTION_ID, *_CONSEQUENCE_IDS)
+                        for f in findings):
+            findings.remove(exception)
+    if _ABORT_ID in by_rule:
+        _abort_details(run, by_rule[_ABORT_ID])
     for finding in findings:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
@@ -510,6 +541,43 @@ def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, l
                 break
 
 
+def _abort_details(run: _Run, finding: Finding) -> None:
+    """What a rank's abort reports as its reason: the C++ exception std::terminate names and its what() line."""
+    for i, match in run.search.matches(ABORT_EXCEPTION):
+        for j in range(i + 1, min(len(run.texts), i + 1 + ABORT_WHAT_LINES)):
+            if what := re.match(ABORT_WHAT, run.texts[j]):
+                text = what.group("what").strip()
+                finding.measured = (f"the exception: {match.group('type')}: {text[:240]}"
+                                    + ("..." if len(text) > 240 else ""))
+                return
+        finding.measured = f"the exception: {match.group('type')} (no what() line follows it)"
+        return
+
+
+def _exception_details(run: _Run, finding: Finding) -> bool:
+    """A traceback no rule names: its evidence becomes the exception's line, and what it measured the last frame (the
+    file, line and function that raised it), read from the first traceback that ends in an error, on the lines of its
+    rank. False where none does: an exit (SystemExit), a Ctrl-C (KeyboardInterrupt), or a log cut inside it."""
+    for start in run.search.matching(_TRACEBACK):
+        rank, frame = run.lines[start].rank, None
+        for j in range(start + 1, min(len(run.lines), start + _TRACEBACK_LINES)):
+            line = run.lines[j]
+            if line.rank != rank:
+                continue
+            if found := _FRAME.match(line.text):
+                frame = found
+            elif line.text.strip() and not line.text[:1].isspace():
+                if _NOT_AN_ERROR.match(line.text) or line.text.startswith("Traceback"):
+                    break
+                finding.evidence, finding.first_index = [line], j
+                finding.ranks = set(stated_ranks(run.lines, j))
+                where = (f" in {frame.group('file')}:{frame.group('line')}, in {frame.group('function')} (the "
+                         "traceback's last frame)") if frame else " (the traceback names no frame)"
+                finding.measured = line.text.strip()[:240] + where
+                return True
+    return False
+
+
 def _rank_words(ranks: set[int]) -> str:
     if not ranks:
         return ""
@@ -526,7 +594,13 @@ def _mark_consequences(findings: list[Finding]) -> None:
     for finding in findings:
         if finding.rule_id not in _CONSEQUENCE_IDS or not finding.evidence:
             continue
-        earlier = [f for f in causes if f.first_index < finding.first_index]
+        at = finding.first_index
+        earlier = [f for f in causes if f.first_index < at]
+        if not earlier and finding.rule_id in _AFTER_NETWORK:
+            earlier = [f for f in findings if f.rule_id == _NETWORK_ID and f.evidence and f.first_index <= at]
+        if not earlier and finding.rule_id == _ABORT_ID:  # an error before the abort, or the one its what() names
+            earlier = [f for f in findings if f is not finding and f.severity == "error" and f.evidence
+                       and f.first_index <= at + ABORT_WHAT_LINES]
         if earlier:
             cause = min(earlier, key=lambda f: f.first_index)
             where = _rank_words(cause.ranks)
@@ -552,6 +626,9 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     count = len(diagnosis.findings)
     first = diagnosis.first_failure
     first_words = ""
+    if not any(f.severity == "error" for f in diagnosis.findings) and any(
+            f.rule_id == _STOP_ID and f.evidence for f in diagnosis.findings):
+        first_words = "; nothing failed: the job was stopped from outside"
     if first is not None and count > 1:
         where = _rank_words(first.ranks)
         first_words = (f"; the first failure: [{first.label}]" + (f" on {where}" if where else "")

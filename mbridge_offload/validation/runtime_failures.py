@@ -68,6 +68,14 @@ SIGBUS = (r"\bBus error \(core dumped\)", r"^\s*Bus error\s*$", r":\s*line \d+:\
           r"Fatal Python error: Bus error", r"Signal 7 \(SIGBUS\)", r"exitcode\s*:\s*-7\b", r"\(exitcode: -7\)",
           r"Signals\.SIGBUS", r"srun: error: .*: tasks? [\d,\-]+: Bus error")
 SHARED_MEMORY_NEAR = r"/dev/shm|shared memory|\bshm\b|--shm-size"
+# A rank's SIGABRT, as C++'s std::terminate, Python's faulthandler, torchrun, srun, the shell and absl print it
+SIGABRT = (r"terminate called after throwing an instance of '", r"Fatal Python error: Aborted", r"Signal 6 \(SIGABRT\)",
+           r"exitcode\s*:\s*-6\b", r"\(exitcode: -6\)", r"Signals\.SIGABRT", r"\bAborted \(core dumped\)",
+           r"^\s*Aborted\s*$", r":\s*line \d+:\s+\d+ Aborted\b", r"srun: error: .*: tasks? [\d,\-]+: Aborted",
+           r"\*\*\* SIGABRT received at time=")
+# The C++ exception std::terminate reports before the abort: its type, and on a line below, its what()
+ABORT_EXCEPTION = r"terminate called after throwing an instance of '(?P<type>[^']+)'"
+ABORT_WHAT = r"^\s*what\(\):\s+(?P<what>\S.*)"
 # Settings of a run to turn off one at a time where a crash inside the run may come from offloading (the rules'
 # fixes name them; diagnose.py names those the run had on)
 OFFLOAD_BISECT = ("optimizer.optimizer_cpu_offload=False", "model.cpu_offloading=False",
@@ -341,6 +349,83 @@ RULES: tuple[Rule, ...] = (
            r"The client socket has failed to connect to any network address", r"connect\(\) timed out\. Original timeout",
            r"retrieving ncclUniqueIds? from \S+ via (c10d key-value store|TCPStore) by key '[^']*', but store->get\('[^']*'\) got "
            r"error")),
+    _rule("runtime/rank-aborted", "(launch)",
+          "a rank's process aborted (SIGABRT): C++ ended it on an exception nothing caught ('terminate called after "
+          "throwing an instance of ...'; its what() line says which) or a library called abort(). Where the what() "
+          "line or an earlier line names a failure of this table (an NCCL watchdog timeout, an illegal address), that "
+          "one is the cause and the abort only how the process ended",
+          "read the exception's what() line (diagnose.py names it); rerun with PYTHONFAULTHANDLER=1 (the Python stack "
+          "at the abort) and ulimit -c unlimited (gdb python core, then bt)" + _BISECT, SIGABRT),
+    _rule("runtime/path-not-writable", "checkpoint.save",
+          "the run could not create or write a file or folder (permission denied, or a read-only file system): the "
+          "checkpoint folder, the log or TensorBoard folder, a cache; the message names the path",
+          "checkpoint.save=<a folder the job's user can write> (likewise logger.tensorboard_dir, or HF_HOME for a "
+          "cache), or give that user write access to the path the message names",
+          (r"PermissionError: \[Errno 13\] Permission denied", r"\[Errno 13\] Permission denied: '",
+           r"\[Errno 30\] Read-only file system")),
+    _rule("runtime/checkpoint-unreadable", "checkpoint.load",
+          "the checkpoint being loaded is incomplete or damaged: a file cut short (a save that was killed or ran out "
+          "of disk, a copy not finished) or a checkpoint folder without the files every one has (dist-checkpointing's "
+          "metadata.json, torch's .metadata, common.pt)",
+          "checkpoint.load=<dir> checkpoint.ckpt_step=<an earlier iteration saved whole>, or move the broken iter_* "
+          "folder away and write the previous iteration into latest_checkpointed_iteration.txt",
+          (r"PytorchStreamReader failed reading (zip archive|file)", r"is not a distributed checkpoint",
+           r"No such file or directory: '[^']*/(\.metadata|metadata\.json|common\.pt)'",
+           r"CheckpointingException: .*([Cc]orrupt|[Tt]runcated|incomplete)")),
+    _rule("runtime/checkpoint-model-mismatch", "checkpoint.load",
+          "the checkpoint holds another model than the one this run built: other layers or sizes (another recipe, "
+          "num_layers, hidden or vocabulary size), or a checkpoint in the legacy torch format loaded with another "
+          "TP or PP (only the distributed format, torch_dist, reshards on load)",
+          "build the model the checkpoint was saved with (its run_config.yaml beside it); to change TP or PP save "
+          "with checkpoint.ckpt_format=torch_dist; to start from its weights alone: checkpoint.pretrained_checkpoint="
+          "<dir> without checkpoint.load",
+          (r"Error\(s\) in loading state_dict for ", r"size mismatch for \S+: copying a param with shape",
+           r"(Unexpected|Missing) key\(s\) in state_dict: ", r"Missing key in checkpoint state_dict: ")),
+    _rule("runtime/cuda-driver-too-old", "(node)",
+          "the node's NVIDIA driver is older than the CUDA runtime torch was built with, so no CUDA call can run",
+          "run on nodes whose driver supports this CUDA (nvidia-smi's 'CUDA Version' at least torch.version.cuda), "
+          "or install the torch built for the driver's CUDA (or use the container's CUDA forward-compatibility "
+          "package)",
+          (r"CUDA driver version is insufficient for CUDA runtime version", r"cudaErrorInsufficientDriver",
+           r"The NVIDIA driver on your system is too old")),
+    _rule("runtime/no-gpu-visible", "(node)",
+          "the process saw no GPU: CUDA_VISIBLE_DEVICES empty or naming GPUs that are not there, a container started "
+          "without GPUs, a Slurm job without a GPU allocation, or no NVIDIA driver on the node",
+          "give the job its GPUs: srun/sbatch --gpus-per-node=N, docker run --gpus all, Kubernetes nvidia.com/gpu; "
+          "unset CUDA_VISIBLE_DEVICES or set it to the node's GPUs (0,1,...)",
+          (r"No CUDA GPUs are available", r"no CUDA-capable device is detected", r"cudaErrorNoDevice\b",
+           r"CUDA_ERROR_NO_DEVICE\b", r"Found no NVIDIA driver on your system")),
+    _rule("runtime/gpu-arch-unsupported", "(environment)",
+          "a CUDA library or extension of this environment holds no kernel built for this GPU's architecture (torch, "
+          "Transformer Engine, Apex or another extension compiled for other GPUs, e.g. without sm_90 for an H100)",
+          "install builds that include this GPU's compute capability (python -c 'import torch; print(torch.cuda."
+          "get_arch_list())'); rebuild an extension with TORCH_CUDA_ARCH_LIST=<the GPU's, e.g. 9.0>",
+          (r"no kernel image is available for execution on the device", r"cudaErrorNoKernelImageForDevice",
+           r"CUDA_ERROR_NO_BINARY_FOR_GPU")),
+    _rule("runtime/cuda-library-missing", "(environment)",
+          "a CUDA library torch or an extension loads (libcudart, libnccl, libcublas, libcudnn, ...) is not on the "
+          "library path: a torch or extension built for another CUDA, or a container or module that does not ship it",
+          "install the torch (and extensions) built for this environment's CUDA, or put the library's folder on "
+          "LD_LIBRARY_PATH (pip's nvidia-*-cu12 packages, module load cuda)",
+          (r"(ImportError|OSError): lib(cudart|nccl|cublas(Lt)?|cudnn\w*|cusparse\w*|cufft|curand|cusolver|nvrtc|"
+           r"nvJitLink|cuda)\.so[.\d]*: cannot open shared object file",)),
+    _rule("runtime/nccl-network", "(network)",
+          "the network between the nodes failed under NCCL: an InfiniBand/RoCE transfer completed with an error "
+          "(status 12: retries exhausted; a link, a switch or a port), or NCCL's socket to a peer was reset or closed. "
+          "A peer that died first gives the same lines: its own error, earlier, is then the cause",
+          "fix the first rank that failed if one did; else check the links (ibstat, ibv_devinfo: State Active) and "
+          "rerun with NCCL_DEBUG=INFO; pick the right interfaces (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) and, for a flaky "
+          "fabric, a longer NCCL_IB_TIMEOUT; drain a node whose link fails again (--exclude=<node>)",
+          (r"NET/IBP? ?: ?Got completion from peer \S+ with (error|status)",
+           r"NCCL WARN (NET/Socket|Net) ?: .*(failed|reset|refused|closed)",
+           r"NCCL WARN socketProgress: Connection closed by remote peer")),
+    _rule("runtime/python-exception", "(code)",
+          "a Python exception no rule of this table names ended the run; where it was raised is the traceback's last "
+          "frame (diagnose.py names its file, line and function): the run's own script, a dataset, a callback or a "
+          "library. Nothing in the log points at memory or offloading",
+          "fix the code at the traceback's last frame (or what it was given: the data, a key of a sample, an "
+          "attribute the callback expects); if that frame is in mbridge_offload, report it with the log",
+          (r"^Traceback \(most recent call last\):",)),
     _rule("runtime/dataset-helper-makefile", "(launch)",
           "Megatron's initialisation ran make to build the dataset helper, and the pip wheel ships no Makefile",
           "launch through scripts/run_recipe.py: it uses the wheel's compiled helper instead of make",
@@ -470,6 +555,25 @@ CONFIRM: dict[str, str] = {
     "runtime/rendezvous-timeout": "from every node: nc -zv MASTER_ADDR MASTER_PORT (and getent hosts MASTER_ADDR); "
                                   "'N/M clients joined' counts who came; each node's log shows whether it started "
                                   "and which address it used",
+    "runtime/rank-aborted": "the 'what():' line under 'terminate called after throwing an instance of' (the exception and "
+                            "its message); the rank's output just before it; dmesg on the node for a core dump",
+    "runtime/path-not-writable": "ls -ld <the path in the message> and its parents, and id on the node (the user the job "
+                                 "runs as); mount | grep ' ro,' for a read-only file system",
+    "runtime/checkpoint-unreadable": "ls -la <checkpoint.load>/iter_*: the last folder lacks metadata.json or .metadata, "
+                                     "or a file is smaller than the same file of the folder before",
+    "runtime/checkpoint-model-mismatch": "the run_config.yaml saved beside the checkpoint against this run's config "
+                                         "(model sizes, TP/PP, checkpoint.ckpt_format)",
+    "runtime/cuda-driver-too-old": "nvidia-smi ('CUDA Version', the newest the driver runs) against python -c 'import torch; "
+                                   "print(torch.version.cuda)'",
+    "runtime/no-gpu-visible": "nvidia-smi -L and echo $CUDA_VISIBLE_DEVICES inside the job (the container, the Slurm step)",
+    "runtime/gpu-arch-unsupported": "python -c 'import torch; print(torch.cuda.get_device_capability(), "
+                                    "torch.cuda.get_arch_list())': the GPU's sm_XY is not in the list",
+    "runtime/cuda-library-missing": "ldd on the .so that failed to import (or python -c 'import torch') shows 'not found' "
+                                    "beside the library",
+    "runtime/nccl-network": "every rank's output for an error before it (a peer that died gives the same lines); "
+                            "ibstat / ibv_devinfo on both nodes; nccl-tests all_reduce_perf across the same nodes",
+    "runtime/python-exception": "the traceback's last frame, the file and line diagnose.py names; rerun the failing part "
+                                "alone (the dataset's __getitem__, the callback) on the same input",
     "runtime/hydra-override": "the lines below the message: Hydra's own words (the key, or where the parse failed); "
                               "the config's keys: uv run scripts/run_recipe.py --recipe NAME --dry-run",
     "runtime/nan-loss-or-grad": "the iteration lines before it: lm loss and grad norm rising, or the first "

@@ -223,7 +223,6 @@ def test_oom_with_layer_level_activation_offload_asks_for_optimizer_offload(tmp_
 @pytest.mark.parametrize("log, rule_id, ranks", [
     # the rank torchrun's failure block names ("rank : 1 (local_rank: 1)") beside its "exitcode : -9" row
     ("torchrun-sigkill.log", "runtime/host-memory-killed", {1}),
-    ("slurm-nccl-timeout.out", "runtime/nccl-timeout", {3, 5}),
     ("megatron-pp-activation-offload.log", "activation-offload/pipeline-parallel", {0}),
     ("apex-fusion.log", "env/apex-gradient-accumulation-fusion", {0}),
     ("hf-offline.log", "runtime/hf-hub-unreachable", set()),

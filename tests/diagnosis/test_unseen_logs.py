@@ -589,7 +589,9 @@ def test_slurms_node_failure_is_the_hardware_not_nothing(diag):
 
 @pytest.mark.parametrize("log, found, line, ranks", [
     # torchrun, 4 ranks, warnings first: rank 3's illegal address, NCCL's calloc after it, the others' watchdog
-    ("illegal-address-torchrun.log", ["runtime/cuda-illegal-address", "runtime/nccl-timeout"], 29, {3}),
+    # (rank 3's SIGABRT after it, torchrun's exitcode -6, is how its process ended: a consequence)
+    ("illegal-address-torchrun.log", ["runtime/cuda-illegal-address", "runtime/nccl-timeout", "runtime/rank-aborted"],
+     29, {3}),
     # NCCL's own words ("Cuda failure 700"), under srun --label; Slurm cancels the step after it: no stop
     ("illegal-address-nccl.out", ["runtime/cuda-illegal-address"], 2, {1}),
     # Transformer Engine's cuDNN call ("err 700 != CUDA_SUCCESS"), colours and CRLF
@@ -665,3 +667,105 @@ def test_a_docker_137_without_a_stop_is_still_the_host_kill_and_compose_columns_
     assert diag.ids(path) == ["runtime/host-memory-killed"]
     assert strip_rank("train-1  | [rank3]: Killed") == (3, "Killed")
     assert strip_rank("qwen3_train_1  | Killed") == (None, "Killed")
+
+
+# --- aborts, checkpoints, the node's CUDA, the network, the user's code, a clean stop ------------------------------
+
+@pytest.mark.parametrize("log, found, line, ranks", [
+    # C++'s terminate on an exception no rule names (its what() is the measured reason), torchrun's exitcode -6
+    ("abort-c10-error.log", ["runtime/rank-aborted"], 3, {1}),
+    # the shell's "Aborted (core dumped)" of a batch script, and srun's task line
+    ("aborted-core-dumped.out", ["runtime/rank-aborted"], 5, {0}),
+    # a full disk ([Errno 28]) or a quota ([Errno 122]) while torch's distributed checkpoint writes its files
+    ("disk-full-errno28.log", ["runtime/checkpoint-write-failed"], 6, {0}),
+    ("quota-exceeded.log", ["runtime/checkpoint-write-failed"], 4, {2}),
+    ("permission-denied-ckpt.log", ["runtime/path-not-writable"], 8, {0}),
+    # a checkpoint cut short (torch.load's zip reader), without dist-checkpointing's metadata.json, without .metadata
+    ("ckpt-zip-corrupt.log", ["runtime/checkpoint-unreadable"], 9, {0}),
+    ("ckpt-not-distributed.log", ["runtime/checkpoint-unreadable"], 5, {1}),
+    ("ckpt-dcp-metadata-missing.log", ["runtime/checkpoint-unreadable"], 6, {0}),
+    ("ckpt-shape-mismatch.log", ["runtime/checkpoint-model-mismatch"], 6, {0}),
+    ("cuda-driver-old.log", ["runtime/cuda-driver-too-old"], 6, {0}),
+    ("no-gpu.log", ["runtime/no-gpu-visible"], 4, {0}),
+    ("no-device-detected.log", ["runtime/no-gpu-visible"], 1, {1}),
+    ("no-kernel-image.log", ["runtime/gpu-arch-unsupported"], 3, {0}),
+    ("libcudart-missing.log", ["runtime/cuda-library-missing"], 6, set()),
+    ("libnccl-missing.log", ["runtime/cuda-library-missing"], 6, set()),
+    ("te-undefined-symbol.log", ["env/transformer-engine"], 6, set()),
+    # NCCL's own warning of the failed link comes first; torch's ncclRemoteError / ncclSystemError follows from it
+    ("nccl-ib-completion.log", ["runtime/nccl-network", "runtime/nccl-error"], 1, {12}),
+    ("nccl-socket-reset.log", ["runtime/nccl-network", "runtime/nccl-error"], 1, set()),
+    # 337 normal iterations, then one whose loss is NaN (the skipped and the NaN counters both 1)
+    ("nan-after-300.log", ["runtime/nan-loss-or-grad"], 338, {0}),
+])
+def test_more_unseen_failure_logs_name_the_failure_where_it_first_shows(diag, log, found, line, ranks):
+    diagnosis = diag(LOGS / log)
+    assert [f.rule_id for f in diagnosis.findings] == found
+    first = diagnosis.findings[0]
+    assert (first.evidence[0].number, first.ranks) == (line, ranks)
+    assert all(f.consequence_of for f in diagnosis.findings[1:] if f.severity == "error")
+    assert diagnosis.first_failure is first and first.fix and first.confirm and first.what
+
+
+@pytest.mark.parametrize("log, found, ranks", [
+    ("abort-watchdog.log", ["runtime/nccl-timeout", "runtime/rank-aborted"], {3}),  # the timeout is on the what() line
+    ("slurm-nccl-timeout.out", ["runtime/nccl-timeout", "runtime/rank-aborted"], {3, 5}),  # srun: "tasks 3,5: Aborted"
+])
+def test_an_abort_after_a_named_failure_is_its_consequence(diag, log, found, ranks):
+    """The NCCL watchdog's timeout takes the process down with SIGABRT (C++'s terminate, torchrun's exitcode -6): the
+    timeout is the failure, the abort how the rank ended."""
+    diagnosis = diag(LOGS / log)
+    assert [f.rule_id for f in diagnosis.findings] == found
+    timeout, abort = diagnosis.findings
+    assert diagnosis.first_failure is timeout and timeout.ranks == ranks and not timeout.consequence_of
+    assert "[runtime/nccl-timeout]" in abort.consequence_of
+
+
+def test_an_abort_says_the_exception_it_ended_on_and_bisects_the_offload_it_had(diag):
+    [abort] = diag.findings(LOGS / "abort-c10-error.log")
+    assert abort.measured == "the exception: c10::Error: invalid device pointer: 0x7f1c2a000000"
+    [abort] = diag.findings(LOGS / "aborted-core-dumped.out")  # its header: optimizer offload on, the others off
+    assert abort.fix.split("to find which: ")[1] == ("optimizer.optimizer_cpu_offload=False, "
+                                                      "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
+
+
+def test_an_exception_terminate_names_is_that_failure_and_the_abort_its_consequence(diag):
+    """terminate's line names std::bad_alloc, a failed host allocation: that line is the allocation's finding, not a
+    second one of the abort; the shell's "Aborted" below it is how the process ended."""
+    path = diag.write(["terminate called after throwing an instance of 'std::bad_alloc'", "  what():  std::bad_alloc",
+                       "Aborted (core dumped)"])
+    allocation, abort = diag.findings(path)
+    assert allocation.rule_id == "runtime/host-allocation-failed" and not allocation.consequence_of
+    assert abort.rule_id == "runtime/rank-aborted" and [line.number for line in abort.evidence] == [3]
+    assert "[runtime/host-allocation-failed]" in abort.consequence_of
+
+
+@pytest.mark.parametrize("log, line, exception, frame", [
+    ("user-keyerror-dataset.log", 13, "KeyError: 'input_ids'", "/home/ana/sft_data.py:41, in __getitem__"),
+    ("user-attributeerror-callback.log", 7, "AttributeError: 'TrainState' object has no attribute 'consumed_tokens'",
+     "/home/li/callbacks/wandb_extra.py:27, in on_train_step_end"),
+])
+def test_an_exception_in_the_users_code_is_named_with_its_last_frame_not_blamed_on_offload(diag, log, line, exception,
+                                                                                           frame):
+    finding = diag.only(LOGS / log, "runtime/python-exception")
+    assert finding.evidence[0].number == line and finding.evidence[0].text == exception and finding.ranks == {0}
+    assert finding.measured == f"{exception} in {frame} (the traceback's last frame)"
+    assert "offload" not in finding.fix.split("if that frame is in mbridge_offload")[0]
+
+
+def test_a_traceback_of_a_named_failure_is_that_failure_only(diag):
+    assert diag.ids(diag.write([f"[rank2]: {line}" for line in (*TRACEBACK, OOM)])) == ["runtime/cuda-oom"]
+
+
+def test_a_run_stopped_at_its_time_limit_without_an_error_says_nothing_failed(diag):
+    diagnosis = diag(LOGS / "timelimit-clean.out")
+    assert [f.rule_id for f in diagnosis.findings] == ["runtime/job-stopped"] and diagnosis.first_failure is None
+    assert "nothing failed: the job was stopped from outside" in format_diagnosis(diagnosis).split("\n")[0]
+
+
+@pytest.mark.parametrize("end", ["SystemExit: 0", "KeyboardInterrupt", ""])
+def test_a_traceback_that_ends_in_an_exit_a_ctrl_c_or_nothing_is_no_failure_of_code(diag, end):
+    """Megatron exits with SystemExit after its SIGTERM handler saved; a Ctrl-C ends in KeyboardInterrupt; a log cut
+    inside a traceback shows no exception: none of them names a failure."""
+    lines = [f"[rank0]: {line}" for line in (*TRACEBACK, end)] if end else TRACEBACK
+    assert diag.ids(diag.write(lines)) == []
