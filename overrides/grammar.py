@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from mbridge_offload.facts.spelling import ascii_lookalike, describe_char
 from overrides.errors import OverrideError
@@ -99,23 +99,29 @@ def _printable(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
-def _outside_quotes(text: str) -> list[int]:
-    """The positions of ``text`` outside ASCII quotes (inside them, any character is the text's own)."""
-    positions, quote, escaped = [], None, False
+def _outside_quotes(text: str, quote_anywhere: bool = False, escapes_outside: bool = False) -> Iterator[int]:
+    """The positions of ``text`` outside ASCII quotes (inside them, any character is the text's own; a backslash
+    there escapes the next character). ``quote_anywhere``: any quote opens a quoted part, not only one at the start
+    of a value or item (after ``= [ { , :`` or a space). ``escapes_outside``: a backslash outside quotes escapes the
+    next character too, as in Hydra's unquoted values (``a\\:b`` is the text ``a:b``): neither is given."""
+    quote, escaped = None, False
     for i, char in enumerate(text):
+        if escaped:
+            escaped = False
+            continue
         if quote is not None:
-            if escaped:
-                escaped = False
-            elif char == "\\":
+            if char == "\\":
                 escaped = True
             elif char == quote:
                 quote = None
             continue
-        if char in "'\"" and (i == 0 or text[i - 1] in "=[{,: "):
+        if char in "'\"" and (quote_anywhere or i == 0 or text[i - 1] in "=[{,: "):
             quote = char
             continue
-        positions.append(i)
-    return positions
+        if char == "\\" and escapes_outside:
+            escaped = True
+            continue
+        yield i
 
 
 def _lookalikes(text: str) -> tuple[list[tuple[int, str, str]], str]:
@@ -304,21 +310,10 @@ def _unescaped(value: Any) -> Any:
 def _duplicate_dict_key(value_text: str) -> str | None:
     """A key a dict of the value gives twice (``{A:1,A:2}``; Hydra's parser keeps the last silently), else None."""
     stack: list[set[str] | None] = []  # one frame per open bracket: a dict's keys so far, None for a list
-    start, quote, escaped = None, None, False
-    for i, char in enumerate(value_text):
-        if quote is not None:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == quote:
-                quote = None
-            continue
-        if char in "'\"":
-            quote = char
-        elif char == "\\":
-            escaped = True  # an escaped character outside quotes (\, \: ...) is text
-        elif char in "[{":
+    start = None
+    for i in _outside_quotes(value_text, quote_anywhere=True, escapes_outside=True):
+        char = value_text[i]
+        if char in "[{":
             stack.append(set() if char == "{" else None)
             start = i + 1 if char == "{" else None
         elif char in "]}":
@@ -336,11 +331,40 @@ def _duplicate_dict_key(value_text: str) -> str | None:
     return None
 
 
+def _doubled_quote_fix(parser: Any, head: str, value: str | None) -> str | None:
+    """A quote inside a quoted value written doubled, as SQL and YAML escape it (``key='it''s'``): Hydra reads two
+    quoted values there. The value meant, in the other quotes and with the quote escaped by a backslash (the forms
+    that parse), else None."""
+    if not value or value[0] not in "'\"":
+        return None
+    quote = value[0]
+    body = value[1:-1] if len(value) > 1 and value.endswith(quote) else value[1:]
+    if quote * 2 not in body:
+        return None
+    meant = body.replace(quote * 2, quote)
+    other = "'" if quote == '"' else '"'
+    forms = [head + other + meant + other if other not in meant else None, head + _quote(meant)]
+    working = []
+    for form in dict.fromkeys(f for f in forms if f is not None):
+        try:
+            if parser.parse_override(form).value() == meant:  # the text meant, as Hydra reads it
+                working.append(form)
+        except Exception:  # noqa: BLE001 - this form does not parse: the other may
+            continue
+    if not working:
+        return None
+    return (f"a quote inside a quoted value is escaped with a backslash, not doubled (Hydra reads {quote}{quote} as "
+            f"the end of one quoted text and the start of another): " + "  or  ".join(working))
+
+
 def _syntax_fix(parser: Any, text: str) -> str:
     """A form of the override that parses: the value quoted (``key=a=b`` -> ``key='a=b'``), or its brackets or
     quote closed (``key=[a`` -> ``key=[a]``); else the general advice."""
     value = value_text_of(text)
     head = text[: len(text) - len(text.split("=", 1)[1])] if value is not None else text
+    doubled = _doubled_quote_fix(parser, head, value)
+    if doubled:
+        return doubled
     candidates = []
     if value and value[0] not in "'\"[{":
         candidates.append(("quote the value", head + _quote(value)))

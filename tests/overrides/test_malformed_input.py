@@ -357,3 +357,25 @@ def test_a_number_longer_than_python_reads_is_refused_by_key(dense):
     assert error.key == "train.train_iters" and "5000 digits" in error.message
     assert error.fix == "give the value itself: train.train_iters=<value>"
 
+
+
+@pytest.mark.parametrize("text, meant", [("checkpoint.save='it''s'", "it's"),
+                                         ('checkpoint.save="say ""hi"" now"', 'say "hi" now'),
+                                         ("checkpoint.save='/a''b''c'", "/a'b'c"),
+                                         ("checkpoint.save='it''s", "it's")], ids=repr)
+def test_a_quote_doubled_inside_quotes_gets_hydras_escaping_as_the_fix(dense, text, meant):
+    """SQL's and YAML's way to put a quote in a quoted text ('it''s') is two quoted texts to Hydra: the fix is the
+    text meant, written as Hydra reads it (in the other quotes, or the quote escaped by a backslash); each form of
+    the fix applies, giving the text meant."""
+    (error,) = refusal(dense, [text]).errors
+    assert "not doubled" in error.fix, error.format()
+    forms = error.fix.split(": ", 1)[1].split("  or  ")
+    assert forms and all(apply_overrides(dense, [form]).checkpoint.save == meant for form in forms), error.fix
+
+
+def test_an_escaped_colon_in_a_dict_key_is_the_keys_own_text(dense):
+    """Hydra reads {a\\:b:1,a\\:c:2} as the keys 'a:b' and 'a:c': two keys, not 'a\\' twice."""
+    cfg = apply_overrides(dense, ["env_vars={X\\:b:1,X\\:c:2}"])
+    assert {"X:b", "X:c"} <= set(cfg.env_vars)
+    (error,) = refusal(dense, ["env_vars={X\\:b:1,X\\:b:2}"]).errors
+    assert "twice" in error.message, error.format()
