@@ -380,7 +380,11 @@ RULES: tuple[Rule, ...] = (
           "with checkpoint.ckpt_format=torch_dist; to start from its weights alone: checkpoint.pretrained_checkpoint="
           "<dir> without checkpoint.load",
           (r"Error\(s\) in loading state_dict for ", r"size mismatch for \S+: copying a param with shape",
-           r"(Unexpected|Missing) key\(s\) in state_dict: ", r"Missing key in checkpoint state_dict: ")),
+           r"(Unexpected|Missing) key\(s\) in state_dict: ", r"Missing key in checkpoint state_dict: ",
+           # Megatron's dist-checkpointing: a tensor's global shape, or keys the model and the checkpoint do not share
+           r"Global shape mismatch for loaded \(.*\) and expected \(.*\) tensor for key ",
+           r"Some keys found in the checkpoint are missing in the provided sharded state dict",
+           r"Unexpected keys \(not found in the checkpoint\) encountered in the provided sharded state dict")),
     _rule("runtime/cuda-driver-too-old", "(node)",
           "the node's NVIDIA driver is older than the CUDA runtime torch was built with, so no CUDA call can run",
           "run on nodes whose driver supports this CUDA (nvidia-smi's 'CUDA Version' at least torch.version.cuda), "
@@ -418,7 +422,7 @@ RULES: tuple[Rule, ...] = (
           "fabric, a longer NCCL_IB_TIMEOUT; drain a node whose link fails again (--exclude=<node>)",
           (r"NET/IBP? ?: ?Got completion from peer \S+ with (error|status)",
            r"NCCL WARN (NET/Socket|Net) ?: .*(failed|reset|refused|closed)",
-           r"NCCL WARN socketProgress: Connection closed by remote peer")),
+           r"NCCL WARN socketProgress\w*: .*(reset by peer|closed by remote peer)")),
     _rule("runtime/python-exception", "(code)",
           "a Python exception no rule of this table names ended the run; where it was raised is the traceback's last "
           "frame (diagnose.py names its file, line and function): the run's own script, a dataset, a callback or a "

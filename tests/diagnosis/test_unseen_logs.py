@@ -685,6 +685,8 @@ def test_a_docker_137_without_a_stop_is_still_the_host_kill_and_compose_columns_
     ("ckpt-not-distributed.log", ["runtime/checkpoint-unreadable"], 5, {1}),
     ("ckpt-dcp-metadata-missing.log", ["runtime/checkpoint-unreadable"], 6, {0}),
     ("ckpt-shape-mismatch.log", ["runtime/checkpoint-model-mismatch"], 6, {0}),
+    # dist-checkpointing's own check of a tensor's global shape (another vocabulary padding, another model)
+    ("ckpt-dist-shape-mismatch.log", ["runtime/checkpoint-model-mismatch"], 5, {1}),
     ("cuda-driver-old.log", ["runtime/cuda-driver-too-old"], 6, {0}),
     ("no-gpu.log", ["runtime/no-gpu-visible"], 4, {0}),
     ("no-device-detected.log", ["runtime/no-gpu-visible"], 1, {1}),
@@ -769,3 +771,23 @@ def test_a_traceback_that_ends_in_an_exit_a_ctrl_c_or_nothing_is_no_failure_of_c
     inside a traceback shows no exception: none of them names a failure."""
     lines = [f"[rank0]: {line}" for line in (*TRACEBACK, end)] if end else TRACEBACK
     assert diag.ids(diag.write(lines)) == []
+
+
+@pytest.mark.parametrize("line", [
+    "gpu-server320 [5] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to send to 10.44.137.149<52905> failed : "
+    "Connection reset by peer",
+    "ubuntu:39964:40044 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node1<57557>",
+    "H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+    "fe80::966d:ae03:8b:df78%ib0<53249> with error 4, opcode 32564, len 32564, vendor err 81 (Send)",
+])
+def test_nccls_socket_and_infiniband_warnings_are_the_network(line, diag):
+    assert diag.ids(diag.write([line])) == ["runtime/nccl-network"]
+
+
+def test_a_network_warning_after_a_rank_failed_is_that_failures_consequence(diag):
+    """A peer that died leaves the others' links failing: the OOM before is the cause."""
+    path = diag.write([f"[rank0]: {line}" for line in (*TRACEBACK, OOM)] + [
+        "node1:248281:248334 [2] misc/socket.cc:518 NCCL WARN Net : Call to recv from 172.17.0.2<40537> failed : "
+        "Connection reset by peer"])
+    oom, network = diag.findings(path)
+    assert oom.rule_id == "runtime/cuda-oom" and "[runtime/cuda-oom] on rank 0" in network.consequence_of
