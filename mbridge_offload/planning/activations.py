@@ -27,8 +27,8 @@ Recompute follows Megatron Core's ``recompute.checkpointed_forward``: full recom
 checkpointed chunk (``uniform``: chunks of ``recompute_num_layers`` layers; ``block``: the first
 ``recompute_num_layers`` layers one by one) and rebuilds one chunk at a time in backward, after the loss's
 tensors are freed; selective recompute
-drops what the listed modules rebuild (``mlp``/``moe``: everything inside the MLP but its input; ``moe_act``: the
-activation's products and output; ``layernorm``: the outputs of norms that are not fused into a linear;
+drops what the listed modules rebuild (``mlp`` on a dense layer, ``moe`` on a MoE layer: everything inside the MLP
+but its input; ``shared_experts``: the shared expert's inside; ``moe_act``: the activation's products and output; ``layernorm``: the outputs of norms that are not fused into a linear;
 ``core_attn`` keeps the same tensors with TE's fused attention, which stores no score matrix).
 """
 
@@ -115,7 +115,7 @@ def _mlp_bytes_per_token(m, w: _Widths, recomputed: set) -> tuple[float, dict]:
     ffn, routed = _expert_ffn(m, tp), _routed_per_token(m, tp, shard)
     norm_output = 0 if "layernorm" in recomputed else 2 * w.h  # a separate norm: the router keeps its output
     kept = 2 * w.h + 4 + norm_output
-    if "moe" in recomputed or "mlp" in recomputed:
+    if "moe" in recomputed:  # "mlp" recomputes a dense layer's MLP only (TransformerLayer: not is_moe_layer)
         return kept, {"expert_fc1": 0, "moe_act": 0}  # nothing inside the experts is kept to move
     routing = 22 * topk + 7 * experts + 4 * (2 * experts + 1)  # indices, probabilities, the permute's row map
     if m.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss"):
@@ -126,7 +126,9 @@ def _mlp_bytes_per_token(m, w: _Widths, recomputed: set) -> tuple[float, dict]:
     if "moe_act" in recomputed:  # the activation keeps its input only; its output is rebuilt for fc2's backward
         activation, fc2_input = routed * (4 * ffn if m.gated_linear_unit else 2 * ffn), 0
     shared = getattr(m, "moe_shared_expert_intermediate_size", None)
-    kept += routing / shard + fc1_input + activation + fc2_input + (ffn_bytes(shared / tp) if shared else 0)
+    # shared_experts recompute keeps the shared expert's input only, the norm's output counted above
+    shared_kept = ffn_bytes(shared / tp) if shared and "shared_experts" not in recomputed else 0
+    kept += routing / shard + fc1_input + activation + fc2_input + shared_kept
     return kept, {"expert_fc1": fc1_input, "moe_act": activation}
 
 
@@ -281,7 +283,8 @@ def activation_bytes(cfg, stage: int | None = None, micro_batches: int | None = 
         return max(activation_bytes(cfg, s, micro_batches) for s in range(pp))
     layer = layer_activations(cfg)
     # the interleaved schedule: the stage's layers in VPP model chunks, each micro batch in flight holding one chunk's
-    chunk_layers = layers_per_stage(m, pp)[stage] // virtual_stages(m)
+    # (the most of them: with account_for_embedding/loss_in_pipeline_split the first or last chunk holds one fewer)
+    chunk_layers = -(-layers_per_stage(m, pp)[stage] // virtual_stages(m))
     layer_bytes, transient = _layers_kept_bytes(m, layer, chunk_layers)
     in_flight = micro_batches_in_flight(m, stage, micro_batches)
     loss = loss_peak_bytes(cfg, layer.tokens) if stage == pp - 1 else 0

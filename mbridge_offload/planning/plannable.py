@@ -38,6 +38,9 @@ GRID_RULES_THE_PLAN_NEEDS = (
     "parallel/expert-grid",  # the expert-data-parallel group: expert optimizer shards
     "parallel/seq-length-match",  # one sequence length for the activations and the data loader
     "parallel/seq-length-cp",  # positions per rank under context parallelism
+    "pipeline/one-layout-way",  # the layers of each stage: one way of splitting them
+    "pipeline/uneven-stages",  # the layers of the first, last and middle stages
+    "pipeline/embedding-loss-split",  # the layers of each stage with the embedding and loss counted as layers
 )
 
 PLANNER_SOURCE = "planner"
@@ -51,7 +54,10 @@ UNMODELED_FIX = ("none that keeps this model: size it by a short measured run (i
                  "the planner counts GPT models of attention and MLP or MoE layers only")
 
 # Features an override turns into one the planner counts, with the override.
-FIXES = {"memory/unmodeled-attention-backend": "model.attention_backend=auto  (or flash, or fused)"}
+FIXES = {"memory/unmodeled-attention-backend": "model.attention_backend=auto  (or flash, or fused)",
+         "memory/unmodeled-pipeline-layout": "model.pipeline_model_parallel_layout=null with the same split given by "
+                                             "model.num_layers_in_first_pipeline_stage / "
+                                             "num_layers_in_last_pipeline_stage (or an even split)"}
 
 
 def _subclass_of(obj: Any, class_name: str) -> bool:
@@ -160,6 +166,12 @@ def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
                       "a layer spec the planner does not count builds other modules than Megatron Bridge's GPT, "
                       "OLMoE and Gemma3 specs (extra norms, other attention or MLP), whose tensors and activations "
                       "the count has not", "memory/unmodeled-layer-spec"))
+    layout = getattr(m, "pipeline_model_parallel_layout", None)
+    if layout is not None:
+        found.append(("model.pipeline_model_parallel_layout", layout if isinstance(layout, str) else repr(layout),
+                      "a pipeline layout places the embedding, the layers and the loss stage by stage as it lists "
+                      "them; the planner splits the layers evenly, or by num_layers_in_first/last_pipeline_stage, or "
+                      "with account_for_embedding/loss_in_pipeline_split", "memory/unmodeled-pipeline-layout"))
     if getattr(m, "heterogeneous_block_specs", False):
         found.append(("model.heterogeneous_block_specs", True,
                       "layers of different shapes (Llama-Nemotron's heterogeneous blocks): the planner counts every "

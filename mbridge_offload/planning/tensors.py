@@ -25,11 +25,20 @@ class Tensor:
 
 def layers_per_stage(m, pp: int) -> list[int]:
     """Transformer layers on each of the ``pp`` pipeline stages of model config ``m`` (uneven first and
-    last stages where the config sets them)."""
+    last stages where the config sets them, or where the embedding and loss count as layers of the split)."""
     first = getattr(m, "num_layers_in_first_pipeline_stage", None)
     last = getattr(m, "num_layers_in_last_pipeline_stage", None)
     if pp == 1:
         return [m.num_layers]
+    embedding = bool(getattr(m, "account_for_embedding_in_pipeline_split", False))
+    loss = bool(getattr(m, "account_for_loss_in_pipeline_split", False))
+    if (embedding or loss) and not (first or last):
+        # Megatron Core's get_num_layers_to_build: the embedding and the loss each count as a layer of the split,
+        # and the first and last stages build one layer fewer for them
+        stages = [(m.num_layers + embedding + loss) // pp] * pp
+        stages[0] -= embedding
+        stages[-1] -= loss
+        return stages
     if first or last:
         middle_layers = m.num_layers - (first or 0) - (last or 0)
         middle_stages = pp - bool(first) - bool(last)
