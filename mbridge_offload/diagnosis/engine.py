@@ -554,28 +554,40 @@ def _abort_details(run: _Run, finding: Finding) -> None:
         return
 
 
+def _raised_at(run: _Run, start: int) -> tuple[int, re.Match[str] | None] | None:
+    """The line index of the exception the traceback starting at ``start`` ends in, and its last frame, read on the
+    lines of its rank; None where it ends in no error: an exit (SystemExit), a Ctrl-C (KeyboardInterrupt), or a log
+    cut inside it."""
+    rank, frame = run.lines[start].rank, None
+    for j in range(start + 1, min(len(run.lines), start + _TRACEBACK_LINES)):
+        line = run.lines[j]
+        if line.rank != rank:
+            continue
+        if found := _FRAME.match(line.text):
+            frame = found
+        elif line.text.strip() and not line.text[:1].isspace():
+            if _NOT_AN_ERROR.match(line.text) or line.text.startswith("Traceback"):
+                return None
+            return j, frame
+    return None
+
+
 def _exception_details(run: _Run, finding: Finding) -> bool:
-    """A traceback no rule names: its evidence becomes the exception's line, and what it measured the last frame (the
-    file, line and function that raised it), read from the first traceback that ends in an error, on the lines of its
-    rank. False where none does: an exit (SystemExit), a Ctrl-C (KeyboardInterrupt), or a log cut inside it."""
-    for start in run.search.matching(_TRACEBACK):
-        rank, frame = run.lines[start].rank, None
-        for j in range(start + 1, min(len(run.lines), start + _TRACEBACK_LINES)):
-            line = run.lines[j]
-            if line.rank != rank:
-                continue
-            if found := _FRAME.match(line.text):
-                frame = found
-            elif line.text.strip() and not line.text[:1].isspace():
-                if _NOT_AN_ERROR.match(line.text) or line.text.startswith("Traceback"):
-                    break
-                finding.evidence, finding.first_index = [line], j
-                finding.ranks = set(stated_ranks(run.lines, j))
-                where = (f" in {frame.group('file')}:{frame.group('line')}, in {frame.group('function')} (the "
-                         "traceback's last frame)") if frame else " (the traceback names no frame)"
-                finding.measured = line.text.strip()[:240] + where
-                return True
-    return False
+    """A traceback no rule names: its evidence becomes the exception's line (and the same exception's line on other
+    ranks), and what it measured the last frame of the first traceback that ends in an error (the file, line and
+    function that raised it). False where no traceback ends in one."""
+    raised = [found for start in run.search.matching(_TRACEBACK) if (found := _raised_at(run, start))]
+    if not raised:
+        return False
+    (first, frame), text = raised[0], run.texts[raised[0][0]]
+    same = [j for j, _ in raised if run.texts[j] == text]
+    finding.evidence = [run.lines[j] for j in same[:MAX_EVIDENCE]]
+    finding.first_index = first
+    finding.ranks = {rank for j in same for rank in stated_ranks(run.lines, j)}
+    where = (f" in {frame.group('file')}:{frame.group('line')}, in {frame.group('function')} (the traceback's last "
+             "frame)") if frame else " (the traceback names no frame)"
+    finding.measured = text.strip()[:240] + where
+    return True
 
 
 def _rank_words(ranks: set[int]) -> str:

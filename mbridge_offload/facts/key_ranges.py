@@ -1,4 +1,5 @@
-"""The admissible values of offload keys: the ranges and choices Megatron Core enforces on its own.
+"""The admissible values of single keys: the offload keys' ranges and choices Megatron Core enforces on its own, the
+sizes rules and the planner divide by, and the training hyperparameters nothing upstream checks before the launch.
 
 Defined once here, at the bottom, because every layer asks: the offload transforms refuse an
 out-of-range value, the override layer refuses an out-of-range override, and the validator reports
@@ -287,10 +288,184 @@ VOCAB_PADDING_MULTIPLE = _count(
 MODEL_COUNT_RANGES: tuple[KeyRange, ...] = (MOE_ROUTER_TOPK, MOE_FFN_HIDDEN_SIZE, RECOMPUTE_NUM_LAYERS,
                                             VOCAB_PADDING_MULTIPLE)
 
+
+# The numbers a user most often overrides that nothing checks before the launch: Megatron Bridge's validate() and
+# Megatron Core's __post_init__ take them as they are (lr=inf, nan, a negative epsilon, a dropout of 1.5), and what
+# does check some of them runs after the launch (OptimizerParamScheduler's and the fp16 grad scaler's asserts) or
+# never (the run trains garbage: an infinite or NaN loss from the first step, or weights that never move). A value
+# of the wrong type is refused by the override layer; NaN and infinity are numbers there, so they are refused here.
+# What validate() refuses itself (start_weight_decay >= 0, end >= start, lr_decay_steps > 0, warmup given one way)
+# is its rule, not one of these.
+
+def _bounds_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"{'>' if low_open else '>='} {low:g} and {'<' if high_open else '<='} {high:g}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    return f"{'<' if high_open else '<='} {high:g}"
+
+
+def _in_bounds(value: Any, low: float | None, high: float | None, low_open: bool, high_open: bool) -> bool:
+    return ((low is None or (value > low if low_open else value >= low))
+            and (high is None or (value < high if high_open else value <= high)))
+
+
+def _real(id: str, key: str, what: str, fix: str, low: float | None = None, high: float | None = None,
+          low_open: bool = False, high_open: bool = False, nullable: bool = False, infinite_ok: bool = False,
+          whole: bool = False, each: bool = False) -> KeyRange:
+    """A number in bounds: finite (``infinite_ok``: +inf too, where it means a limit turned off), a whole number
+    (``whole``), or null (``nullable``: the library's default); ``each``: a list of such numbers is taken too."""
+
+    def one(value: Any) -> bool:
+        if whole:
+            return is_count(value, int(low) if low is not None else -(1 << 62)) and _in_bounds(
+                value, low, high, low_open, high_open)
+        ok_number = is_number(value) or (infinite_ok and isinstance(value, float) and value == math.inf)
+        return ok_number and _in_bounds(value, low, high, low_open, high_open)
+
+    def holds(cfg: Any) -> bool:
+        value = value_at(cfg, key)
+        if value is _ABSENT or (nullable and value is None):
+            return True
+        if each and isinstance(value, (list, tuple)):
+            return bool(value) and all(one(v) for v in value)
+        return one(value)
+
+    kind = "a whole number" if whole else ("a number" if infinite_ok else "a finite number")
+    text = (f"must be {kind} {_bounds_text(low, high, low_open, high_open)}" + (" (or a list of them)" if each else "")
+            + (" or null" if nullable else "") + f" ({what})")
+    return KeyRange(id=id, key=key, text=text, holds=holds, fix=fixed(fix))
+
+
+def _lr(cfg: Any) -> Any:
+    return value_at(cfg, "optimizer.lr")
+
+
+def _up_to_lr_holds(key: str) -> Callable[[Any], bool]:
+    """0 <= the key <= optimizer.lr (where lr is itself a number: its own range reports it otherwise)."""
+
+    def holds(cfg: Any) -> bool:
+        value, lr = value_at(cfg, key), _lr(cfg)
+        if value is _ABSENT:
+            return True
+        return is_number(value) and value >= 0 and (not is_number(lr) or value <= lr)
+
+    return holds
+
+
+def _up_to_lr_fix(key: str, share: float) -> Callable[[Any], str]:
+    def fix(cfg: Any) -> str:
+        lr = None if cfg is None else _lr(cfg)
+        return f"{key}={lr * share:g}" if is_number(lr) and lr > 0 else f"{key}=0.0"
+
+    return fix
+
+
+def _with_lr(key: str) -> Callable[[Any], str]:
+    return lambda cfg: (f"{show_typed(value_at(cfg, key), number=True)} "
+                        f"(optimizer.lr={show_typed(_lr(cfg), number=True)})")
+
+
+def _weight_decay_set(value: Any) -> bool:
+    """Set and not infinite; NaN, a value below 0 and the order of start and end are validate()'s own checks."""
+    return value is _ABSENT or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                and not (isinstance(value, float) and math.isinf(value)))
+
+
+def _weight_decay_meant(cfg: Any, name: str) -> str:
+    """The other end of the schedule where it is set (a constant weight decay needs both equal), else
+    optimizer.weight_decay, else Megatron Bridge's recipes' 0.033."""
+    other = "end_weight_decay" if name == "start_weight_decay" else "start_weight_decay"
+    for key in (f"scheduler.{other}", "optimizer.weight_decay"):
+        value = None if cfg is None else value_at(cfg, key)
+        if is_number(value) and value >= 0:
+            return f"{value:g}"
+    return "0.033"
+
+
+HYPERPARAMETER_RANGES: tuple[KeyRange, ...] = (
+    # optimizer (Megatron Core's OptimizerConfig: no check of these)
+    _real("hyperparameter/lr-range", "optimizer.lr", "the peak learning rate; inf or NaN makes every weight "
+          "NaN at the first step, 0 or less never trains", "optimizer.lr=3e-4", low=0, low_open=True),
+    KeyRange(id="hyperparameter/min-lr-range", key="optimizer.min_lr",
+             text="must be a finite number from 0 to optimizer.lr (the learning rate the decay ends at; Megatron "
+                  "Core's scheduler asserts 0 <= min_lr <= lr only once the run has started)",
+             holds=_up_to_lr_holds("optimizer.min_lr"), fix=_up_to_lr_fix("optimizer.min_lr", 0.1),
+             observed=_with_lr("optimizer.min_lr"), fix_text="optimizer.min_lr=<from 0 to optimizer.lr>"),
+    _real("hyperparameter/weight-decay-range", "optimizer.weight_decay", "the weight decay coefficient",
+          "optimizer.weight_decay=0.1", low=0),
+    _real("hyperparameter/adam-beta1-range", "optimizer.adam_beta1", "Adam's first-moment decay; 1 or more "
+          "divides by a bias correction of 0", "optimizer.adam_beta1=0.9", low=0, high=1, high_open=True),
+    _real("hyperparameter/adam-beta2-range", "optimizer.adam_beta2", "Adam's second-moment decay; 1 or more "
+          "divides by a bias correction of 0", "optimizer.adam_beta2=0.95", low=0, high=1, high_open=True),
+    _real("hyperparameter/adam-eps-range", "optimizer.adam_eps", "added to Adam's denominator; 0 or less "
+          "divides by zero where a gradient is 0", "optimizer.adam_eps=1e-8", low=0, low_open=True),
+    _real("hyperparameter/clip-grad-range", "optimizer.clip_grad", "the gradient norm clipped to; 0 turns "
+          "clipping off", "optimizer.clip_grad=1.0", low=0, infinite_ok=True),
+    _real("hyperparameter/loss-scale-range", "optimizer.loss_scale", "fp16's static loss scale; null: the "
+          "dynamic one", "optimizer.loss_scale=null", low=0, low_open=True, nullable=True),
+    _real("hyperparameter/initial-loss-scale-range", "optimizer.initial_loss_scale", "fp16's first dynamic "
+          "loss scale", "optimizer.initial_loss_scale=4294967296", low=0, low_open=True),
+    _real("hyperparameter/min-loss-scale-range", "optimizer.min_loss_scale", "the smallest dynamic loss scale "
+          "of fp16", "optimizer.min_loss_scale=1.0", low=0, low_open=True),
+    _real("hyperparameter/loss-scale-window-range", "optimizer.loss_scale_window", "steps without an overflow "
+          "before fp16's loss scale grows", "optimizer.loss_scale_window=1000", low=0, low_open=True),
+    _real("hyperparameter/hysteresis-range", "optimizer.hysteresis", "overflows tolerated before fp16's loss "
+          "scale drops", "optimizer.hysteresis=2", low=1, whole=True),
+    # scheduler (what SchedulerConfig.finalize and validate() leave unchecked)
+    _real("hyperparameter/warmup-iters-range", "scheduler.lr_warmup_iters", "steps of learning-rate warmup",
+          "scheduler.lr_warmup_iters=0", low=0, whole=True),
+    _real("hyperparameter/warmup-samples-range", "scheduler.lr_warmup_samples", "samples of learning-rate warmup",
+          "scheduler.lr_warmup_samples=0", low=0, whole=True),
+    _real("hyperparameter/warmup-fraction-range", "scheduler.lr_warmup_fraction", "the share of the decay "
+          "spent warming up", "scheduler.lr_warmup_fraction=0.01", low=0, high=1, nullable=True),
+    KeyRange(id="hyperparameter/warmup-init-range", key="scheduler.lr_warmup_init",
+             text="must be a finite number from 0 to optimizer.lr (the learning rate warmup starts from; Megatron "
+                  "Core's scheduler asserts it is at most lr only once the run has started)",
+             holds=_up_to_lr_holds("scheduler.lr_warmup_init"), fix=_up_to_lr_fix("scheduler.lr_warmup_init", 0.0),
+             observed=_with_lr("scheduler.lr_warmup_init"), fix_text="scheduler.lr_warmup_init=0.0"),
+    *(KeyRange(id=f"hyperparameter/{name.replace('_', '-')}-set", key=f"scheduler.{name}",
+               text=f"must be set, and not infinite ({what}; Megatron Core's scheduler fails its first step on "
+                    "null, and trains NaN weights from infinity; below 0 or out of order: validate()'s own rules)",
+               holds=lambda cfg, name=name: _weight_decay_set(value_at(cfg, f"scheduler.{name}")),
+               fix=lambda cfg, name=name: f"scheduler.{name}={_weight_decay_meant(cfg, name)}",
+               fix_text=f"scheduler.{name}=<the weight decay meant>")
+      for name, what in (("start_weight_decay", "the weight decay the scheduler starts from, which it sets "
+                                                "in place of optimizer.weight_decay"),
+                         ("end_weight_decay", "the weight decay the scheduler ends at"))),
+    # model (TransformerConfig.__post_init__ checks none of these)
+    _real("hyperparameter/init-method-std-range", "model.init_method_std", "the standard deviation of the "
+          "initial weights", "model.init_method_std=0.02", low=0, low_open=True),
+    _real("hyperparameter/hidden-dropout-range", "model.hidden_dropout", "a probability; 1 drops every "
+          "activation", "model.hidden_dropout=0.0", low=0, high=1, high_open=True),
+    _real("hyperparameter/attention-dropout-range", "model.attention_dropout", "a probability; 1 drops every "
+          "attention weight", "model.attention_dropout=0.0", low=0, high=1, high_open=True),
+    _real("hyperparameter/layernorm-epsilon-range", "model.layernorm_epsilon", "added to the norm's variance; "
+          "0 or less divides by zero", "model.layernorm_epsilon=1e-6", low=0, low_open=True),
+    _real("hyperparameter/rotary-base-range", "model.rotary_base", "the RoPE base period",
+          "model.rotary_base=1000000", low=0, low_open=True),
+    _real("hyperparameter/rotary-percent-range", "model.rotary_percent", "the share of each head RoPE "
+          "rotates", "model.rotary_percent=1.0", low=0, high=1, low_open=True),
+    _real("hyperparameter/moe-aux-loss-coeff-range", "model.moe_aux_loss_coeff", "the load-balancing loss "
+          "weight; 0 turns it off", "model.moe_aux_loss_coeff=0.001", low=0, each=True),
+    _real("hyperparameter/moe-z-loss-coeff-range", "model.moe_z_loss_coeff", "the router's z-loss weight",
+          "model.moe_z_loss_coeff=null", low=0, nullable=True),
+    # evaluation (an interval of 0 or null turns it off)
+    _real("hyperparameter/eval-interval-range", "validation.eval_interval", "steps between evaluations; 0 "
+          "or null: none", "validation.eval_interval=null", low=0, whole=True, nullable=True),
+    _real("hyperparameter/eval-iters-range", "validation.eval_iters", "batches each evaluation runs",
+          "validation.eval_iters=0", low=0, whole=True, nullable=True),
+    _real("hyperparameter/train-eval-interval-range", "train.eval_interval", "steps between evaluations "
+          "(deprecated here: validation.eval_interval); 0 or null: none", "train.eval_interval=null", low=0,
+          whole=True, nullable=True),
+    _real("hyperparameter/train-eval-iters-range", "train.eval_iters", "batches each evaluation runs "
+          "(deprecated here: validation.eval_iters)", "train.eval_iters=null", low=0, whole=True, nullable=True),
+)
+
 KEY_RANGES: tuple[KeyRange, ...] = (
     OPTIMIZER_OFFLOAD_FRACTION, CPU_OFFLOADING_NUM_LAYERS, OFFLOAD_MODULES_KNOWN,
     ACTIVATION_OFFLOAD_FRACTION, MIN_OFFLOADED_TENSOR_SIZE, DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS, *GRID_RANGES,
-    *MODEL_COUNT_RANGES,
+    *MODEL_COUNT_RANGES, *HYPERPARAMETER_RANGES,
 )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import KEY_RANGES
 from mbridge_offload.validation import (activation_offload, checkpoint, choices, determinism, environment,
-                                        fine_grained, offload_engine, optimizer_offload, parallelism, reserve_rule)
+                                        fine_grained, hyperparameters, offload_engine, optimizer_offload, parallelism,
+                                        reserve_rule)
 from mbridge_offload.validation import runtime_failures
 from mbridge_offload.validation import upstream_rules
 from mbridge_offload.validation import upstream_model_rules
@@ -13,7 +14,7 @@ from mbridge_offload.validation.rule import MECHANISMS, Rule
 
 RULES: tuple[Rule, ...] = (*optimizer_offload.RULES, *offload_engine.RULES, *reserve_rule.RULES, *activation_offload.RULES, *fine_grained.RULES,
                            *parallelism.RULES, *environment.RULES, *determinism.RULES, *checkpoint.RULES,
-                           *choices.RULES)
+                           *choices.RULES, *hyperparameters.RULES)
 RULES += runtime_failures.RULES  # diagnose-only: read from a run's log, never apply to a config
 RULES += upstream_rules.RULES  # Megatron Bridge's own validate() checks, translated (all at once, before it runs)
 RULES += upstream_model_rules.RULES  # what validate() reaches outside its module: the model's, optimizer's, DDP's checks

@@ -27,9 +27,10 @@ ENVIRONMENT = "environment"
 DETERMINISM = "deterministic mode"
 CHECKPOINT = "checkpoint resume"
 CHOICES = "fixed-word settings"  # keys typed plain str upstream that take one of a few words (choices.py)
+HYPERPARAMETERS = "training hyperparameters"  # numbers nothing upstream checks before the launch, values given unused
 RUNTIME = "runtime failure (diagnose only)"  # rules read from a run's log by diagnose.py, never from a config
 MECHANISMS = (OPTIMIZER, ACTIVATION, FINE_GRAINED, PARALLELISM, ENVIRONMENT, DETERMINISM, CHECKPOINT, CHOICES,
-              RUNTIME)
+              HYPERPARAMETERS, RUNTIME)
 
 
 @dataclass

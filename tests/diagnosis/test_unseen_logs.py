@@ -791,3 +791,11 @@ def test_a_network_warning_after_a_rank_failed_is_that_failures_consequence(diag
         "Connection reset by peer"])
     oom, network = diag.findings(path)
     assert oom.rule_id == "runtime/cuda-oom" and "[runtime/cuda-oom] on rank 0" in network.consequence_of
+
+
+def test_the_same_exception_on_several_ranks_is_one_finding_naming_each_rank(diag):
+    frame = '  File "/home/ana/sft_data.py", line 41, in __getitem__'
+    path = diag.write([f"[rank{r}]: {line}" for r in (1, 3) for line in
+                       ("Traceback (most recent call last):", frame, "KeyError: 'input_ids'")])
+    finding = diag.only(path, "runtime/python-exception")
+    assert finding.ranks == {1, 3} and [line.number for line in finding.evidence] == [3, 6]

@@ -182,3 +182,83 @@ def test_validate_without_a_gpu_reports_the_skipped_flex_check(recipe):
     cfg = apply_overrides(recipe(MOE), ["model.moe_token_dispatcher_type=flex"])
     report = validate(cfg, 8, environ={})
     assert [p.rule_id for p in report.warnings].count("env/flex-dispatcher-gpu-unchecked") == 1, report.format()
+
+
+# -- a scheduler value given that Megatron Bridge or Megatron Core replaces or ignores ------------------------------
+
+def _scheduled(cfg):
+    """The config as validate() leaves it and the learning-rate scheduler Megatron Bridge's setup builds from it, over
+    a one-parameter torch optimizer (what the scheduler sets on every parameter group is read back from it)."""
+    import torch
+    from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.optim import _get_scheduler
+
+    trial = copy.deepcopy(cfg)
+    runtime_config_update(trial)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=trial.optimizer.lr,
+                                  weight_decay=trial.optimizer.weight_decay)
+    return trial, optimizer, _get_scheduler(trial.optimizer, trial.scheduler, optimizer)
+
+
+def _given_problems(cfg, overrides):
+    from overrides import apply_overrides
+
+    applied = apply_overrides(cfg, overrides)
+    return applied, _problems(applied, overrides)
+
+
+def test_a_weight_decay_given_that_the_scheduler_replaces_is_refused_with_the_fix_that_trains_it(recipe):
+    cfg, problems = _given_problems(recipe(DENSE), ["optimizer.weight_decay=0.05"])
+    _, optimizer, _ = _scheduled(cfg)
+    assert optimizer.param_groups[0]["weight_decay"] != 0.05  # what upstream trains: the scheduler's value
+    (problem,) = [p for p in problems if p.rule_id == "scheduler/weight-decay-replaces-given"]
+    fixed, after = _given_problems(cfg, problem.fix.split())
+    assert _scheduled(fixed)[1].param_groups[0]["weight_decay"] == 0.05
+    assert "scheduler/weight-decay-replaces-given" not in {p.rule_id for p in after}
+
+
+def test_a_decay_length_given_that_max_steps_replaces_is_refused(recipe):
+    cfg, problems = _given_problems(recipe(DENSE), ["scheduler.max_steps=1000", "scheduler.lr_decay_iters=500"])
+    trial, _, _ = _scheduled(cfg)
+    assert trial.scheduler.lr_decay_iters == 1000  # validate() replaced the 500 given
+    (problem,) = [p for p in problems if p.rule_id == "scheduler/max-steps-replaces-decay-iters"]
+    assert "500" in problem.value and problem.fix.startswith("scheduler.max_steps=null")
+    # the recipe's own lr_decay_iters (not given) is not the command line's concern
+    assert "scheduler/max-steps-replaces-decay-iters" not in {
+        p.rule_id for p in _given_problems(recipe(DENSE), ["scheduler.max_steps=1000"])[1]}
+
+
+def test_a_warmup_given_longer_than_the_decay_is_refused_where_validate_would_cut_it(recipe):
+    cfg, problems = _given_problems(recipe(DENSE), ["scheduler.lr_warmup_iters=200"])  # 100 iterations to decay
+    trial, _, _ = _scheduled(cfg)
+    assert trial.scheduler.lr_warmup_steps == trial.scheduler.lr_decay_steps - 1 != 200 * trial.train.global_batch_size
+    (problem,) = [p for p in problems if p.rule_id == "scheduler/warmup-capped"]
+    fixed, after = _given_problems(cfg, [problem.fix.split()[0]])
+    assert "scheduler/warmup-capped" not in {p.rule_id for p in after}
+    trial, _, _ = _scheduled(fixed)
+    assert trial.scheduler.lr_warmup_steps == trial.scheduler.lr_warmup_iters * trial.train.global_batch_size
+
+
+def test_a_constant_weight_decay_with_two_ends_is_refused_before_the_scheduler_asserts(recipe):
+    cfg = recipe(DENSE)
+    set_path(cfg, "scheduler.end_weight_decay", 0.1)
+    with pytest.raises(AssertionError):
+        _scheduled(cfg)  # after validate() passed: at the scheduler's first step, on every rank
+    assert "scheduler/constant-weight-decay-equal" in {p.rule_id for p in _problems(cfg)}
+
+
+@pytest.mark.parametrize("overrides, rule_id", [
+    (["scheduler.lr_wsd_decay_iters=50"], "scheduler/wsd-given-without-wsd"),
+    (["scheduler.lr_decay_style=constant", "optimizer.min_lr=1e-6"], "scheduler/constant-lr-ignores-given"),
+])
+def test_a_scheduler_value_given_that_the_schedule_never_reads_is_warned(recipe, overrides, rule_id):
+    """The learning rate at every step is the same with the value given as without it: said, as a warning."""
+    cfg, problems = _given_problems(recipe(DENSE), overrides)
+    without, _ = _given_problems(recipe(DENSE), overrides[:-1])
+    rates = []
+    for config in (cfg, without):
+        _, _, scheduler = _scheduled(config)
+        rates.append([scheduler.get_lr({}) for scheduler.num_steps in range(0, 900, 37)])
+    assert rates[0] == rates[1]
+    (problem,) = [p for p in problems if p.rule_id == rule_id]
+    assert problem.severity == "warning" and overrides[-1].split("=")[0] in problem.value

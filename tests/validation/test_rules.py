@@ -6,6 +6,7 @@ Each case starts from a real recipe, sets a few keys, and checks the rule table 
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
@@ -501,3 +502,116 @@ def test_a_model_count_out_of_range_does_not_hide_the_grid_problems(recipe):
     moe = apply_overrides(recipe(MOE), ["model.moe_router_topk=0", "model.expert_model_parallel_size=5"])
     ids = {p.rule_id for p in check_rules(Context(moe, 16, environ={}))}
     assert {"parallel/topk-range", "parallel/experts-per-ep"} <= ids
+
+
+# training hyperparameters (facts/key_ranges.py's HYPERPARAMETER_RANGES): a value that trains and one that cannot
+HYPERPARAMETER_CASES = {
+    "hyperparameter/lr-range": ("optimizer.lr", 1e-4, math.inf),
+    "hyperparameter/min-lr-range": ("optimizer.min_lr", 0.0, 1.0),
+    "hyperparameter/weight-decay-range": ("optimizer.weight_decay", 0.0, -0.1),
+    "hyperparameter/adam-beta1-range": ("optimizer.adam_beta1", 0.9, 1.0),
+    "hyperparameter/adam-beta2-range": ("optimizer.adam_beta2", 0.999, 1.0),
+    "hyperparameter/adam-eps-range": ("optimizer.adam_eps", 1e-8, 0.0),
+    "hyperparameter/clip-grad-range": ("optimizer.clip_grad", 0.0, -1.0),
+    "hyperparameter/loss-scale-range": ("optimizer.loss_scale", 1024.0, 0.0),
+    "hyperparameter/initial-loss-scale-range": ("optimizer.initial_loss_scale", 65536.0, math.inf),
+    "hyperparameter/min-loss-scale-range": ("optimizer.min_loss_scale", 1.0, 0.0),
+    "hyperparameter/loss-scale-window-range": ("optimizer.loss_scale_window", 1000, 0),
+    "hyperparameter/hysteresis-range": ("optimizer.hysteresis", 1, 0),
+    "hyperparameter/warmup-iters-range": ("scheduler.lr_warmup_iters", 0, -5),
+    "hyperparameter/warmup-samples-range": ("scheduler.lr_warmup_samples", 0, -5),
+    "hyperparameter/warmup-init-range": ("scheduler.lr_warmup_init", 0.0, 1.0),
+    "hyperparameter/start-weight-decay-set": ("scheduler.start_weight_decay", 0.033, None),
+    "hyperparameter/end-weight-decay-set": ("scheduler.end_weight_decay", 0.033, math.inf),
+    "hyperparameter/init-method-std-range": ("model.init_method_std", 0.01, 0.0),
+    "hyperparameter/hidden-dropout-range": ("model.hidden_dropout", 0.1, 1.0),
+    "hyperparameter/attention-dropout-range": ("model.attention_dropout", 0.1, -0.1),
+    "hyperparameter/layernorm-epsilon-range": ("model.layernorm_epsilon", 1e-5, 0.0),
+    "hyperparameter/rotary-base-range": ("model.rotary_base", 500000, 0),
+    "hyperparameter/rotary-percent-range": ("model.rotary_percent", 0.5, 0.0),
+    "hyperparameter/moe-aux-loss-coeff-range": ("model.moe_aux_loss_coeff", 0.01, math.nan),
+    "hyperparameter/moe-z-loss-coeff-range": ("model.moe_z_loss_coeff", 0.001, -1.0),
+    "hyperparameter/eval-interval-range": ("validation.eval_interval", 0, -1),
+    "hyperparameter/eval-iters-range": ("validation.eval_iters", 10, -1),
+    "hyperparameter/train-eval-interval-range": ("train.eval_interval", 100, -1),
+    "hyperparameter/train-eval-iters-range": ("train.eval_iters", 10, -1),
+}
+CASES.update({rule_id: case(MOE if "moe" in key else DENSE, {key: good}, {key: bad}, gpus=(16, 16) if "moe" in key
+                            else (1, 1)) for rule_id, (key, good, bad) in HYPERPARAMETER_CASES.items()})
+NO_WARMUP_ITERS = {"scheduler.lr_warmup_iters": 0}
+SAMPLE_BASED = {"train.train_samples": 1000, "train.train_iters": None, **NO_WARMUP_ITERS}
+CASES["hyperparameter/warmup-samples-range"] = case(DENSE, {**SAMPLE_BASED, "scheduler.lr_warmup_samples": 0},
+                                                    {**SAMPLE_BASED, "scheduler.lr_warmup_samples": -5})
+CASES["hyperparameter/warmup-fraction-range"] = case(DENSE, {**NO_WARMUP_ITERS, "scheduler.lr_warmup_fraction": 0.1},
+                                                     {**NO_WARMUP_ITERS, "scheduler.lr_warmup_fraction": 1.5})
+
+
+def _given(*keys):
+    return {"given_keys": frozenset(keys)}
+
+
+# a value given on the command line that the scheduler replaces or ignores (the recipe: 100 iterations of 8 samples,
+# weight decay 0.033 from start to end, cosine decay)
+CASES.update({
+    "scheduler/constant-weight-decay-equal": case(DENSE, {"scheduler.end_weight_decay": 0.033},
+                                                  {"scheduler.end_weight_decay": 0.1}),
+    "scheduler/weight-decay-replaces-given": case(DENSE, {"optimizer.weight_decay": 0.033},
+                                                  {"optimizer.weight_decay": 0.05},
+                                                  passing_ctx=_given("optimizer.weight_decay"),
+                                                  failing_ctx=_given("optimizer.weight_decay")),
+    "scheduler/max-steps-replaces-decay-iters": case(
+        DENSE, {"scheduler.max_steps": 1000, "scheduler.lr_decay_iters": 1000},
+        {"scheduler.max_steps": 1000, "scheduler.lr_decay_iters": 500},
+        passing_ctx=_given("scheduler.lr_decay_iters"), failing_ctx=_given("scheduler.lr_decay_iters")),
+    "scheduler/warmup-capped": case(DENSE, {"scheduler.lr_warmup_iters": 50}, {"scheduler.lr_warmup_iters": 200},
+                                    passing_ctx=_given("scheduler.lr_warmup_iters"),
+                                    failing_ctx=_given("scheduler.lr_warmup_iters")),
+    "scheduler/wsd-given-without-wsd": case(DENSE, {"scheduler.lr_decay_style": "WSD",
+                                                    "scheduler.lr_wsd_decay_iters": 10},
+                                            {"scheduler.lr_wsd_decay_iters": 10},
+                                            passing_ctx=_given("scheduler.lr_wsd_decay_iters"),
+                                            failing_ctx=_given("scheduler.lr_wsd_decay_iters")),
+    "scheduler/constant-lr-ignores-given": case(DENSE, {"optimizer.min_lr": 0.0},
+                                                {"scheduler.lr_decay_style": "constant", "optimizer.min_lr": 0.0},
+                                                passing_ctx=_given("optimizer.min_lr"),
+                                                failing_ctx=_given("optimizer.min_lr")),
+})
+
+
+@pytest.mark.parametrize("rule_id", sorted(HYPERPARAMETER_CASES))
+def test_a_hyperparameter_out_of_range_is_accepted_by_megatron_bridge_before_the_launch(recipe, rule_id):
+    """One source of truth: each hyperparameter range is a rule only because nothing upstream refuses its value before
+    the launch (validate(), its finalize() and __post_init__ calls, run on the broken config as the validator runs
+    them). Were one to start refusing it, the range would duplicate it: this fails then."""
+    from mbridge_offload.validation.upstream import upstream_failure
+
+    ctx, problems = _problems(recipe, CASES[rule_id], "failing")
+    assert rule_id in {p.rule_id for p in problems}
+    failure = upstream_failure(ctx.cfg, ctx.num_gpus, {})
+    assert failure is None, failure.message
+
+
+@pytest.mark.parametrize("rule_id", sorted(rule_id for rule_id in HYPERPARAMETER_CASES
+                                           if not rule_id.endswith("-set")))
+def test_the_fix_of_a_hyperparameter_range_resolves_it(recipe, rule_id):
+    from overrides import apply_overrides
+
+    ctx, problems = _problems(recipe, CASES[rule_id], "failing")
+    (problem,) = [p for p in problems if p.rule_id == rule_id]
+    fixed = apply_overrides(ctx.cfg, problem.fix.split("  ")[0].split())
+    assert rule_id not in {p.rule_id for p in check_rules(Context(fixed, ctx.num_gpus, environ={}))}
+
+
+@pytest.mark.parametrize("key, value", [("optimizer.lr", "inf"), ("optimizer.lr", "-inf"), ("optimizer.adam_eps", "inf"),
+                                        ("optimizer.min_lr", "inf"), ("model.init_method_std", "inf"),
+                                        ("model.layernorm_epsilon", "inf"), ("scheduler.lr_warmup_init", "inf"),
+                                        ("optimizer.weight_decay", "inf"), ("model.hidden_dropout", "inf")])
+def test_an_infinite_hyperparameter_given_on_the_command_line_is_refused_by_key(recipe, key, value):
+    """optimizer.lr=inf was accepted (NaN was refused by the override layer): every weight is NaN after one step."""
+    from overrides import apply_overrides
+    from mbridge_offload.validation import validate
+
+    cfg = apply_overrides(recipe(DENSE), [f"{key}={value}"])
+    report = validate(cfg, 1, environ={}, upstream=False, given_keys={key})
+    (problem,) = [p for p in report.problems if p.key == key and p.rule_id.startswith("hyperparameter/")]
+    assert "inf" in problem.value and problem.fix.startswith(f"{key}=")
