@@ -33,7 +33,7 @@ class SavedConfig(dict):
     def __deepcopy__(self, memo):
         import copy
 
-        return SavedConfig({key: copy.deepcopy(value, memo) for key, value in self.items()})
+        return type(self)({key: copy.deepcopy(value, memo) for key, value in self.items()})
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,26 @@ def load_run_config(path: Path) -> SavedConfig | None:
         return None
     if not isinstance(data, dict) or not all(isinstance(data.get(k), dict) for k in ("model", "optimizer", "train")):
         return None
-    return _convert(data)
+    cfg = _convert(data)
+    cfg["model"] = _as_saved_class(cfg["model"])
+    return cfg
+
+
+def _as_saved_class(section: SavedConfig) -> SavedConfig:
+    """The model section as an instance of a stand-in of the class its ``_target_`` names (saved_classes.py), so the
+    planner tells what the provider builds as it does for a built config; a target whose source is not installed here
+    keeps its name, with no method of its own."""
+    from mbridge_offload.diagnosis.saved_classes import stand_in_class
+    from mbridge_offload.planning.plannable import SNAPSHOT_DEFINES
+
+    target = section.get("_target_")
+    if not isinstance(target, str) or "." not in target:
+        return section
+    klass = stand_in_class(target, SavedConfig, SNAPSHOT_DEFINES, "provide")
+    if klass is None:
+        module, name = target.rsplit(".", 1)
+        klass = type(name, (SavedConfig,), {"__module__": module, "__qualname__": name, SNAPSHOT_DEFINES: ()})
+    return klass(section)
 
 
 def find_run_config(run_dir: Path | None) -> Path | None:

@@ -13,6 +13,7 @@ parameters, then distrib_optimizer.py:779 on the fp32 main shards), and both wal
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -92,10 +93,14 @@ COUNTED_LAYER_SPECS = GPT_LAYER_SPECS | {OLMOE_LAYER_SPEC, GEMMA3_LAYER_SPEC}
 def layer_spec_name(m) -> str | None:
     """The name of model config ``m``'s transformer_layer_spec: the function's (a partial's function's), or the
     class of a spec given built; None where the config has none (a GPT spec then). A cached config holds a stand-in
-    shown as the function was (mbridge_offload/fast_check/snapshot.py): the name is read from that text."""
+    shown as the function was (mbridge_offload/fast_check/snapshot.py): the name is read from that text. A saved
+    run_config.yaml names it by ``_target_`` (module.function)."""
     spec = getattr(m, "transformer_layer_spec", None)
     if spec is None:
         return None
+    target = spec.get("_target_") if isinstance(spec, Mapping) else None
+    if isinstance(target, str):
+        return target.rsplit(".", 1)[-1]
     func = getattr(spec, "func", spec)
     if callable(func) and hasattr(func, "__qualname__"):
         return func.__qualname__
