@@ -442,8 +442,9 @@ HYPERPARAMETER_RANGES: tuple[KeyRange, ...] = (
           "attention weight", "model.attention_dropout=0.0", low=0, high=1, high_open=True),
     _real("hyperparameter/layernorm-epsilon-range", "model.layernorm_epsilon", "added to the norm's variance; "
           "0 or less divides by zero", "model.layernorm_epsilon=1e-6", low=0, low_open=True),
-    _real("hyperparameter/rotary-base-range", "model.rotary_base", "the RoPE base period",
-          "model.rotary_base=1000000", low=0, low_open=True),
+    _real("hyperparameter/rotary-base-range", "model.rotary_base",
+          "the RoPE base period; Gemma3 gives two, its local and its global layers'",
+          "model.rotary_base=1000000", low=0, low_open=True, each=True),
     _real("hyperparameter/rotary-percent-range", "model.rotary_percent", "the share of each head RoPE "
           "rotates", "model.rotary_percent=1.0", low=0, high=1, low_open=True),
     _real("hyperparameter/moe-aux-loss-coeff-range", "model.moe_aux_loss_coeff", "the load-balancing loss "
