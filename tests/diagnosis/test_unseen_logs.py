@@ -587,6 +587,18 @@ def test_slurms_node_failure_is_the_hardware_not_nothing(diag):
 
 # --- crashes, start-up and stops that were 'nothing recognised' or blamed on memory ---------------------------------
 
+def names_the_first_failure(diagnosis, found: list[str], line: int, ranks: set[int]) -> None:
+    """The rules found, in order; the first at the line and ranks where it first shows, with its words; every error
+    after it marked as a consequence."""
+    assert [f.rule_id for f in diagnosis.findings] == found
+    first = diagnosis.findings[0]
+    assert (first.evidence[0].number, first.ranks) == (line, ranks)
+    assert all(f.consequence_of for f in diagnosis.findings[1:] if f.severity == "error")
+    stopped = first.rule_id == "runtime/job-stopped"  # stopped from outside: nothing of the run failed
+    assert diagnosis.first_failure is (None if stopped else first)
+    assert first.fix and first.confirm and first.what
+
+
 @pytest.mark.parametrize("log, found, line, ranks", [
     # torchrun, 4 ranks, warnings first: rank 3's illegal address, NCCL's calloc after it, the others' watchdog
     # (rank 3's SIGABRT after it, torchrun's exitcode -6, is how its process ended: a consequence)
@@ -614,12 +626,7 @@ def test_slurms_node_failure_is_the_hardware_not_nothing(diag):
     ("oom-cut-short.log", ["runtime/cuda-oom"], 3, {3}),
 ])
 def test_unseen_failure_logs_name_the_failure_where_it_first_shows(diag, log, found, line, ranks):
-    diagnosis = diag(LOGS / log)
-    assert [f.rule_id for f in diagnosis.findings] == found
-    first = diagnosis.findings[0]
-    assert (first.evidence[0].number, first.ranks) == (line, ranks)
-    assert all(f.consequence_of for f in diagnosis.findings[1:] if f.severity == "error")
-    assert first.fix and first.confirm and first.what
+    names_the_first_failure(diag(LOGS / log), found, line, ranks)
 
 
 def test_an_illegal_address_is_not_out_of_memory_whatever_follows_it():
@@ -701,12 +708,7 @@ def test_a_docker_137_without_a_stop_is_still_the_host_kill_and_compose_columns_
     ("nan-after-300.log", ["runtime/nan-loss-or-grad"], 338, {0}),
 ])
 def test_more_unseen_failure_logs_name_the_failure_where_it_first_shows(diag, log, found, line, ranks):
-    diagnosis = diag(LOGS / log)
-    assert [f.rule_id for f in diagnosis.findings] == found
-    first = diagnosis.findings[0]
-    assert (first.evidence[0].number, first.ranks) == (line, ranks)
-    assert all(f.consequence_of for f in diagnosis.findings[1:] if f.severity == "error")
-    assert diagnosis.first_failure is first and first.fix and first.confirm and first.what
+    names_the_first_failure(diag(LOGS / log), found, line, ranks)
 
 
 @pytest.mark.parametrize("log, found, ranks", [
