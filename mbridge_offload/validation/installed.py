@@ -158,9 +158,11 @@ def importable_modules() -> tuple[tuple[str, tuple[str, ...]], ...]:
             continue
         if not any(name.endswith((".dist-info", ".egg-info", ".egg-link")) for name in names):
             continue
+        # not __pycache__ or hidden folders: Python writes the first when it first imports a module of the folder (a
+        # fresh environment's first command), which would give the next command another key for the same packages
         modules = tuple(name for name in names
                         if name.endswith((".dist-info", ".egg-info", ".egg-link", ".pth", ".py", ".so"))
-                        or (folder / name).is_dir())
+                        or ((folder / name).is_dir() and name != "__pycache__" and not name.startswith(".")))
         out.append((str(folder.resolve()), modules))
     return tuple(out)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import sys
 
 import pytest
 
@@ -271,3 +272,27 @@ def test_the_fast_path_refuses_a_key_given_at_the_default_that_the_recipes_prese
     with fast_check.recording(recipe) as building:
         slow = prepare(building, given, validator=building.validator, **options)
     assert slow.report.errors == fast.prepared.report.errors
+
+
+def test_the_packages_importable_do_not_change_when_python_writes_its_bytecode(tmp_path, monkeypatch):
+    """A fresh environment's first import writes site-packages/__pycache__: the next command must get the same key
+    (else it never finds the checking worker the first one started), while a package installed changes it."""
+    (tmp_path / "pkg-1.0.dist-info").mkdir()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "single_module.py").write_text("")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+
+    def listing():
+        installed.importable_modules.cache_clear()
+        try:
+            return installed.importable_modules()
+        finally:
+            installed.importable_modules.cache_clear()
+
+    before = listing()
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / ".lock_dir").mkdir()
+    assert listing() == before
+    (tmp_path / "other-2.0.dist-info").mkdir()
+    (tmp_path / "other").mkdir()
+    assert listing() != before
