@@ -149,21 +149,27 @@ def importable_modules() -> tuple[tuple[str, tuple[str, ...]], ...]:
     Megatron Core's checks ask the same of their optional kernels: any installed or removed package changes this.
     Folders holding no installed distribution (the working folder, the script's) are left out: a file written there
     between two commands is not a package installed."""
-    out = []
+    listed: dict[Path, list[str]] = {}
     for entry in sys.path:
-        folder = Path(entry or ".")
+        folder = Path(entry or ".").resolve()
         try:
             names = sorted(os.listdir(folder))
         except OSError:
             continue
-        if not any(name.endswith((".dist-info", ".egg-info", ".egg-link")) for name in names):
+        if any(name.endswith((".dist-info", ".egg-info", ".egg-link")) for name in names):
+            listed.setdefault(folder, names)
+    out = []
+    for folder, names in listed.items():
+        # an installation folder inside another holds a package's own vendored copies, put on sys.path by importing
+        # that package (importing setuptools adds setuptools/_vendor): the same installation before and after
+        if any(other in folder.parents for other in listed):
             continue
         # not __pycache__ or hidden folders: Python writes the first when it first imports a module of the folder (a
         # fresh environment's first command), which would give the next command another key for the same packages
         modules = tuple(name for name in names
                         if name.endswith((".dist-info", ".egg-info", ".egg-link", ".pth", ".py", ".so"))
                         or ((folder / name).is_dir() and name != "__pycache__" and not name.startswith(".")))
-        out.append((str(folder.resolve()), modules))
+        out.append((str(folder), modules))
     return tuple(out)
 
 

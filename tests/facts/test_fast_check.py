@@ -296,3 +296,30 @@ def test_the_packages_importable_do_not_change_when_python_writes_its_bytecode(t
     (tmp_path / "other-2.0.dist-info").mkdir()
     (tmp_path / "other").mkdir()
     assert listing() != before
+
+
+def test_the_packages_importable_do_not_change_when_a_package_puts_its_vendored_copies_on_sys_path(tmp_path,
+                                                                                                   monkeypatch):
+    """Importing setuptools puts setuptools/_vendor (with .dist-info folders of its own) on sys.path: a process that
+    imported it and one that did not must key the same installation alike, or the command never finds the worker
+    (and a validation cached by one is never found by the other)."""
+    site = tmp_path / "site-packages"
+    vendored = site / "setuptools" / "_vendor"
+    (site / "setuptools-80.0.dist-info").mkdir(parents=True)
+    (vendored / "packaging-24.2.dist-info").mkdir(parents=True)
+    (vendored / "packaging").mkdir()
+    project = tmp_path  # the working folder (or an editable project) above the installation: not one itself
+
+    def listing(path):
+        monkeypatch.setattr(sys, "path", [str(p) for p in path])
+        installed.importable_modules.cache_clear()
+        try:
+            return installed.importable_modules()
+        finally:
+            installed.importable_modules.cache_clear()
+
+    before = listing([project, site])
+    assert [folder for folder, _ in before] == [str(site.resolve())]
+    assert listing([project, site, vendored]) == before
+    (site / "other-1.0.dist-info").mkdir()
+    assert listing([project, site, vendored]) != before
