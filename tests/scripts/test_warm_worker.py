@@ -103,3 +103,15 @@ def test_the_worker_key_changes_with_the_machine(monkeypatch):
     finally:
         monkeypatch.undo()
         warm_worker.worker_key.cache_clear()
+
+
+def test_a_dry_run_validated_once_is_answered_from_the_cache_by_the_next_process(worker_env):
+    """Two fresh processes: the first builds, validates and fills the cache after loading Megatron Bridge; the second,
+    which loads nothing, must find that validation (both key the same machine and installation)."""
+    env = {**worker_env, "MBRIDGE_OFFLOAD_NO_WORKER": "1"}
+    command = DRY_RUN + ["-gb", "16"]
+    first, _ = _run(command, env)
+    assert first.returncode == 0 and "built and validated" in first.stderr, first.stderr
+    second, seconds = _run(command, env)
+    assert second.returncode == 0 and "answered from the cache" in second.stderr, second.stderr
+    assert second.stdout == first.stdout and seconds < 20
