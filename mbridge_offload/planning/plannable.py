@@ -38,6 +38,8 @@ GRID_RULES_THE_PLAN_NEEDS = (
     "parallel/expert-grid",  # the expert-data-parallel group: expert optimizer shards
     "parallel/seq-length-match",  # one sequence length for the activations and the data loader
     "parallel/seq-length-cp",  # positions per rank under context parallelism
+    "parallel/seq-length-sp",  # positions per rank under sequence parallelism
+    "parallel/shared-expert-ffn-per-tp",  # the shared expert's width per rank
     "pipeline/one-layout-way",  # the layers of each stage: one way of splitting them
     "pipeline/uneven-stages",  # the layers of the first, last and middle stages
     "pipeline/embedding-loss-split",  # the layers of each stage with the embedding and loss counted as layers
@@ -204,39 +206,6 @@ def _olmoe_norm_problems(m: Any) -> list[Problem]:
     return problems
 
 
-def _split_problems(cfg: Any) -> list[Problem]:
-    """Sizes a tensor-parallel split must divide, which the validator's rules do not check, each as the problem the
-    run would fail on in its first step (an assertion in Megatron Core's tensor_parallel/)."""
-    m = cfg.model
-    tp, cp = m.tensor_model_parallel_size, m.context_parallel_size
-    if not (is_count(tp, 1) and is_count(cp, 1)) or tp == 1:
-        return []
-    problems = []
-    seq = m.seq_length
-    # sequence parallelism scatters each CP rank's positions over TP along the sequence (_split_along_first_dim);
-    # context parallelism splits the sequence into 2 x CP chunks (the rule parallel/seq-length-cp)
-    cp_splits = cp == 1 or seq % (2 * cp) == 0 if is_count(seq, 1) else False  # else that rule refuses it
-    if m.sequence_parallel and cp_splits and (seq // cp) % tp:
-        multiple = cp * math.lcm(tp, 2 if cp > 1 else 1)
-        fixed = -(-seq // multiple) * multiple
-        problems.append(Problem(
-            key="model.seq_length", value=f"{seq} (TP {tp}, CP {cp}, sequence parallel)",
-            rule=f"with sequence parallelism the positions of a CP rank (seq_length / CP) are split over the {tp} "
-                 "TP ranks: they must divide evenly, or the first forward fails in the embedding's scatter",
-            fix=f"model.seq_length={fixed} dataset.seq_length={fixed}  (a multiple of {multiple}; or "
-                "model.sequence_parallel=False on a dense model)",
-            rule_id="memory/seq-length-sp", source=PLANNER_SOURCE))
-    shared = getattr(m, "moe_shared_expert_intermediate_size", None)
-    if getattr(m, "num_moe_experts", None) and is_count(shared, 1) and shared % tp:
-        problems.append(Problem(
-            key="model.moe_shared_expert_intermediate_size", value=f"{shared} (TP {tp})",
-            rule="the shared expert's fc1 and fc2 are split over TP like the dense MLP: its width must be a multiple "
-                 "of the tensor parallel size (Megatron Core's divide() fails when the layer is built)",
-            fix=f"model.moe_shared_expert_intermediate_size={-(-shared // tp) * tp}  (or a TP that divides {shared})",
-            rule_id="memory/shared-expert-ffn-per-tp", source=PLANNER_SOURCE))
-    return problems
-
-
 def unmodeled_problems(cfg: Any) -> list[Problem]:
     """The model features the planner does not count, each as a problem naming its key, value, rule and fix; and a
     vocabulary left to the tokenizer, whose size the embedding and output layer need."""
@@ -248,7 +217,6 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
                         fix=FIXES.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]
     problems.extend(_olmoe_norm_problems(m))
-    problems.extend(_split_problems(cfg))
     if vocab_rows(cfg) is None:  # Megatron Bridge sets it from a tokenizer the config does not size, at launch
         problems.append(Problem(
             key="model.vocab_size", value="None",

@@ -87,6 +87,15 @@ def _fix_seq_length_cp(ctx: Context) -> str:
     return f"--seq-length {math.ceil(ctx.model.seq_length / unit) * unit}"
 
 
+def _fix_seq_length_sp(ctx: Context) -> str:
+    m = ctx.model
+    cp = m.context_parallel_size
+    multiple = cp * math.lcm(m.tensor_model_parallel_size, 2 if cp > 1 else 1)
+    seq = math.ceil(m.seq_length / multiple) * multiple
+    return (f"model.seq_length={seq} dataset.seq_length={seq}  (a multiple of {multiple}; or "
+            "model.sequence_parallel=False on a dense model)")
+
+
 def _interleaved(ctx: Context) -> bool:
     """Whether the run uses Megatron Core's interleaved pipeline schedule: model chunks (VPP) on several stages
     (with one stage the model is built as one chunk and VPP is not read)."""
@@ -354,4 +363,28 @@ RULES: tuple[Rule, ...] = guarded(
          applies=sane(lambda c: c.model.context_parallel_size > 1),
          holds=lambda c: c.model.seq_length % (2 * c.model.context_parallel_size) == 0,
          fix=_fix_seq_length_cp, fix_text="--seq-length <multiple of 2*CP>"),
+    # sequence parallelism scatters each CP rank's positions over TP along the sequence (_split_along_first_dim)
+    Rule(id="parallel/seq-length-sp", mechanism=PARALLELISM, key="model.seq_length",
+         text="with sequence parallelism the positions of a CP rank (seq_length / CP) are split over the TP ranks: "
+              "they must divide evenly (Megatron Core's scatter in the embedding fails in the first forward)",
+         applies=sane(lambda c: bool(c.model.sequence_parallel) and c.model.tensor_model_parallel_size > 1
+                      and c.model.seq_length % (2 * c.model.context_parallel_size
+                                                if c.model.context_parallel_size > 1 else 1) == 0),
+         holds=lambda c: (c.model.seq_length // c.model.context_parallel_size) % c.model.tensor_model_parallel_size == 0,
+         observed=lambda c: (f"{c.model.seq_length} (TP{c.model.tensor_model_parallel_size}, "
+                             f"CP{c.model.context_parallel_size}, sequence parallel)"),
+         fix=_fix_seq_length_sp,
+         fix_text="model.seq_length=<multiple of CP x TP (x 2 with CP)> dataset.seq_length=<the same>, or "
+                  "model.sequence_parallel=False on a dense model"),
+    Rule(id="parallel/shared-expert-ffn-per-tp", mechanism=PARALLELISM, key="model.moe_shared_expert_intermediate_size",
+         text="the shared expert's width must be divisible by the tensor parallel size (its fc1 and fc2 are split over "
+              "TP like the dense MLP; Megatron Core's divide() fails when the layer is built)",
+         applies=sane(lambda c: c.num_experts > 0
+                      and is_count(getattr(c.model, "moe_shared_expert_intermediate_size", None), 1)),
+         holds=lambda c: c.model.moe_shared_expert_intermediate_size % c.model.tensor_model_parallel_size == 0,
+         observed=lambda c: f"{c.model.moe_shared_expert_intermediate_size} (TP{c.model.tensor_model_parallel_size})",
+         fix=lambda c: (f"model.moe_shared_expert_intermediate_size="
+                        f"{_next_multiple(c.model.moe_shared_expert_intermediate_size, c.model.tensor_model_parallel_size)}"
+                        "  (or a tensor parallel size that divides it)"),
+         fix_text="model.moe_shared_expert_intermediate_size=<multiple of TP>, or a TP that divides it"),
 )

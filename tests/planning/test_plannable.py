@@ -143,20 +143,22 @@ def test_fewer_query_groups_than_tp_ranks_are_replicated_not_refused(built):
     # 4097 positions do not split over TP2's sequence-parallel ranks (nor 130 per CP rank of 260 over TP4)
     ("qwen3_0p6b_pretrain_config", 2, ["model.tensor_model_parallel_size=2", "model.sequence_parallel=True",
                                        "model.seq_length=4097", "dataset.seq_length=4097", "train.global_batch_size=8"],
-     "memory/seq-length-sp", "model.seq_length"),
+     "parallel/seq-length-sp", "model.seq_length"),
     ("qwen3_0p6b_pretrain_config", 8, ["model.tensor_model_parallel_size=4", "model.sequence_parallel=True",
                                        "model.context_parallel_size=2", "model.seq_length=260",
                                        "dataset.seq_length=260", "train.global_batch_size=8"],
-     "memory/seq-length-sp", "model.seq_length"),
+     "parallel/seq-length-sp", "model.seq_length"),
     # a shared expert of 1001 does not split over TP2
     (MOE_PROXY, 2, ["model.tensor_model_parallel_size=2", "model.sequence_parallel=True",
                     "model.moe_shared_expert_intermediate_size=1001"],
-     "memory/shared-expert-ffn-per-tp", "model.moe_shared_expert_intermediate_size"),
+     "parallel/shared-expert-ffn-per-tp", "model.moe_shared_expert_intermediate_size"),
 ])
 def test_a_split_megatron_core_asserts_on_is_refused_and_its_fix_plans(built, recipe_name, gpus, overrides, rule_id,
                                                                         key):
-    """Sizes TP must divide that no validator rule checks: planned before, an assertion in the run's first step."""
+    """Sizes TP must divide, or the run fails in its first step (an assertion in Megatron Core): one rule of the
+    validator's table, which refuses the launch and the plan alike."""
     cfg = apply_overrides(built(recipe_name), overrides)
+    assert rule_id in {q.rule_id for q in validate(cfg, gpus, environ={}, upstream=False).errors}
     p = plan_with_recommendation(cfg, gpus, fraction=0.5)
     assert p.unplanned and p.params_per_rank == 0
     (problem,) = [q for q in plan_problems(p, None) if q.rule_id == rule_id]

@@ -171,6 +171,12 @@ CASES = {
     "parallel/seq-length-cp": case(DENSE, {"model.context_parallel_size": 2},
                                    {"model.context_parallel_size": 2, "model.seq_length": 2050,
                                     "dataset.seq_length": 2050}, gpus=(2, 2)),
+    # 2049 positions do not split over TP2's sequence-parallel ranks
+    "parallel/seq-length-sp": case(DENSE, {"model.tensor_model_parallel_size": 2, "model.sequence_parallel": True},
+                                   {"model.tensor_model_parallel_size": 2, "model.sequence_parallel": True,
+                                    "model.seq_length": 2049, "dataset.seq_length": 2049}, gpus=(2, 2)),
+    "parallel/shared-expert-ffn-per-tp": case(MOE, {"model.moe_shared_expert_intermediate_size": 1024},
+                                              {"model.moe_shared_expert_intermediate_size": 1001}, gpus=(16, 16)),
     "env/transformer-engine": case(DENSE, {}, {}, failing_ctx={"te_version": None}),
     "env/apex-gradient-accumulation-fusion": case(
         DENSE, {"model.gradient_accumulation_fusion": True}, {"model.gradient_accumulation_fusion": True},
