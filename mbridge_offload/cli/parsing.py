@@ -299,11 +299,8 @@ def refuse_bad_overrides(parser: RefusalParser, recipe_name: str, overrides: lis
     here once; each run's run_recipe.py validates the rest."""
     from mbridge_offload import fast_check
 
-    recipe = registry.get(recipe_name)
-    message = fast_check.override_errors(recipe, overrides)  # from the cache: no wait
-    if message is None and overrides:
-        announce_unparsable(overrides)
-        message = fast_check.override_errors(recipe, overrides, build=True)
+    message = fast_check.override_errors(registry.get(recipe_name), overrides, build=True,
+                                         before_build=lambda: announce_unparsable(overrides))
     if message:
         sys.exit(parser.refuse(message, said=f"{parser.prog}: error: " + message))
 

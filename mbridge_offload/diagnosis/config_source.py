@@ -85,11 +85,7 @@ def _as_saved_class(section: SavedConfig) -> SavedConfig:
     target = section.get("_target_")
     if not isinstance(target, str) or "." not in target:
         return section
-    klass = stand_in_class(target, SavedConfig, SNAPSHOT_DEFINES, "provide")
-    if klass is None:
-        module, name = target.rsplit(".", 1)
-        klass = type(name, (SavedConfig,), {"__module__": module, "__qualname__": name, SNAPSHOT_DEFINES: ()})
-    return klass(section)
+    return stand_in_class(target, SavedConfig, SNAPSHOT_DEFINES, "provide")(section)
 
 
 def find_run_config(run_dir: Path | None) -> Path | None:

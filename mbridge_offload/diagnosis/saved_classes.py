@@ -149,13 +149,12 @@ def linearization(qualified: str) -> list[SourceClass] | None:
     return order(qualified, 0)
 
 
-def stand_in_class(qualified: str, root: type, marker: str, method: str) -> type | None:
+def stand_in_class(qualified: str, root: type, marker: str, method: str) -> type:
     """A class named like ``qualified`` (module, name) deriving from ``root``, whose MRO carries a stand-in of each
-    base found in the source, each with ``marker`` = (``method``,) where its original defines ``method``. None when
-    the class's source is not found (Megatron Bridge not installed here, or another version)."""
-    chain = linearization(qualified)
-    if not chain:
-        return None
+    base found in the source, each with ``marker`` = (``method``,) where its original defines ``method``. Where
+    the class's source is not found (Megatron Bridge not installed here, or another version): then the class alone,
+    its name kept, with no method of its own."""
+    chain = linearization(qualified) or [SourceClass(qualified=qualified, bases=(), defines=frozenset())]
     made: type = root
     for klass in reversed(chain):  # the most basic first, each deriving from the one before (a single chain: the
         module, name = klass.qualified.rsplit(".", 1)  # MRO's order is what the planner's lookup reads)

@@ -24,7 +24,7 @@ import os
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from mbridge_offload.fast_check import store
 from mbridge_offload.fast_check.snapshot import answerable
@@ -228,12 +228,14 @@ def recording(recipe: Any) -> Iterator[Any]:
     yield building
 
 
-def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False, cached_first: bool = True) -> str | None:
+def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False, cached_first: bool = True,
+                    before_build: Callable[[], None] | None = None) -> str | None:
     """For commands that start trainings (sweeps, benchmarks): the refusal of overrides that cannot be
     applied to the recipe, from the cache; None when they apply. Without a cached recipe (or with
     ``cached_first`` False): None, or with ``build`` the recipe is built here (loading Megatron Bridge once, and
     filling the cache). Anything else the overrides raise is refused too, in one line, rather than let the runs
-    start and each fail on it."""
+    start and each fail on it. ``before_build`` runs just before the recipe is built here (what can be said
+    without it, at once)."""
     if not overrides:
         return None
     cached = store.load_base(recipe.name) if store.enabled() and cached_first else None
@@ -241,6 +243,8 @@ def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False, 
     if cached is None and build:
         from mbridge_offload.facts.import_notices import quiet_import_notices
 
+        if before_build is not None:
+            before_build()
         quiet_import_notices()
         built = recipe.build()
         store.store_base(recipe.name, built)
@@ -259,7 +263,8 @@ def override_errors(recipe: Any, overrides: Sequence[str], build: bool = False, 
         return errors.format()
     except Exception as error:  # noqa: BLE001
         if not real:  # the look-alike failed where the real config may not: ask it, when this command may build it
-            return override_errors(recipe, overrides, build=True, cached_first=False) if build else None
+            return (override_errors(recipe, overrides, build=True, cached_first=False, before_build=before_build)
+                    if build else None)
         # the real config failed outside the override errors: a fault, said before any training starts
         return (f"the overrides could not be applied to {recipe.name} ({type(error).__name__}: {error}); "
                 f"run_recipe.py --recipe {recipe.name} --dry-run with the same overrides shows the same")
