@@ -25,8 +25,8 @@ from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
                                                          CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
                                                          JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER,
-                                                         PINNED_ALLOCATION_NEAR, SHARED_MEMORY_NEAR, SIGBUS,
-                                                         is_this_cause, near)
+                                                         LOG_NEAR_LINES, PINNED_ALLOCATION_NEAR,
+                                                         SHARED_MEMORY_NEAR, SIGBUS)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
@@ -146,8 +146,41 @@ class _Run:
         self.facts: RunFacts = run_facts(self.lines, run_folder(path))
         self.search = LineSearch(self.texts, _SEARCHED)
         self.first_stop: int | None = min((i for p in JOB_STOPPED for i in self.search.matching(p)[:1]), default=None)
+        self._near: dict[str, dict[int, bool]] = {}  # a pattern: whether each line read so far matches it
+        self._agent_stops: list[tuple[int, str]] | None = None
+        self._rendezvous: set[int] | None = None
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
+
+    def near(self, index: int, pattern: str) -> bool:
+        """runtime_failures.near on this log, each line searched once per pattern however many signatures ask
+        about the lines around them (a log of many matching lines asks about the same lines again and again)."""
+        seen = self._near.setdefault(pattern, {})
+        regex = re.compile(pattern)
+        for j in range(max(0, index - LOG_NEAR_LINES), min(len(self.texts), index + LOG_NEAR_LINES)):
+            hit = seen.get(j)
+            if hit is None:
+                hit = seen[j] = regex.search(self.texts[j]) is not None
+            if hit:
+                return True
+        return False
+
+    def is_this_cause(self, rule_id: str, index: int) -> bool:
+        """runtime_failures.is_this_cause on this log: no line near ``index`` names another cause."""
+        return not any(self.near(index, pattern) for pattern in RULES_BY_ID[rule_id].log_not_near)
+
+    def rendezvous_lines(self) -> set[int]:
+        """The lines a signature of the start-up's store (runtime/rendezvous-timeout) matches."""
+        if self._rendezvous is None:
+            self._rendezvous = {i for p in RULES_BY_ID["runtime/rendezvous-timeout"].log_signatures
+                                for i in self.search.matching(p)}
+        return self._rendezvous
+
+    def agent_stops(self) -> list[tuple[int, str]]:
+        """(line index, pid) of each stop torchrun's agent sent to a rank."""
+        if self._agent_stops is None:
+            self._agent_stops = [(i, match.group(1)) for i, match in self.search.matches(_AGENT_STOP)]
+        return self._agent_stops
 
     @property
     def config(self) -> RunConfig | None:
@@ -210,13 +243,12 @@ def _agent_stopped_before(run: _Run, index: int) -> bool:
     pid = _KILLED_PID.search(run.texts[index])
     if pid is None:
         return False
-    stopped = {re.search(_AGENT_STOP, run.texts[j]).group(1) for j in run.search.matching(_AGENT_STOP) if j < index}
-    return (pid.group(1) or pid.group(2)) in stopped
+    return (pid.group(1) or pid.group(2)) in {stopped for j, stopped in run.agent_stops() if j < index}
 
 
 _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
     # the CUDA runtime's out-of-memory is pinned host memory where a pinned allocation is near, else the device's
-    **{("runtime/pinned-host-memory", pattern): lambda run, i: near(run.texts, i, PINNED_ALLOCATION_NEAR)
+    **{("runtime/pinned-host-memory", pattern): lambda run, i: run.near(i, PINNED_ALLOCATION_NEAR)
        for pattern in (r"CUDA (error|Error|driver error): out of memory", r"cudaErrorMemoryAllocation")},
     # a full shared-memory folder (DataLoader workers' tensors) is not the checkpoint's disk
     ("runtime/checkpoint-write-failed", r"No space left on device"):
@@ -229,15 +261,14 @@ _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
        and not _agent_stopped_before(run, i)
        for pattern in RULES_BY_ID["runtime/host-memory-killed"].log_signatures if pattern not in OOM_KILLER},
     **{("runtime/resume-offload-keyerror", pattern):
-       lambda run, i: near(run.texts, i, r"_update_fp32_params_by_new_state|hybrid_optimizer")
+       lambda run, i: run.near(i, r"_update_fp32_params_by_new_state|hybrid_optimizer")
        for pattern in RULES_BY_ID["runtime/resume-offload-keyerror"].log_signatures},
     # a SIGBUS is shared memory (/dev/shm) that ran out under a mapping where the lines near it name it; else a crash
-    **{("runtime/shared-memory", pattern): lambda run, i: near(run.texts, i, SHARED_MEMORY_NEAR) for pattern in SIGBUS},
-    **{("runtime/rank-crashed", pattern): lambda run, i: not near(run.texts, i, SHARED_MEMORY_NEAR) for pattern in SIGBUS},
+    **{("runtime/shared-memory", pattern): lambda run, i: run.near(i, SHARED_MEMORY_NEAR) for pattern in SIGBUS},
+    **{("runtime/rank-crashed", pattern): lambda run, i: not run.near(i, SHARED_MEMORY_NEAR) for pattern in SIGBUS},
     # the start-up's store timing out is the rendezvous, not a collective of training, even where NCCL's words are on
     # its line (a rank fetching NCCL's id from the store)
-    **{("runtime/nccl-timeout", pattern): lambda run, i: not any(
-        re.search(p, run.texts[i]) for p in RULES_BY_ID["runtime/rendezvous-timeout"].log_signatures)
+    **{("runtime/nccl-timeout", pattern): lambda run, i: i not in run.rendezvous_lines()
        for pattern in RULES_BY_ID["runtime/nccl-timeout"].log_signatures},
     ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
     ("runtime/cpu-threads", r"Setting OMP_NUM_THREADS environment variable for each process to be 1"):
@@ -251,7 +282,7 @@ _SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule
 # every pattern searched on a log's lines: their lines are found together, in one pass (line_search.py)
 _SEARCHED = (*(pattern for _, pattern, _ in _SIGNATURES), *JOB_STOPPED, _AGENT_STOP,
              *(pattern for pattern, _ in CONFIG_RULE_LOG_SIGNATURES), *(pattern for pattern, _ in _UPSTREAM_TO_RULE),
-             ABORT_EXCEPTION)
+             ABORT_EXCEPTION, _VALIDATOR_LINE.pattern, _EXCEPTION_LINE.pattern)
 
 _Match = tuple[str, int, str, "re.Match[str] | None"]  # (rule id, line index, upstream's fix, the signature's match)
 
@@ -266,22 +297,24 @@ def _matches(run: _Run) -> list[_Match]:
     for order, (rule_id, pattern, regex) in enumerate(_SIGNATURES):
         condition = _CONDITIONS.get((rule_id, pattern))
         for i, match in search.matches(pattern, regex):
-            if (condition is None or condition(run, i)) and is_this_cause(RULES_BY_ID[rule_id], run.texts, i):
+            if (condition is None or condition(run, i)) and run.is_this_cause(rule_id, i):
                 found.append((i, order, rule_id, "", match))
     order = len(_SIGNATURES)
-    for i, text in enumerate(run.texts):
-        validator = _VALIDATOR_LINE.match(text)
-        if validator and validator.group(2) in RULES_BY_ID:
+    for i, validator in search.matches(_VALIDATOR_LINE.pattern, _VALIDATOR_LINE):
+        if validator.group(2) in RULES_BY_ID:
             found.append((i, order, validator.group(2), "", None))
     for order, (pattern, rule_id) in enumerate(CONFIG_RULE_LOG_SIGNATURES, order + 1):
         found += [(i, order, rule_id, "", match) for i, match in search.matches(pattern)]
+    upstream: set[int] = set()  # the lines that hold one of upstream's messages
     for order, (pattern, rule_id) in enumerate(_UPSTREAM_TO_RULE, order + 1):
         # upstream's messages, where an error is raised or reported
-        found += [(i, order, rule_id, "", None) for i in search.matching(pattern) if _raised(run.lines, i)]
+        lines = search.matching(pattern)
+        upstream.update(lines)
+        found += [(i, order, rule_id, "", None) for i in lines if _raised(run.lines, i)]
     order += 1
-    for i, text in enumerate(run.texts):
-        exception = _EXCEPTION_LINE.match(text)
-        if exception and not any(re.search(p, text) for p, _ in _UPSTREAM_TO_RULE):
+    for i, _ in search.matches(_EXCEPTION_LINE.pattern, _EXCEPTION_LINE):
+        text = run.texts[i]
+        if i not in upstream:
             for pattern, key, fix in _UPSTREAM_KEYS:
                 if re.search(pattern, text):
                     found.append((i, order, f"upstream:{key}", fix, None))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
@@ -64,6 +65,34 @@ _DIGITS = str.maketrans("123456789", "000000000")
 _DIGIT_BYTES = bytes.maketrans(b"123456789", b"000000000")
 
 
+def _digits_as_0(text: str) -> str:
+    """``text`` with its digits read as 0, through its bytes: str.translate of a text holding any non-ASCII
+    character (a progress bar's block, a box drawing) takes ~100 times as long."""
+    return text.encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES).decode("utf-8", "surrogatepass")
+
+
+ANCHOR_CHARS = 4  # the shortest anchor (below): shorter ones stop the pass at too many places
+_SAMPLES, _SAMPLE_CHARS = 64, 4096  # where a log's characters are counted: evenly spaced slices of its distinct lines
+
+
+def _char_counts(text: str) -> Counter[str]:
+    """How often each character stands in ``text``, counted on evenly spaced slices of it (a long log's whole text
+    would take longer to count than to search)."""
+    if len(text) <= _SAMPLES * _SAMPLE_CHARS:
+        return Counter(text)
+    step = len(text) // _SAMPLES
+    return Counter("".join(text[i: i + _SAMPLE_CHARS] for i in range(0, len(text), step)))
+
+
+def _anchor(string: str, counts: Counter[str]) -> str:
+    """The part of ``string`` a log is searched for: from its rarest character in that log (the first of equals)
+    to its end, at least ANCHOR_CHARS long. The search stops at each place the anchor's first character stands,
+    so the rarer that character, the fewer stops."""
+    last = max(0, len(string) - ANCHOR_CHARS)
+    start = min(range(last + 1), key=lambda k: counts[string[k]])
+    return string[start:]
+
+
 def _trie(strings: Iterable[str]) -> str:
     """One regular expression matching any of ``strings``: a tree of their characters, so each position of the text
     is tried character by character rather than string by string; at a position it matches the longest of them
@@ -96,40 +125,46 @@ class LineSearch:
         self.searches = 0  # regular-expression searches made on single lines, all patterns together
         self.passes = 0  # passes that find the lines holding required strings (each reads every distinct line)
         # each distinct line (digits as 0) once, and the indexes of the lines that read as it
-        forms: dict[bytes, int] = {}
+        forms: dict[str, int] = {}
         self._form_lines: list[list[int]] = []
-        for i, form in enumerate("\n".join(texts).encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES)
-                                 .split(b"\n") if texts else ()):
+        for i, form in enumerate(_digits_as_0("\n".join(texts)).split("\n") if texts else ()):
             at = forms.setdefault(form, len(forms))
             if at == len(self._form_lines):
                 self._form_lines.append([])
             self._form_lines[at].append(i)
-        self._forms = "\n".join(form.decode("utf-8", "surrogatepass") for form in forms)
+        self._form_texts = list(forms)
+        self._forms = "\n".join(self._form_texts)
         self._form_starts, at = [], 0
-        for form in forms:
+        for form in self._form_texts:
             self._form_starts.append(at)
-            at += len(form.decode("utf-8", "surrogatepass")) + 1
+            at += len(form) + 1
+        self._rarity = _char_counts(self._forms)
         self._holding: dict[str, set[int]] = {}  # a required string (digits as 0): the distinct lines that hold it
         self._index({s.translate(_DIGITS) for pattern in patterns for s in required_strings(pattern)})
 
     def _index(self, strings: set[str]) -> None:
-        """Which distinct lines hold each of ``strings`` (not indexed yet), in one pass: their tree's expression
-        searched again from one character past each match's start, so overlapping occurrences are found too. A
-        match is the longest string starting at its position; every string inside it is on that line as well (one
-        that starts there and is shorter is its prefix)."""
+        """Which distinct lines hold each of ``strings`` (not indexed yet), in one pass. Each string is looked for by
+        its anchor, its part from its rarest character on (as counted in this log), so that the pass stops only at
+        the few places where a rare character stands; the lines holding an anchor that is not the whole string
+        are then checked for the string itself. The anchors' tree is searched again from one character past each
+        match's start, so overlapping occurrences are found too. A match is the longest anchor starting at its
+        position; every anchor inside it is on that line as well (one that starts there and is shorter is its
+        prefix)."""
         strings = {s for s in strings if s not in self._holding}
         if not strings:
             return
         self.passes += 1
-        inside = {s: [t for t in strings if t in s] for s in strings}
-        for s in strings:
-            self._holding[s] = set()
-        regex, text, starts, at = re.compile(_trie(strings)), self._forms, self._form_starts, 0
+        anchors = {s: _anchor(s, self._rarity) for s in strings}
+        inside = {a: [b for b in set(anchors.values()) if b in a] for a in set(anchors.values())}
+        holding: dict[str, set[int]] = {a: set() for a in inside}
+        regex, text, starts, at = re.compile(_trie(inside)), self._forms, self._form_starts, 0
         while match := regex.search(text, at):
             form = bisect_right(starts, match.start()) - 1
-            for s in inside[match.group()]:
-                self._holding[s].add(form)
+            for a in inside[match.group()]:
+                holding[a].add(form)
             at = match.start() + 1
+        for s, a in anchors.items():
+            self._holding[s] = holding[a] if a == s else {f for f in holding[a] if s in self._form_texts[f]}
 
     def candidates(self, pattern: str) -> list[int] | range:
         """Indexes of the lines that may match ``pattern``: those holding one of its required strings, ascending."""

@@ -30,6 +30,9 @@ _RANK_PREFIXES = (
 # docker compose's service column ("train-1  | ", v1: "train_1  | "; its names end in the replica's number)
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?=\S)"
                         r"|^[\w.-]+[-_]\d+\s+\| ")
+# One layer of prefixes, read by one match: a timestamp or compose's column, then the first rank prefix that stands
+# there (in _RANK_PREFIXES's order); a layer that holds neither ends the reading
+_LAYER = re.compile(f"({_TIMESTAMP.pattern})?(?:" + "|".join(p.pattern[1:] for p in _RANK_PREFIXES) + ")?")
 _MAX_PREFIXES = 4  # srun's label around torchrun's --tee prefix around torchrun's rank prefix, and a timestamp
 # Ranks a launcher's own line names where the line has no rank prefix: Slurm's "srun: error: node: tasks 3,5:",
 # the NCCL watchdog's "[Rank 3]", Megatron's "failed on rank=3"
@@ -57,17 +60,13 @@ def strip_rank(raw: str) -> tuple[int | None, str]:
     the innermost rank is the process's own)."""
     rank = None
     for _ in range(_MAX_PREFIXES):
-        timestamp = _TIMESTAMP.match(raw)
-        if timestamp:
-            raw = raw[timestamp.end():]
-        for prefix in _RANK_PREFIXES:
-            match = prefix.match(raw)
-            if match:
-                rank, raw = int(match.group(1)), raw[match.end():]
-                break
-        else:
-            if not timestamp:
-                break
+        layer = _LAYER.match(raw)
+        if not layer.end():
+            break
+        named = layer.group(2) or layer.group(3) or layer.group(4) or layer.group(5)
+        if named is not None:
+            rank = int(named)
+        raw = raw[layer.end():]
     return rank, raw
 
 

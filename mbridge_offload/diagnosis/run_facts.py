@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
-from mbridge_offload.facts.environment import expandable_in_allocator_line
+from mbridge_offload.facts.environment import ALLOCATOR_LINE, expandable_in_allocator_line
 from mbridge_offload.facts.run_records import recorded_expandable_segments, step_records_file
 
 # torch's sizes (c10's format_size): "512 bytes", "12.50 KiB", "896.00 MiB", "2.32 GiB"; older releases "B"
@@ -19,6 +19,13 @@ _SIZE = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)\b"
 _UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "bytes": 1 / 1024 ** 3, "B": 1 / 1024 ** 3}
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+)")
 _GPUS_IN_HEADER = re.compile(r"^(?:Recipe|Training) \S+ \((\d+) GPUs?: ")
+_THREADS = re.compile(r"CPU threads per rank: (\d+)")
+_GPU_PLAN = re.compile(r"GPU: (?:fit|total) .* of ([\d.]+) GiB")
+_HOST_PLAN = re.compile(r"host: per node .* rank(?:s|\(s\))? of ([\d.]+) GiB")
+# what a line that states one of the facts below holds (the header's and the plan's first words, an iteration line's)
+_FACT_WORDS = re.compile(r"^\s*(?:Recipe |Training |optimizer offload: |activation offload \(layer-level\): |"
+                         r"fine-grained activation offload: |CPU threads per rank: |GPU: |host: per node )|"
+                         r"elapsed time per iteration \(ms\)")
 _COMMAND = re.compile(r"(?:run_recipe(?:\.py)?|mbridge-run-recipe)\s+(.*)$")
 
 
@@ -178,7 +185,11 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
     facts = RunFacts(run_dir=run_dir)
     iterations: dict[int, float] = {}
     for line in lines:
-        text = line.text.strip()
+        raw = line.text
+        # most lines state none of these facts: the words each one starts with, or holds, are looked for first
+        if not (_FACT_WORDS.search(raw) or ALLOCATOR_LINE in raw or "--recipe" in raw):
+            continue
+        text = raw.strip()
         if facts.command is None and "--recipe" in text:
             facts.command = Command.parse(text)
         if facts.num_gpus is None and (match := _GPUS_IN_HEADER.match(text)):
@@ -192,11 +203,11 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.activation_offload = text.endswith(": off") is False
         elif text.startswith("fine-grained activation offload: "):
             facts.fine_grained = text.endswith(": off") is False
-        elif match := re.match(r"CPU threads per rank: (\d+)", text):
+        elif match := _THREADS.match(text):
             facts.threads = int(match.group(1))
-        elif match := re.match(r"GPU: (?:fit|total) .* of ([\d.]+) GiB", text):  # "total": logs of before
+        elif match := _GPU_PLAN.match(text):  # "total": logs of before
             facts.gpu_memory_gib = float(match.group(1))
-        elif match := re.match(r"host: per node .* rank(?:s|\(s\))? of ([\d.]+) GiB", text):  # "rank(s)": today's plan
+        elif match := _HOST_PLAN.match(text):  # "rank(s)": today's plan
             facts.host_memory_gib = float(match.group(1))
         elif (expandable := expandable_in_allocator_line(text)) is not None:
             facts.expandable_segments, facts.expandable_segments_from = expandable, "as the log's header says"
