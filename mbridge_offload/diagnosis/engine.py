@@ -24,7 +24,10 @@ from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summ
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
                                                          CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
-                                                         JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER,
+                                                         JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER, RANK_FAILED,
+                                                         RESUME_OFFLOAD, RESUME_SAVE_FIRST, RESUME_SIGNAL_AHEAD,
+                                                         RESUME_TIME_LIMIT, RESUME_WORDS, SIGNAL_NAMES,
+                                                         STOP_KINDS, STOP_SIGNAL_EXITS,
                                                          LOG_NEAR_LINES, PINNED_ALLOCATION_NEAR,
                                                          SHARED_MEMORY_NEAR, SIGBUS)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
@@ -44,6 +47,7 @@ _BISECT_FIX_IDS = ("runtime/cuda-illegal-address", "runtime/rank-crashed", "runt
 # stopping after it. After an earlier error these are its consequences, and the report says so.
 # The offload engine's worker thread found stopped is likewise what an earlier failure left.
 _STOP_ID = "runtime/job-stopped"
+_WORKERS_KILLED_ID = "runtime/stop-killed-data-loader-workers"  # a stop that failed a rank: its own finding says so
 # A rank that could not reach the store or a peer's NCCL id at the start, after another rank failed, waited on that rank.
 # A rank's abort is how its process ended after an exception C++ did not catch: where that exception (its what() line,
 # just below) or an earlier line is a failure of the table, that one is the cause. A network error between the nodes
@@ -145,10 +149,16 @@ class _Run:
         self.texts = [line.text for line in self.lines]
         self.facts: RunFacts = run_facts(self.lines, run_folder(path))
         self.search = LineSearch(self.texts, _SEARCHED)
-        self.first_stop: int | None = min((i for p in JOB_STOPPED for i in self.search.matching(p)[:1]), default=None)
         self._near: dict[str, dict[int, bool]] = {}  # a pattern: whether each line read so far matches it
         self._agent_stops: list[tuple[int, str]] | None = None
         self._rendezvous: set[int] | None = None
+        self._ranks_failed: list[int] | None = None
+        # the first line that shows the job stopped from outside: a scheduler's or a person's stop, or a rank that
+        # ended on a stop signal before anything else had ended one
+        self.first_stop: int | None = min(
+            [i for p in JOB_STOPPED for i in self.search.matching(p)[:1]]
+            + [i for p, _ in STOP_SIGNAL_EXITS for i in self.search.matching(p)[:1] if _signal_from_outside(self, i)],
+            default=None)
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
 
@@ -168,6 +178,12 @@ class _Run:
     def is_this_cause(self, rule_id: str, index: int) -> bool:
         """runtime_failures.is_this_cause on this log: no line near ``index`` names another cause."""
         return not any(self.near(index, pattern) for pattern in RULES_BY_ID[rule_id].log_not_near)
+
+    def ranks_failed(self) -> list[int]:
+        """The lines where srun or torchrun report a rank that exited with an error code of its own."""
+        if self._ranks_failed is None:
+            self._ranks_failed = self.search.matching(RANK_FAILED)
+        return self._ranks_failed
 
     def rendezvous_lines(self) -> set[int]:
         """The lines a signature of the start-up's store (runtime/rendezvous-timeout) matches."""
@@ -238,6 +254,13 @@ _AGENT_STOP = r"Sending process (\d+) closing signal SIG\w+"  # torchrun's agent
 _KILLED_PID = re.compile(r"\(pid: (\d+)\)|received by PID (\d+)")  # the process its failure lines name
 
 
+def _signal_from_outside(run: _Run, index: int) -> bool:
+    """Whether a rank's end on a stop signal at ``lines[index]`` is the job's stop: neither torchrun's agent (which
+    SIGTERMs the other ranks once one failed) nor a rank's own failure came before it."""
+    agent, failed = run.agent_stops(), run.ranks_failed()  # both ascending
+    return (not agent or index < agent[0][0]) and (not failed or index < failed[0])
+
+
 def _agent_stopped_before(run: _Run, index: int) -> bool:
     """Whether torchrun's agent had sent its stop to the process ``lines[index]`` names, before that line."""
     pid = _KILLED_PID.search(run.texts[index])
@@ -270,6 +293,7 @@ _CONDITIONS: dict[tuple[str, str], Callable[[_Run, int], bool]] = {
     # its line (a rank fetching NCCL's id from the store)
     **{("runtime/nccl-timeout", pattern): lambda run, i: i not in run.rendezvous_lines()
        for pattern in RULES_BY_ID["runtime/nccl-timeout"].log_signatures},
+    **{("runtime/job-stopped", pattern): _signal_from_outside for pattern, _ in STOP_SIGNAL_EXITS},
     ("runtime/cpu-threads", r"CPU threads per rank: 1\b"): lambda run, i: bool(run.knows("optimizer_offload")),
     ("runtime/cpu-threads", r"Setting OMP_NUM_THREADS environment variable for each process to be 1"):
         lambda run, i: bool(run.knows("optimizer_offload")),
@@ -280,7 +304,7 @@ _SIGNATURES = [(rule.id, pattern, re.compile(pattern)) for rule in RULES if rule
 
 
 # every pattern searched on a log's lines: their lines are found together, in one pass (line_search.py)
-_SEARCHED = (*(pattern for _, pattern, _ in _SIGNATURES), *JOB_STOPPED, _AGENT_STOP,
+_SEARCHED = (*(pattern for _, pattern, _ in _SIGNATURES), *JOB_STOPPED, _AGENT_STOP, RANK_FAILED,
              *(pattern for pattern, _ in CONFIG_RULE_LOG_SIGNATURES), *(pattern for pattern, _ in _UPSTREAM_TO_RULE),
              ABORT_EXCEPTION, _VALIDATOR_LINE.pattern, _EXCEPTION_LINE.pattern)
 
@@ -305,13 +329,11 @@ def _matches(run: _Run) -> list[_Match]:
             found.append((i, order, validator.group(2), "", None))
     for order, (pattern, rule_id) in enumerate(CONFIG_RULE_LOG_SIGNATURES, order + 1):
         found += [(i, order, rule_id, "", match) for i, match in search.matches(pattern)]
-    upstream: set[int] = set()  # the lines that hold one of upstream's messages
     for order, (pattern, rule_id) in enumerate(_UPSTREAM_TO_RULE, order + 1):
         # upstream's messages, where an error is raised or reported
-        lines = search.matching(pattern)
-        upstream.update(lines)
-        found += [(i, order, rule_id, "", None) for i in lines if _raised(run.lines, i)]
+        found += [(i, order, rule_id, "", None) for i in search.matching(pattern) if _raised(run.lines, i)]
     order += 1
+    upstream = {i for pattern, _ in _UPSTREAM_TO_RULE for i in search.matching(pattern)}  # upstream's messages' lines
     for i, _ in search.matches(_EXCEPTION_LINE.pattern, _EXCEPTION_LINE):
         text = run.texts[i]
         if i not in upstream:
@@ -522,11 +544,16 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         exception = by_rule[_EXCEPTION_ID]
         raised = _exception_details(run, exception)
         named = [r for r in at_line.get(exception.first_index, ()) if r != _EXCEPTION_ID]
-        if not raised or named or any(f.severity == "error" and f.rule_id not in (_EXCEPTION_ID, *_CONSEQUENCE_IDS)
-                        for f in findings):
+        # nor one raised after the job was stopped from outside (a rank's exception in the middle of its shutdown)
+        if not raised or named or _stopped_before(run, exception.first_index) or any(
+                f.severity == "error" and f.rule_id not in (_EXCEPTION_ID, *_CONSEQUENCE_IDS) for f in findings):
             findings.remove(exception)
     if _ABORT_ID in by_rule:
         _abort_details(run, by_rule[_ABORT_ID])
+    if _STOP_ID in by_rule and _WORKERS_KILLED_ID in by_rule:
+        findings.remove(by_rule.pop(_STOP_ID))  # that rule is the stop's own failure: it states the stop
+    if _STOP_ID in by_rule:
+        _stop_details(run, by_rule[_STOP_ID])
     for finding in findings:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
@@ -585,6 +612,39 @@ def _abort_details(run: _Run, finding: Finding) -> None:
                 return
         finding.measured = f"the exception: {match.group('type')} (no what() line follows it)"
         return
+
+
+_STOP_WORDS = [(re.compile(pattern), words) for pattern, words in (*STOP_KINDS, *STOP_SIGNAL_EXITS)]
+
+
+def _stop_details(run: _Run, finding: Finding) -> None:
+    """What stopped the job (its first line: the time limit, a preemption, which signal), and how to go on: where
+    the log's command names its checkpoint.save folder, the resume command, with the offload the run had."""
+    text = run.texts[finding.first_index]
+    words = next((words.format(signal=SIGNAL_NAMES.get(m.group("signal"), m.group("signal"))
+                               if "signal" in m.groupdict() else "")
+                  for regex, words in _STOP_WORDS if (m := regex.search(text))), "")
+    finding.measured = f"stopped by {words}" if words else ""
+    command = run.facts.command
+    if command is None:
+        finding.fix_basis = ("the rule table's fix: the log does not start with the run_recipe.py command, so its "
+                             "checkpoint.save folder is not known")
+        return
+    save = next((value for key, _, value in (o.partition("=") for o in command.overrides)
+                 if key.lstrip("+") == "checkpoint.save" and value), None)
+    if save:
+        steps = [f"{RESUME_WORDS}{save}"]
+        offload, fraction = run.facts.optimizer_offload, run.facts.fraction
+        if offload:
+            steps.append(("the run had optimizer offload on" + (f" at fraction {fraction:g}" if fraction is not None
+                                                                  else "") + f": {RESUME_OFFLOAD}"))
+        elif offload is None:
+            steps.append(RESUME_OFFLOAD)
+    else:
+        steps = [f"nothing was saved (the command sets no checkpoint.save): {RESUME_SAVE_FIRST}"]
+    steps.append(RESUME_TIME_LIMIT if "time limit" in words else RESUME_SIGNAL_AHEAD)
+    finding.fix = "; ".join(steps)
+    finding.fix_basis = "the log's command (its checkpoint.save) and header (its optimizer offload)"
 
 
 def _raised_at(run: _Run, start: int) -> tuple[int, re.Match[str] | None] | None:

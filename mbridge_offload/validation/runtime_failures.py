@@ -48,16 +48,47 @@ OOM_OUTSIDE_PYTORCH = (r"Failed to CUDA (calloc|malloc)\b", r"Cuda failure (\d+ 
 # earlier fault that left CUDA without memory ("Failed to CUDA calloc" follows any)
 OOM_OUTSIDE_PYTORCH_NOT_NEAR = (PINNED_ALLOCATION_NEAR,
                                 r"illegal memory access|misaligned address|device-side assert triggered|unspecified launch failure")
-# The stop a scheduler or a person sends to the whole job: Slurm's time limit, preemption or scancel, the stop
-# signal torchrun's agent received, Megatron's exit after a SIGTERM. (A step Slurm cancels after one of its tasks
-# failed, "*** STEP ... CANCELLED AT ... ***" without a reason, is that failure's consequence, not a stop.)
-JOB_STOPPED = (r"CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)", r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ (BY \S+ )?\*\*\*",
-               r"Received Signals\.SIG(TERM|INT|HUP) death signal", r"SignalException: Process \d+ got signal: (15|2|1)\b",
-               r"exiting program after receiving SIGTERM",
-               # a container stopped: docker compose's Ctrl-C, its "Stopping" line (v1: "Stopping NAME ...", v2:
-               # "Container NAME  Stopping"), the kubelet's event; docker SIGKILLs what is left after its grace period
-               r"Gracefully stopping\.\.\. \(press Ctrl\+C again to force\)", r"^\s*Stopping [\w.-]+\s+\.\.\.",
-               r"\bContainer [\w.-]+\s+Stopping\b", r"\bStopping container [\w.-]+")
+# The stop a scheduler or a person sends to the whole job, each with what it was: Slurm's time limit, preemption or
+# scancel, a stop signal torchrun's agent or a rank received (Python 3.11 on prints a signal as its number:
+# "Received 15 death signal"), Megatron's and Megatron Bridge's exit after one, a Ctrl-C (KeyboardInterrupt ends the
+# traceback), a container stopped. (A step Slurm cancels after one of its tasks failed, "*** STEP ... CANCELLED AT
+# ... ***" without a reason, is that failure's consequence, not a stop.)
+_SIGNALS = r"(?P<signal>1|2|10|12|15|SIGHUP|SIGINT|SIGUSR1|SIGUSR2|SIGTERM)"  # a stop signal, as a number or a name
+STOP_KINDS: tuple[tuple[str, str], ...] = (
+    (r"CANCELLED AT \S+ DUE TO TIME LIMIT", "Slurm's time limit"),
+    (r"CANCELLED AT \S+ DUE TO PREEMPTION", "a preemption (Slurm)"),
+    (r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ (BY \S+ )?\*\*\*", "scancel (the job cancelled)"),
+    (r"Received (Signals\.)?" + _SIGNALS + r" death signal", "a stop signal to torchrun ({signal})"),
+    (r"SignalException: Process \d+ got signal: " + _SIGNALS + r"\b", "a stop signal ({signal})"),
+    (r"exiting program after receiving SIGTERM", "SIGTERM (Megatron saved and exited)"),
+    (r"Received signal " + _SIGNALS + r", initiating graceful stop", "a stop signal ({signal}, Megatron Bridge's handler)"),
+    (r"Termination requested\. Performing orderly shutdown\.", "SIGINT or SIGTERM (Megatron's shutdown handler)"),
+    (r"^\s*KeyboardInterrupt\s*$", "Ctrl-C (KeyboardInterrupt)"),
+    # a container stopped: docker compose's Ctrl-C, its "Stopping" line (v1: "Stopping NAME ...", v2:
+    # "Container NAME  Stopping"), the kubelet's event; docker SIGKILLs what is left after its grace period
+    (r"Gracefully stopping\.\.\. \(press Ctrl\+C again to force\)", "the container stopped (docker compose)"),
+    (r"^\s*Stopping [\w.-]+\s+\.\.\.", "the container stopped (docker compose)"),
+    (r"\bContainer [\w.-]+\s+Stopping\b", "the container stopped (docker compose)"),
+    (r"\bStopping container [\w.-]+", "the container stopped (Kubernetes)"),
+)
+JOB_STOPPED = tuple(pattern for pattern, _ in STOP_KINDS)
+# A rank that ended on a stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1/2: what Slurm sends on preemption or ahead of
+# its time limit, --signal): as torchrun, the shell and srun print it. The job's stop only where nothing else had
+# ended a rank first (torchrun's agent SIGTERMs the other ranks after one failed; diagnose.py tells them apart)
+STOP_SIGNAL_EXITS: tuple[tuple[str, str], ...] = (
+    (r"exitcode\s*:\s*-(?P<signal>1|2|10|12|15)\b", "a stop signal ({signal})"),
+    (r"\(exitcode: -(?P<signal>1|2|10|12|15)\)", "a stop signal ({signal})"),
+    (r"Signal (?P<signal>1|2|10|12|15) \(SIG(HUP|INT|USR1|USR2|TERM)\)", "a stop signal ({signal})"),
+    (r":\s*line \d+:\s+\d+ (?P<signal>Terminated|Hangup|User defined signal [12])\b", "a stop signal ({signal})"),
+    (r"^\s*(?P<signal>Terminated|User defined signal [12])\s*$", "a stop signal ({signal})"),
+    (r"srun: error: .*: tasks? [\d,\-]+: (?P<signal>Terminated|User defined signal [12])\s*$", "a stop signal ({signal})"),
+)
+SIGNAL_NAMES = {"1": "SIGHUP", "2": "SIGINT", "10": "SIGUSR1", "12": "SIGUSR2", "15": "SIGTERM", "Terminated": "SIGTERM",
+                "Hangup": "SIGHUP", "User defined signal 1": "SIGUSR1", "User defined signal 2": "SIGUSR2"}
+# A rank that ended on its own before the stop, as srun and torchrun print it: an error exit code, or a signal that is
+# no stop signal (a segmentation fault, an abort, a kill)
+RANK_FAILED = (r"srun: error: .*: tasks? [\d,\-]+: (?!Terminated|User defined signal)\S|"
+               r"exitcode\s*:\s*(?!-(1|2|10|12|15)\b)-?[1-9]|\(exitcode: (?!-(1|2|10|12|15)\))-?[1-9]")
 # A kill that names the out-of-memory killer (unlike a bare SIGKILL, which a scheduler's stop also ends with)
 OOM_KILLER = (r"Out of memory: Kill(ed)? process", r"invoked oom-killer", r"oom[-_]kill event", r"Memory cgroup out of memory",
               r"srun: error: .*: tasks? [\d,\-]+: Out Of Memory", r"DataLoader worker .* is killed by signal: Killed",
@@ -82,6 +113,18 @@ OFFLOAD_BISECT = ("optimizer.optimizer_cpu_offload=False", "model.cpu_offloading
                   "model.fine_grained_activation_offloading=False", "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
 BISECT_WORDS = "; if it only fails with offload, rerun with one of these at a time to find which: "
 _BISECT = BISECT_WORDS + ", ".join(OFFLOAD_BISECT)
+# How to go on after a stop from outside (diagnose.py fills in the run's own folder and fraction where its log
+# states them): the plugin's resume rules with optimizer offload (README "Stopping, resuming and exact parity")
+RESUME_WORDS = "resume with the same command plus checkpoint.load="
+RESUME_OFFLOAD = ("with optimizer offload keep optimizer.optimizer_cpu_offload, optimizer.optimizer_offload_fraction "
+                  "and optimizer.use_precision_aware_optimizer as saved (rules checkpoint/* refuse another before the "
+                  "launch) and launch through run_recipe.py (its resume fix loads the offloaded optimizer states)")
+RESUME_SAVE_FIRST = ("run_recipe.py with checkpoint.save=<dir> checkpoint.save_interval=<steps> saves at the next step "
+                     "boundary on SIGTERM or Ctrl-C before it exits")
+RESUME_SIGNAL_AHEAD = "under Slurm ask for the signal ahead of the kill (#SBATCH --signal=TERM@120) so that the save has time"
+RESUME_TIME_LIMIT = "for a time limit: a longer --time, or fewer train.train_iters per job"
+RESUME_FIX = (f"{RESUME_WORDS}<the checkpoint.save folder>; {RESUME_OFFLOAD}; without checkpoint.save nothing was "
+              f"saved: {RESUME_SAVE_FIRST}; {RESUME_SIGNAL_AHEAD}; {RESUME_TIME_LIMIT}")
 LOG_NEAR_LINES = 40  # lines either side of a signature's match searched for what tells its causes apart
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
@@ -255,14 +298,11 @@ RULES: tuple[Rule, ...] = (
            r"remote process exited or there was a network error", r"NCCL error in: .*unhandled system error",
            r"NCCL communicator was aborted")),
     _rule("runtime/job-stopped", "checkpoint.save",
-          "the job was stopped from outside (Slurm's time limit, a preemption, scancel, a stop signal to the "
-          "launcher, or its container stopped: docker stop, compose down or Ctrl-C, a pod deleted): the run itself did "
-          "not fail, and ranks killed after the stop are its consequence (docker's exit code 137 after a stop is its "
-          "SIGKILL at the end of the grace period, not the out-of-memory killer)",
-          "resume it: checkpoint.save=<dir> checkpoint.save_interval=<steps> now, and checkpoint.load=<dir> when "
-          "relaunched (run_recipe.py sets train.exit_signal_handler=True with checkpoint.save, so a SIGTERM saves "
-          "first); for a time limit, a longer --time or fewer train.train_iters per job", JOB_STOPPED,
-          severity="warning"),
+          "the job was stopped from outside (Slurm's time limit, a preemption, scancel, a stop signal: SIGTERM, "
+          "SIGINT/Ctrl-C, SIGHUP, SIGUSR1; or its container stopped: docker stop, compose down or Ctrl-C, a pod "
+          "deleted): the run itself did not fail, and ranks killed after the stop are its consequence (docker's exit "
+          "code 137 after a stop is its SIGKILL at the end of the grace period, not the out-of-memory killer)",
+          RESUME_FIX, (*JOB_STOPPED, *(pattern for pattern, _ in STOP_SIGNAL_EXITS)), severity="warning"),
     _rule("runtime/shared-memory", "dataset.num_workers",
           "shared memory (/dev/shm) ran out: the data-loader workers hand batches to the rank there, and NCCL's "
           "shared-memory transport between the GPUs of a node keeps its buffers there; a container's default is 64 MB "
@@ -413,6 +453,25 @@ RULES: tuple[Rule, ...] = (
           "LD_LIBRARY_PATH (pip's nvidia-*-cu12 packages, module load cuda)",
           (r"(ImportError|OSError): lib(cudart|nccl|cublas(Lt)?|cudnn\w*|cusparse\w*|cufft|curand|cusolver|nvrtc|"
            r"nvJitLink|cuda)\.so[.\d]*: cannot open shared object file",)),
+    _rule("runtime/library-version-mismatch", "(environment)",
+          "installed libraries that were not built or released for each other: a compiled extension (flash-attn's "
+          "flash_attn_2_cuda, Apex's, another .so) built against another torch, so a C++ symbol of torch it needs is "
+          "not there ('undefined symbol'); Transformer Engine's packages at different versions (transformer-engine, "
+          "its core library and its torch extension); a Transformer Engine older than a setting of the run needs "
+          "(megatron-core's 'requires Transformer Engine >= ...'), or a cuDNN or torch older than it needs",
+          "install versions built for each other: the extension rebuilt for the installed torch (pip install "
+          "--no-build-isolation --force-reinstall --no-deps <it>), Transformer Engine's packages at one version "
+          "(pip3 install --no-build-isolation transformer-engine[pytorch]==<the version>, as its message says), or the "
+          "Transformer Engine the message asks for (or that setting off); in this project uv sync builds them for "
+          "the locked torch",
+          # the exception's line, not a traceback's quote of the source that raises it; Transformer Engine's own
+          # extension failing to load is env/transformer-engine (CONFIG_RULE_LOG_SIGNATURES)
+          (r"ImportError: (?!\S*transformer_engine)\S+\.so(\.\d+)*: undefined symbol: ",
+           r"(Error|Exception): Transformer Engine package version mismatch\. Found",
+           r"(Error|Exception): Transformer Engine requires cuDNN \S+ or later, but the cuDNN runtime is ",
+           r"(Error|Exception): .*\brequires Transformer Engine (>= ?)?\d",
+           r"(Error|Exception): .*(Please install TE >= ?\d|Only TE >= ?\d\S* supports|Must have at least TE version \d)",
+           r"(Error|Exception): Minimum torch version \S+ required\. Found ")),
     _rule("runtime/nccl-network", "(network)",
           "the network between the nodes failed under NCCL: an InfiniBand/RoCE transfer completed with an error "
           "(status 12: retries exhausted; a link, a switch or a port), or NCCL's socket to a peer was reset or closed. "
@@ -574,6 +633,9 @@ CONFIRM: dict[str, str] = {
                                     "torch.cuda.get_arch_list())': the GPU's sm_XY is not in the list",
     "runtime/cuda-library-missing": "ldd on the .so that failed to import (or python -c 'import torch') shows 'not found' "
                                     "beside the library",
+    "runtime/library-version-mismatch": "pip list | grep -i -E 'torch|transformer.engine|flash.attn|apex|megatron' (the "
+                                         "versions side by side); the failing import alone (python -c 'import "
+                                         "flash_attn' or 'import transformer_engine.pytorch') shows the same error",
     "runtime/nccl-network": "every rank's output for an error before it (a peer that died gives the same lines); "
                             "ibstat / ibv_devinfo on both nodes; nccl-tests all_reduce_perf across the same nodes",
     "runtime/python-exception": "the traceback's last frame, the file and line diagnose.py names; rerun the failing part "

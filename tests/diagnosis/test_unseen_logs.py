@@ -767,12 +767,18 @@ def test_a_run_stopped_at_its_time_limit_without_an_error_says_nothing_failed(di
     assert "nothing failed: the job was stopped from outside" in format_diagnosis(diagnosis).split("\n")[0]
 
 
-@pytest.mark.parametrize("end", ["SystemExit: 0", "KeyboardInterrupt", ""])
-def test_a_traceback_that_ends_in_an_exit_a_ctrl_c_or_nothing_is_no_failure_of_code(diag, end):
-    """Megatron exits with SystemExit after its SIGTERM handler saved; a Ctrl-C ends in KeyboardInterrupt; a log cut
-    inside a traceback shows no exception: none of them names a failure."""
+@pytest.mark.parametrize("end", ["SystemExit: 0", ""])
+def test_a_traceback_that_ends_in_an_exit_or_nothing_is_no_failure_of_code(diag, end):
+    """Megatron exits with SystemExit after its SIGTERM handler saved; a log cut inside a traceback shows no
+    exception: neither names a failure."""
     lines = [f"[rank0]: {line}" for line in (*TRACEBACK, end)] if end else TRACEBACK
     assert diag.ids(diag.write(lines)) == []
+
+
+def test_a_traceback_that_ends_in_a_ctrl_c_is_the_jobs_stop_not_a_failure_of_code(diag):
+    diagnosis = diag(diag.write([f"[rank0]: {line}" for line in (*TRACEBACK, "KeyboardInterrupt")]))
+    assert [f.rule_id for f in diagnosis.findings] == ["runtime/job-stopped"] and diagnosis.first_failure is None
+    assert diagnosis.findings[0].measured == "stopped by Ctrl-C (KeyboardInterrupt)"
 
 
 @pytest.mark.parametrize("line", [
@@ -801,3 +807,55 @@ def test_the_same_exception_on_several_ranks_is_one_finding_naming_each_rank(dia
                        ("Traceback (most recent call last):", frame, "KeyError: 'input_ids'")])
     finding = diag.only(path, "runtime/python-exception")
     assert finding.ranks == {1, 3} and [line.number for line in finding.evidence] == [3, 6]
+
+
+# --- stops from outside, and libraries not built for each other (Qwen3 dense and MoE runs) ---------------------------
+
+@pytest.mark.parametrize("log, found, line, ranks, measured", [
+    # a Slurm preemption reaches torchrun's agent (Python 3.12 prints the signal as 15); its workers' -15 follow it
+    ("preempt-torchrun-sigterm.log", ["runtime/job-stopped"], 21, set(), "stopped by a stop signal to torchrun (SIGTERM)"),
+    # Ctrl-C: CRLF, tqdm's redraws, the traceback ends in KeyboardInterrupt
+    ("ctrl-c-single-gpu.log", ["runtime/job-stopped"], 16, set(), "stopped by Ctrl-C (KeyboardInterrupt)"),
+    # Slurm's --signal=USR1 to a batch script without a handler
+    ("slurm-usr1.out", ["runtime/job-stopped"], 3, set(range(8)), "stopped by a stop signal (SIGUSR1)"),
+])
+def test_a_stop_from_outside_reads_as_a_stop_with_what_sent_it(diag, log, found, line, ranks, measured):
+    diagnosis = diag(LOGS / log)
+    names_the_first_failure(diagnosis, found, line, ranks)
+    assert diagnosis.findings[0].measured == measured
+    assert "nothing failed: the job was stopped from outside" in format_diagnosis(diagnosis).split("\n")[0]
+
+
+def test_a_preemption_says_how_to_resume_the_run_with_its_offload(diag):
+    """The log's command saved to /lustre/ck/qwen3-30b-a3b with 75% of the optimizer offloaded: the fix is that
+    folder's resume, keeping the offload as saved; a time limit adds a longer --time, a run without
+    checkpoint.save has nothing to resume."""
+    [stop] = diag.findings(LOGS / "preempt-torchrun-sigterm.log")
+    assert stop.fix.startswith("resume with the same command plus checkpoint.load=/lustre/ck/qwen3-30b-a3b; ")
+    assert "optimizer offload on at fraction 0.75" in stop.fix and "rules checkpoint/*" in stop.fix
+    assert "--signal=TERM@120" in stop.fix and "header" in stop.fix_basis
+    command = "python scripts/run_recipe.py --recipe qwen3_8b_pretrain_config --num-gpus 8"
+    timeout = "slurmstepd: error: *** JOB 4242 ON gpu-node-03 CANCELLED AT 2026-12-04T11:00:03 DUE TO TIME LIMIT ***"
+    [stop] = diag.findings(diag.write([command, timeout]))
+    assert stop.fix.startswith("nothing was saved (the command sets no checkpoint.save)") and "--time" in stop.fix
+
+
+def test_a_rank_that_ends_on_sigterm_after_another_failed_is_no_stop(diag):
+    """srun SIGTERMs the other tasks once one crashed; torchrun's agent SIGTERMs its workers once one failed."""
+    path = diag.write(["srun: error: gpu-node-12: task 5: Segmentation fault (core dumped)",
+                       "srun: error: gpu-node-12: tasks 0-4,6-7: Terminated"])
+    assert diag.ids(path) == ["runtime/rank-crashed"]
+    assert diag.ids(diag.write(["srun: error: gpu-node-12: tasks 0-7: Terminated"])) == ["runtime/job-stopped"]
+
+
+@pytest.mark.parametrize("log, line, ranks", [
+    # flash-attn built against another torch, four ranks interleaved; torchrun's ChildFailedError after it
+    ("flash-attn-undefined-symbol.log", 6, {0, 1, 2, 3}),
+    # Transformer Engine's packages at different versions; the copy cut inside its last line
+    ("te-package-mismatch.log", 6, {0}),
+    # Qwen3 MoE's fused grouped MLP on a Transformer Engine older than it needs; the agent's SIGTERM after it
+    ("moe-te-too-old.log", 7, {0, 1}),
+])
+def test_libraries_not_built_for_each_other_are_named_before_their_tracebacks(diag, log, line, ranks):
+    names_the_first_failure(diag(LOGS / log), ["runtime/library-version-mismatch"], line, ranks)
+
