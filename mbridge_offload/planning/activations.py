@@ -161,12 +161,23 @@ def _fine_grained_tensors(m, w: _Widths) -> dict[str, list[float]]:
     return modules
 
 
+def recomputed_modules(m) -> set[str]:
+    """The modules selective recompute rebuilds, as Megatron Core's TransformerConfig sets them at finalize: the
+    listed ones (None: core_attn), and moe for the deprecated moe_layer_recompute, which turns selective on."""
+    modules = set()
+    if m.recompute_granularity == "selective":
+        modules = set(["core_attn"] if m.recompute_modules is None else m.recompute_modules)
+    if getattr(m, "moe_layer_recompute", False) and m.recompute_granularity != "full":
+        modules.add("moe")
+    return modules
+
+
 def layer_activations(cfg) -> LayerActivations:
     """Bytes a layer keeps for backward per micro batch, and how many of them fine-grained offload takes."""
     m = cfg.model
     w = _widths(cfg)
     tp, shard, tokens = w.tp, w.shard, w.tokens
-    recomputed = set(m.recompute_modules or []) if m.recompute_granularity == "selective" else set()
+    recomputed = recomputed_modules(m)
     mlp, expert_modules = _mlp_bytes_per_token(m, w, recomputed)
     # what each module takes off the GPU: the bf16 tensors it copies; the expert modules free more than they copy
     fine_grained = {name: 2 * sum(numels) for name, numels in _fine_grained_tensors(m, w).items()}

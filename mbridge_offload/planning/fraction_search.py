@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 from mbridge_offload.facts.config_tree import set_path
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning.memory_plan import Plan, plan
+from mbridge_offload.planning.plannable import one_search, unplannable_text
 
 AUTO_STEP = 0.05
 AUTO_OVERRIDE = "optimizer.optimizer_offload_fraction=auto"  # resolved by the planner
@@ -20,9 +22,23 @@ def _fractions(descending: bool = False) -> list[float]:
     return [round(i * AUTO_STEP, 2) for i in (reversed(steps) if descending else steps)]
 
 
+def _searching(function):
+    """``function`` with the rule table asked once per config it plans (plannable.one_search), not per fraction."""
+
+    @functools.wraps(function)
+    def searching(*args, **kwargs):
+        with one_search():
+            return function(*args, **kwargs)
+
+    return searching
+
+
+@_searching
 def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan]:
     """The smallest fraction (steps of 0.05) whose plan fits the GPU with the margin. A config the planner cannot
-    model gives its empty plan at fraction 0 (``Plan.unplanned``: its problems refuse it, plan_problems)."""
+    model gives its empty plan at fraction 0 (``Plan.unplanned``: its problems refuse it, plan_problems); one whose
+    launch is refused only with optimizer offload on (the distributed optimizer off, another optimizer) gives the
+    empty plan of the first fraction that needs it: no fraction past it is a launch either."""
     last = None
     for fraction in _fractions():
         last = plan(cfg, num_gpus, fraction=fraction, **kwargs)
@@ -31,12 +47,14 @@ def smallest_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | Non
     return None, last
 
 
+@_searching
 def largest_host_fitting_fraction(cfg, num_gpus: int, **kwargs) -> tuple[float | None, Plan | None]:
-    """The largest fraction (steps of 0.05) whose host peak fits the node, with its plan."""
+    """The largest fraction (steps of 0.05) whose host peak fits the node, with its plan, of the fractions whose
+    launch the planner plans (optimizer offload refused by a rule leaves fraction 0)."""
     for fraction in _fractions(descending=True):
         candidate = plan(cfg, num_gpus, fraction=fraction, **kwargs)
-        if candidate.unplanned:  # no host figure to fit
-            return None, None
+        if candidate.unplanned:  # no launch, no host figure to fit
+            continue
         if candidate.fits_host is not False:
             return candidate.fraction, candidate
     return None, None
@@ -49,6 +67,7 @@ def _rule_errors(cfg, num_gpus: int) -> set[str]:
     return {p.rule_id for p in check_rules(Context(cfg=cfg, num_gpus=num_gpus)) if p.severity == "error"}
 
 
+@_searching
 def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     """Changes that make a plan fit when no offload fraction does (each checked with the planner, and none that breaks
     a rule of the validator's table the config did not break already)."""
@@ -96,9 +115,14 @@ def what_would_fit(cfg, num_gpus: int, **kwargs) -> list[str]:
     return options
 
 
+@_searching
 def recommend(cfg, num_gpus: int, **kwargs) -> str:
-    """The smallest fitting fraction in words, or what would fit when none does."""
+    """The smallest fitting fraction in words, or what would fit when none does, or what refuses the launch at the
+    fraction the GPU needs."""
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **kwargs)
+    if fitting.unplanned:
+        return (f"the GPU needs optimizer offload fraction {fraction:g} or more, and that launch is refused: "
+                + unplannable_text(fitting.unplanned_problems))
     if fraction is None:
         options = what_would_fit(cfg, num_gpus, **kwargs)
         return ("does not fit even with all optimizer states on the CPU"
@@ -116,6 +140,7 @@ def recommend(cfg, num_gpus: int, **kwargs) -> str:
             f"{fitting.margin_gib:.2f} GiB margin)")
 
 
+@_searching
 def plan_with_recommendation(cfg, num_gpus: int, fraction: float | None = None, **kwargs) -> Plan:
     """plan() plus its recommendation (the smallest fitting fraction, or what would fit), and, where the
     host does not fit, the largest fraction it holds."""

@@ -391,9 +391,9 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     """Memory plan of ``cfg`` on ``num_gpus`` GPUs. ``fraction`` defaults to the config's; ``expandable`` (whether
     the allocator has expandable segments) defaults to what the run will get: ``allocator_expandable``."""
     m, opt = cfg.model, cfg.optimizer
+    refused = unplannable_problems(cfg, num_gpus, fraction)  # the launch at ``fraction`` (None: the config's own)
     if fraction is None:
         fraction = opt.optimizer_offload_fraction if opt.optimizer_cpu_offload else 0.0
-    refused = unplannable_problems(cfg, num_gpus, fraction)
     if refused:
         return _empty_plan(num_gpus, refused, gpu_memory_gib, host_memory_gib, margin_gib, host_margin_gib, host_link_gbps,
                            host_memory_gbps, host_memory_total_gbps, host_memory_source)

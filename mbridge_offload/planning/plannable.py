@@ -1,49 +1,31 @@
-"""What the planner cannot model, said as the validator says it: each key, its value, the rule and the fix.
+"""What the planner will not plan, said as the validator says it: each key, its value, the rule and the fix.
 
-The plan divides by the parallel grid and counts over layers, heads and experts. Where the config breaks a
-rule those counts depend on (a size out of its range, a GPU count TP x PP x CP does not divide, layers a stage
-or a model chunk cannot split evenly, heads or experts a parallel size does not divide, a global batch that is
-no whole number of micro batches, two sequence lengths), the run cannot start as configured and any number the
-planner gave would be made up: it answers with these problems instead (memory_plan.plan's empty plan, refused by
-report.plan_problems). So is a model built of layers it does not count (Mamba, multi-latent attention, dense layers
-among MoE layers, multi-token prediction) or with a vocabulary the tokenizer fills in at launch: its plan would be
-another model's numbers (unmodeled_problems). The rules are the validator's own (validation/parallelism.py,
-facts/key_ranges.py), so a dry run reports each once (validation.Report drops the repeat).
+A plan is of a launch. Where the config breaks an error-severity rule of the validator's table (launch_rules:
+a size out of its range, a grid the GPU count, layers, heads, experts or batch do not split into, an offload,
+precision, hyperparameter or feature setting run_recipe.py refuses), the run does not start as configured, and
+any number the planner gave would be for nothing: it answers with these problems instead (memory_plan.plan's
+empty plan, refused by report.plan_problems), all at once, judged on the config as the plan launches it (at
+the planned fraction: ``as_planned``), so auto never picks a fraction whose launch is refused. So is a model
+built of layers it does not count (Mamba, multi-latent attention, dense layers among MoE layers, multi-token
+prediction) or with a vocabulary the tokenizer fills in at launch: its plan would be another model's numbers
+(unmodeled_problems). The rules are the validator's own table, called, not copied, so a dry run reports each
+once (validation.Report drops the repeat).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import contextvars
+import copy
+from collections.abc import Iterator
 from typing import Any
 
-from mbridge_offload.facts.key_ranges import (KEY_RANGES, OFFLOAD_FRACTION_KEY, OPTIMIZER_OFFLOAD_FRACTION, is_count,
+from mbridge_offload.facts.config_tree import set_path
+from mbridge_offload.facts.key_ranges import (OFFLOAD_FRACTION_KEY, OPTIMIZER_OFFLOAD_FRACTION, is_count,
                                               is_number, show_typed)
 from mbridge_offload.planning.tensors import (COUNTED_LAYER_SPECS, OLMOE_LAYER_SPEC, layer_spec_name,
                                               vocab_rows)
 from mbridge_offload.validation.problem import Problem
-
-# The validator's rules whose breach leaves the planner's arithmetic without meaning, after the key ranges.
-GRID_RULES_THE_PLAN_NEEDS = (
-    "parallel/world-size",  # the data-parallel size: optimizer shards, micro batches per step
-    "parallel/layers-per-stage",  # the layers of each pipeline stage
-    "parallel/layers-per-virtual-stage",  # the layers of each model chunk of the interleaved schedule
-    "parallel/global-batch",  # micro batches per step: how many a pipeline stage holds
-    "parallel/interleaved-micro-batches",  # the interleaved schedule's micro batches in flight
-    "parallel/heads-per-query-group",  # heads per key/value group
-    "parallel/heads-per-tp",  # heads and query groups per rank
-    "parallel/ffn-per-tp",  # the MLP's width per rank
-    "parallel/expert-ffn-per-etp",  # an expert's width per rank
-    "parallel/vocab-per-tp",  # the embedding's and output layer's rows per rank
-    "parallel/experts-per-ep",  # experts per rank
-    "parallel/expert-grid",  # the expert-data-parallel group: expert optimizer shards
-    "parallel/seq-length-match",  # one sequence length for the activations and the data loader
-    "parallel/seq-length-cp",  # positions per rank under context parallelism
-    "parallel/seq-length-sp",  # positions per rank under sequence parallelism
-    "parallel/shared-expert-ffn-per-tp",  # the shared expert's width per rank
-    "pipeline/one-layout-way",  # the layers of each stage: one way of splitting them
-    "pipeline/uneven-stages",  # the layers of the first, last and middle stages
-    "pipeline/embedding-loss-split",  # the layers of each stage with the embedding and loss counted as layers
-)
 
 PLANNER_SOURCE = "planner"
 
@@ -174,11 +156,26 @@ def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
                       "a pipeline layout places the embedding, the layers and the loss stage by stage as it lists "
                       "them; the planner splits the layers evenly, or by num_layers_in_first/last_pipeline_stage, or "
                       "with account_for_embedding/loss_in_pipeline_split", "memory/unmodeled-pipeline-layout"))
+    offloaded = set(getattr(m, "offload_modules", None) or []) if getattr(m, "fine_grained_activation_offloading",
+                                                                          False) else set()
+    if "fused_group_mlp" in offloaded:
+        found.append(("model.offload_modules", "[" + ",".join(m.offload_modules) + "]",
+                      "fine-grained offload of fused_group_mlp moves every tensor the Transformer Engine op fuser's "
+                      "grouped MLP saves for backward (experts.py: the whole fused fc1, activation and fc2), which the "
+                      "planner does not count: it counts the experts' fc1 input (expert_fc1) and the activation's "
+                      "tensors (moe_act) of TE's GroupedLinear", "memory/unmodeled-fused-group-mlp"))
     if getattr(m, "heterogeneous_block_specs", False):
         found.append(("model.heterogeneous_block_specs", True,
                       "layers of different shapes (Llama-Nemotron's heterogeneous blocks): the planner counts every "
                       "layer alike", "memory/unmodeled-heterogeneous"))
     return found
+
+
+def _fused_group_mlp_fix(m: Any) -> str:
+    kept = [name for name in (m.offload_modules or []) if name not in ("fused_group_mlp", "expert_fc1", "moe_act")]
+    return ("model.offload_modules=[" + ",".join(kept + ["expert_fc1", "moe_act"]) + "] "
+            "model.use_transformer_engine_op_fuser=False  (the experts' fc1 input and activation, which the planner "
+            "counts; or size this run by a short measured run, not by this plan)")
 
 
 def _olmoe_norm_problems(m: Any) -> list[Problem]:
@@ -213,8 +210,10 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
     other_model = _provider_problem(m)
     if other_model is not None:  # its layers' features are another model's: the rest would be guesses
         return [other_model]
+    fixes = {**FIXES, "memory/unmodeled-fused-group-mlp": _fused_group_mlp_fix(m)} if getattr(
+        m, "offload_modules", None) else FIXES
     problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
-                        fix=FIXES.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
+                        fix=fixes.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]
     problems.extend(_olmoe_norm_problems(m))
     if vocab_rows(cfg) is None:  # Megatron Bridge sets it from a tokenizer the config does not size, at launch
@@ -242,28 +241,115 @@ def _fraction_problem(fraction: Any) -> Problem:
                    rule_id=rule.id, source=PLANNER_SOURCE)
 
 
-def unplannable_problems(cfg: Any, num_gpus: Any, fraction: Any = None) -> tuple[Problem, ...]:
-    """Why ``cfg`` on ``num_gpus`` GPUs at offload ``fraction`` cannot be planned, as problems naming each key, its
-    value, the rule and the fix (empty when it can be planned)."""
+def launch_rules() -> tuple[Any, ...]:
+    """The validator's rules a plan must pass: every error-severity rule of the plugin's own concerns in its table
+    (validation/registry.py). Each is a launch run_recipe.py refuses at once, and a plan of a launch that does not
+    start would be numbers for nothing. Left out: the runtime failures diagnose reads from a log (they never apply
+    to a config), and Megatron Bridge's own validate() checks translated (upstream_rules.MECHANISMS), which import
+    Megatron Bridge (35 s) where a plan answers from the cache in under a second: run_recipe.py judges those."""
+    from mbridge_offload.validation.registry import RULES
+    from mbridge_offload.validation.rule import RUNTIME
+    from mbridge_offload.validation.upstream_rules import MECHANISMS as UPSTREAM
+
+    return tuple(r for r in RULES if r.severity == "error" and r.mechanism != RUNTIME and r.mechanism not in UPSTREAM)
+
+
+def _reads_the_fraction(rule: Any) -> bool:
+    """Whether ``rule`` judges the offload fraction's value, not only whether optimizer offload is on and offloads
+    anything: the fraction's range, and the resume rules, which compare it with the checkpoint's."""
+    from mbridge_offload.validation.rule import CHECKPOINT
+
+    return rule.key == OFFLOAD_FRACTION_KEY or rule.mechanism == CHECKPOINT
+
+
+def as_planned(cfg: Any, fraction: Any) -> Any:
+    """``cfg`` as a plan at offload ``fraction`` launches it: that fraction, and optimizer offload on where it
+    offloads anything (auto's choice, prepare._apply_auto); ``cfg`` itself where that is what it says already. A
+    shallow copy with its own optimizer section: the config is never changed."""
+    opt = cfg.optimizer
+    switch = bool(opt.optimizer_cpu_offload) or fraction > 0
+    if fraction == opt.optimizer_offload_fraction and switch == opt.optimizer_cpu_offload:
+        return cfg
+    view, view_opt = copy.copy(cfg), copy.copy(opt)
+    set_path(view_opt, "optimizer_cpu_offload", switch)
+    set_path(view_opt, "optimizer_offload_fraction", fraction)
+    set_path(view, "optimizer", view_opt)
+    return view
+
+
+# A search (fraction_search.py) plans one config at up to 21 fractions, and what_would_fit a few changed copies: the
+# rule table (about 10 ms a config) is asked once per config object, GPU count and offload state (``_state``) inside
+# one, not once per plan. The config does not change during a search; the memo holds each config it keys by id, so
+# an id is not reused while it lives, and it ends with the outermost search.
+_SEARCH_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("plannable_search_memo", default=None)
+
+
+@contextlib.contextmanager
+def one_search() -> Iterator[None]:
+    """Within it, the rule problems of each config are computed once per GPU count and offload state."""
+    token = _SEARCH_MEMO.set({}) if _SEARCH_MEMO.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _SEARCH_MEMO.reset(token)
+
+
+def _state(cfg: Any) -> tuple[bool, bool]:
+    """What the rules that do not read the fraction's value see of it: offload on, and offloading anything."""
+    opt = cfg.optimizer
+    fraction = opt.optimizer_offload_fraction
+    return bool(opt.optimizer_cpu_offload), bool(is_number(fraction) and fraction > 0)
+
+
+def _rule_problems(cfg: Any, num_gpus: int, rules: tuple[Any, ...]) -> list[Problem]:
     from mbridge_offload.validation.checks import breaches
-    from mbridge_offload.validation.registry import RULES_BY_ID
     from mbridge_offload.validation.rule import Context
 
+    # The packages an optional feature needs (APEX, mlflow, comet_ml, NVRx, fast-hadamard-transform) are the launch
+    # machine's to have, where run_recipe.py judges them; a plan is of the config, made where it may not run (a
+    # login node, diagnose of a run made elsewhere). The Transformer Engine the config must suit is this stack's.
+    ctx = Context(cfg=cfg, num_gpus=num_gpus, has_module=_launch_machine_has)
+    return list(breaches(rules, ctx, source=PLANNER_SOURCE))
+
+
+def _launch_machine_has(module: str) -> bool:
+    return True
+
+
+def _config_problems(cfg: Any, planned: Any, num_gpus: int) -> list[Problem]:
+    """The rule table's errors of the launch ``planned`` (``cfg`` at the planned fraction), then what the planner
+    does not model of ``cfg``; the part that does not read the fraction's value from the search's memo."""
+    rules = launch_rules()
+    by_fraction = tuple(r for r in rules if _reads_the_fraction(r))
+    memo = _SEARCH_MEMO.get()
+    key = (id(cfg), num_gpus, _state(planned))
+    if memo is not None and key in memo:
+        kept = memo[key][1]
+    else:
+        kept = _rule_problems(planned, num_gpus, tuple(r for r in rules if not _reads_the_fraction(r)))
+        kept += unmodeled_problems(cfg)
+        if memo is not None:
+            memo[key] = (cfg, kept)  # the config kept alive: its id is not reused within the search
+    return _rule_problems(planned, num_gpus, by_fraction) + kept
+
+
+def unplannable_problems(cfg: Any, num_gpus: Any, fraction: Any = None) -> tuple[Problem, ...]:
+    """Why ``cfg`` on ``num_gpus`` GPUs at offload ``fraction`` (None: the config's own) cannot be planned, as
+    problems naming each key, its value, the rule and the fix (empty when it can be planned): the validator's errors
+    of that launch (``launch_rules``) and what the planner does not model."""
     if not is_count(num_gpus, 1):
         return (_gpu_count_problem(num_gpus),)
     problems = [] if fraction is None or (is_number(fraction) and 0 <= fraction <= 1) else [_fraction_problem(fraction)]
-    ctx = Context(cfg=cfg, num_gpus=num_gpus, environ={})
     try:
-        rules = [RULES_BY_ID[r.id] for r in KEY_RANGES] + [RULES_BY_ID[i] for i in GRID_RULES_THE_PLAN_NEEDS]
-        # one by one: a rule that raises keeps the problems found before it
-        problems.extend(breaches(rules, ctx, severity="error", source=PLANNER_SOURCE))
-        problems.extend(unmodeled_problems(cfg))
+        planned = cfg if problems or fraction is None else as_planned(cfg, fraction)
+        problems.extend(_config_problems(cfg, planned, num_gpus))
     except Exception as error:  # noqa: BLE001 - the rules are guarded; a config they cannot read is no config to plan
         problems.append(Problem(key="(the config)", value=f"{type(error).__name__}: {error}"[:200],
                                 rule="the planner reads the model, parallel and batch sizes of a Megatron Bridge "
                                      "ConfigContainer", fix="build the config from a recipe (run_recipe.py --list)",
                                 rule_id="memory/config-readable", source=PLANNER_SOURCE))
-    return tuple(_once(problems))
+    return tuple(_once([p for p in problems if p.severity == "error"]))
 
 
 def _once(problems: list[Problem]) -> list[Problem]:

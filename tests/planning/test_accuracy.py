@@ -150,7 +150,7 @@ def test_the_unfused_loss_reserve_is_covered_by_its_fp32_copy(built, monkeypatch
     rule's whole device still covers what the baseline used (NVML). The stream runs are planned here as the library's
     offload (their engine was chosen on the command line, --offload-engine), so only their reserve is compared."""
     from overrides import apply_overrides
-    from mbridge_offload.facts.determinism import DETERMINISTIC_KEYS
+    from mbridge_offload.facts.determinism import DETERMINISTIC_ENV, DETERMINISTIC_KEYS
     from mbridge_offload.facts.reserve_rule import FIRST_STEP, RESERVE_RULE_ENV, STEADY_PEAK
     from mbridge_offload.facts.run_records import recorded_expandable_segments
     from mbridge_offload.planning import plan
@@ -159,7 +159,10 @@ def test_the_unfused_loss_reserve_is_covered_by_its_fp32_copy(built, monkeypatch
     parity = BENCHMARKS / "offload-engine/stream-lazy/stream-lazy-parity"
     runs = {"baseline": (0.0, []), "stream-0.25": (0.25, []), "stream-1": (1.0, []),
             "resume-stream/fraction-1/uninterrupted": (1.0, ["model.num_layers=2"])}
+    # as --deterministic launched them: its keys and the environment its kernels need (a plan is of a launch that
+    # starts: without the environment, deterministic mode is refused, deterministic/nccl-algo)
     deterministic = [f"{k}={v}" for k, v in DETERMINISTIC_KEYS.items()]
+    deterministic += [f"++env_vars.{k}={v}" for k, v in DETERMINISTIC_ENV.items()]
     for name, (fraction, overrides) in runs.items():
         run = parity / name
         assert recorded_expandable_segments(run) is True

@@ -62,9 +62,14 @@ def _activation_offload(layers: int, every: bool = True) -> list[list[str]]:
             for n in _counts(layers - 1, every) for w in (True, False) for a in (True, False)]
 
 
+# what Transformer Engine >= 2.10 needs for fine-grained offload, as the plugin's fine-grained recipes set it (else
+# the validator refuses the launch, fine-grained/nvte-cpu-offload-v1, and so does the planner)
+TE_OFFLOAD_V1 = "++env_vars.NVTE_CPU_OFFLOAD_V1=1"
+
+
 def _fine_grained() -> list[list[str]]:
     return [["model.fine_grained_activation_offloading=True", f"model.offload_modules=[{module}]",
-             f"model.activation_offload_fraction={fraction}"]
+             f"model.activation_offload_fraction={fraction}", TE_OFFLOAD_V1]
             for module in FINE_GRAINED_MODULES for fraction in (0.0, 0.5, 1.0)]
 
 
@@ -75,7 +80,7 @@ def _settings(recipe_name: str, every: bool) -> list[list[str]]:
             ["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1",
              "model.cpu_offloading=True", f"model.cpu_offloading_num_layers={layers // 2}"],
             ["model.recompute_granularity=selective", "model.recompute_modules=[moe_act,layernorm]",
-             "model.fine_grained_activation_offloading=True", "model.offload_modules=[expert_fc1,moe_act]"]]
+             "model.fine_grained_activation_offloading=True", "model.offload_modules=[expert_fc1,moe_act]", TE_OFFLOAD_V1]]
 
 
 def _cases():
@@ -120,6 +125,10 @@ def _activations(cfg, overrides: list[str]) -> int:
     return activation_bytes(changed)
 
 
+# the fine-grained modules each recipe's launch refuses (validation/fine_grained.py), which the planner refuses too
+REFUSED_FINE_GRAINED = {DENSE: {"attn_proj", "expert_fc1", "moe_act", "fused_group_mlp"}, MOE: {"attn_proj", "fused_group_mlp"}}
+
+
 @pytest.mark.parametrize("recipe_name", [DENSE, MOE])
 def test_recompute_and_offload_never_keep_more_than_none(built, recipe_name):
     cfg, layers = built(recipe_name), LAYERS[recipe_name]
@@ -136,15 +145,15 @@ def test_recompute_and_offload_never_keep_more_than_none(built, recipe_name):
     # with the weights only, TE offloads nothing
     assert _activations(cfg, ["model.cpu_offloading=True", f"model.cpu_offloading_num_layers={layers - 1}",
                               "model.cpu_offloading_activations=False", "model.cpu_offloading_weights=True"]) == none
-    for module in FINE_GRAINED_MODULES:
-        on = ["model.fine_grained_activation_offloading=True", f"model.offload_modules=[{module}]"]
+    for module in [m for m in FINE_GRAINED_MODULES if m not in REFUSED_FINE_GRAINED[recipe_name]]:
+        on = ["model.fine_grained_activation_offloading=True", f"model.offload_modules=[{module}]", TE_OFFLOAD_V1]
         by_fraction = [_activations(cfg, on + [f"model.activation_offload_fraction={f}"]) for f in (0.0, 0.5, 1.0)]
         assert by_fraction[0] == none and by_fraction == sorted(by_fraction, reverse=True), (module, by_fraction)
 
 
 @pytest.mark.parametrize("recipe_name,module,applies", [
     (DENSE, "core_attn", False),  # TE's fused attention keeps no scores: nothing to rebuild
-    (DENSE, "moe", False), (DENSE, "moe_act", False), (DENSE, "shared_experts", False),  # no MoE layer
+    (DENSE, "moe", False), (DENSE, "shared_experts", False),  # no MoE layer (moe_act: refused, see below)
     (DENSE, "layernorm", False),  # both norms are fused into a linear
     (DENSE, "mlp", True),
     (MOE, "mlp", False),  # Megatron Core's TransformerLayer recomputes the MLP of a dense layer only
@@ -198,3 +207,49 @@ def test_shared_experts_recompute_keeps_the_shared_experts_input_only(built):
     kept = _activations(cfg, ["model.recompute_granularity=selective", "model.recompute_modules=[shared_experts]"])
     assert kept < activation_bytes(cfg)
     assert kept == activation_bytes(built(MOE))  # all that the shared expert keeps inside it is rebuilt
+
+
+@pytest.mark.parametrize("recipe_name,overrides,rule_id", [
+    # Megatron Core's TransformerConfig raises at finalize: the module needs a feature the model does not have
+    (DENSE, ["model.recompute_modules=[mla_up_proj]"], "recompute/modules-need-features"),
+    (DENSE, ["model.recompute_modules=[gdn_norm_out]"], "recompute/modules-need-features"),
+    (DENSE, ["model.recompute_modules=[core_attn,moe_act]"], "recompute/modules-need-features"),
+    (MOE, ["model.recompute_modules=[mla_up_proj]"], "recompute/modules-need-features"),
+])
+def test_a_recompute_module_the_model_cannot_have_is_refused_as_run_recipe_refuses_it(built, recipe_name, overrides,
+                                                                                       rule_id):
+    """The planner's refusal is the validator's rule, by key and id: the launch fails, no plan is made of it."""
+    from mbridge_offload.validation import validate
+
+    cfg = apply_overrides(built(recipe_name), ["model.recompute_granularity=selective", *overrides])
+    p = plan_with_recommendation(cfg, 1, fraction=0.5, gpu_memory_gib=139.8)
+    assert p.unplanned and plans_or_refuses(cfg, 1) is None
+    refused = {(q.rule_id, q.key) for q in plan_problems(p, None)}
+    assert (rule_id, "model.recompute_modules") in refused
+    said = {(q.rule_id, q.key) for q in validate(cfg, 1, upstream=False).errors}
+    assert (rule_id, "model.recompute_modules") in said
+
+
+def test_the_deprecated_moe_layer_recompute_recomputes_the_moe_layer(built):
+    """Megatron Core's TransformerConfig turns moe_layer_recompute into selective recompute of moe: it keeps what
+    recompute_modules=[moe] keeps, less than without recompute."""
+    cfg = built(MOE)
+    deprecated = _activations(cfg, ["model.moe_layer_recompute=True"])
+    listed = _activations(cfg, ["model.recompute_granularity=selective", "model.recompute_modules=[moe]"])
+    assert deprecated == listed < activation_bytes(cfg)
+
+
+def test_fine_grained_offload_of_the_fused_grouped_mlp_is_refused_with_a_fix_that_plans(built):
+    """fused_group_mlp (with the op fuser, which the launch needs) moves tensors the planner does not count: refused
+    by key, never planned as offloading nothing; its fix (the experts' fc1 input and activation) plans."""
+    cfg = apply_overrides(built(MOE), ["model.fine_grained_activation_offloading=True",
+                                       "model.offload_modules=[core_attn,fused_group_mlp]",
+                                       "model.use_transformer_engine_op_fuser=True", TE_OFFLOAD_V1])
+    p = plan_with_recommendation(cfg, 1, fraction=0.5, gpu_memory_gib=139.8)
+    assert p.unplanned and plans_or_refuses(cfg, 1) is None
+    refused = [q for q in plan_problems(p, None) if q.rule_id == "memory/unmodeled-fused-group-mlp"]
+    assert len(refused) == 1 and refused[0].key == "model.offload_modules"
+    assert refused[0].value == "[core_attn,fused_group_mlp]"
+    fixed = apply_overrides(cfg, refused[0].fix.split("  (")[0].split())
+    assert plans_or_refuses(fixed, 1) is not None
+    assert fixed.model.offload_modules == ["core_attn", "expert_fc1", "moe_act"]

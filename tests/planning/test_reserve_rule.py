@@ -142,15 +142,15 @@ def test_full_device_keeps_a_given_margin_and_falls_back_on_several_pipeline_sta
     assert any(f"the {FULL_DEVICE} reserve rule does not apply" in note for note in staged.notes)
 
 
-def test_an_unknown_rule_plans_as_the_default(built, monkeypatch):
-    """The validator refuses it (planner/reserve-rule-known); a plan made without the validator uses the default."""
+def test_an_unknown_rule_is_refused_as_the_validator_refuses_it(built, monkeypatch):
+    """run_recipe.py refuses the launch (planner/reserve-rule-known); the plan is refused by the same rule, with its
+    fix, not made with the default rule."""
     cfg = _cfg(built, "qwen3_0p6b_pretrain_config", 8192)
-    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    default = plan(cfg, 1, fraction=0.65, expandable=True)
     monkeypatch.setenv(RESERVE_RULE_ENV, "First-Step")
     unknown = plan(cfg, 1, fraction=0.65, expandable=True)
-    assert unknown.reserve_rule == default.reserve_rule == FIRST_STEP
-    assert unknown.total_bytes_gpu == default.total_bytes_gpu
+    assert unknown.unplanned and unknown.total_bytes_gpu == 0
+    assert [(p.rule_id, p.key) for p in unknown.unplanned_problems] == [
+        ("planner/reserve-rule-known", f"env_vars.{RESERVE_RULE_ENV}")]
 
 
 @pytest.mark.parametrize("run", sorted(SNAPSHOT_RUNS))

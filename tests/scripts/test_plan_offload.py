@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from mbridge_offload.cli import plan_offload, run_recipe
 
 NOTHING_FITS = ["--recipe", "qwen3_8b_pretrain_config", "--num-gpus", "1", "-tp", "1", "--gpu-memory-gib", "80",
@@ -74,3 +76,46 @@ def test_help_and_argument_errors_answer_without_importing_megatron_bridge():
     seconds = time.monotonic() - started
     assert done.stdout.splitlines()[-3:] == ["exit 0", "exit 2", "[]"], done.stdout[-500:] + done.stderr[-500:]
     assert "2 invalid arguments" in done.stderr and seconds < 2.0, seconds
+
+
+# Launches run_recipe.py refuses at once, one per family of the validator's rules, that the planner planned (and auto
+# chose a fraction for) while it ran only the rules its arithmetic needs: (recipe, GPUs, overrides, rule, key).
+REFUSED_LAUNCHES = [
+    ("qwen3_30b_a3b_proxy_pretrain_config", 2, ["model.tensor_model_parallel_size=2", "model.sequence_parallel=False"],
+     "parallel/moe-tp-needs-sequence-parallel", "model.sequence_parallel"),
+    ("qwen3_0p6b_optimizer_offload_config", 1, ["optimizer.use_distributed_optimizer=False",
+                                                "ddp.use_distributed_optimizer=False"],
+     "optimizer-offload/distributed-optimizer", "optimizer.use_distributed_optimizer"),
+    ("qwen3_0p6b_activation_offload_config", 1, ["model.recompute_granularity=full", "model.recompute_method=uniform",
+                                                 "model.recompute_num_layers=1"],
+     "activation-offload/recompute", "model.recompute_granularity"),
+    ("qwen3_0p6b_pretrain_config", 1, ["model.fine_grained_activation_offloading=True",
+                                       "model.offload_modules=[attn_proj]", "++env_vars.NVTE_CPU_OFFLOAD_V1=1"],
+     "fine-grained/attn-proj-needs-core-attn", "model.offload_modules"),
+]
+
+
+@pytest.mark.parametrize("recipe_name,gpus,overrides,rule_id,key", REFUSED_LAUNCHES,
+                         ids=[case[3] for case in REFUSED_LAUNCHES])
+def test_a_launch_run_recipe_refuses_is_not_planned_and_auto_picks_no_fraction(capsys, built, recipe_name, gpus,
+                                                                               overrides, rule_id, key):
+    """plan_offload.py refuses it with the validator's own problem (its id, key, value, rule and fix), among all of
+    the launch's errors at once; -of auto chooses no fraction for it."""
+    from overrides import apply_overrides
+    from mbridge_offload.validation import validate
+
+    argv = ["--recipe", recipe_name, "--num-gpus", str(gpus), "--gpu-memory-gib", "139.8", *overrides]
+    expected = [p for p in validate(apply_overrides(built(recipe_name), overrides), gpus, upstream=False).errors
+                if p.rule_id == rule_id]
+    assert expected and expected[0].key == key
+    for auto in ([], ["-of", "auto"]):
+        assert plan_offload.main([*argv, *auto, "--json"]) == 2
+        said = json.loads(capsys.readouterr().out)
+        assert said["ok"] is False and said["refused"] is True and said["unplanned"], said.get("unplanned")
+        assert said["total_bytes_gpu"] == 0 and said["optimizer_params_per_rank"] == 0
+        found = [p for p in said["problems"] if p["id"] == rule_id]
+        assert found == [{"id": rule_id, "key": key, "value": expected[0].value, "rule": expected[0].rule,
+                          "fix": expected[0].fix, "severity": "error"}], said["problems"]
+    assert plan_offload.main(argv) == 2
+    out = capsys.readouterr().out
+    assert "not planned" in out and f"ERROR {key} = {expected[0].value}" in out and f"fix:  {expected[0].fix}" in out
