@@ -43,19 +43,22 @@ def load_events(path: Path) -> tuple[list[GpuEvent], list[tuple[float, float]]]:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as handle:
         trace = json.load(handle)
-    events, gpu_steps, cpu_steps = [], [], []
+    # a step's GPU annotation is written once per stream that ran work in it: one span per step name
+    events, gpu_steps, cpu_steps = [], {}, {}
     for event in trace.get("traceEvents", trace if isinstance(trace, list) else []):
         if event.get("ph") != "X" or "dur" not in event:
             continue
         category, name = event.get("cat", ""), event.get("name", "")
         start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
         if name.startswith("ProfilerStep#"):
-            (gpu_steps if category == "gpu_user_annotation" else cpu_steps).append((start, end))
+            steps = gpu_steps if category == "gpu_user_annotation" else cpu_steps
+            first, last = steps.get(name, (start, end))
+            steps[name] = (min(first, start), max(last, end))
         elif category in ("kernel", "gpu_memcpy", "gpu_memset"):
             args = event.get("args", {})
             events.append(GpuEvent(stream=int(args.get("stream", event.get("tid", 0))), start_us=start, end_us=end,
                                    name=name, category=category, nbytes=int(args.get("bytes", 0) or 0)))
-    return sorted(events, key=lambda e: e.start_us), sorted(gpu_steps or cpu_steps)
+    return sorted(events, key=lambda e: e.start_us), sorted((gpu_steps or cpu_steps).values())
 
 
 def union_us(spans: list[tuple[float, float]]) -> float:

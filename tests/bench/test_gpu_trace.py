@@ -27,6 +27,23 @@ def _trace(tmp_path):
     return path
 
 
+def test_a_step_annotated_on_several_streams_is_one_step(tmp_path):
+    """Kineto writes a step's GPU annotation on each stream that ran work in it (the stream engine's copy streams
+    too): the report divides the idle time by the steps, not by the annotations."""
+    events = [_event("ProfilerStep#10", "gpu_user_annotation", 0, 10_000, 7),
+              _event("ProfilerStep#10", "gpu_user_annotation", 500, 9_000, 20),
+              _event("ProfilerStep#11", "gpu_user_annotation", 10_000, 10_000, 7),
+              _event("ProfilerStep#11", "gpu_user_annotation", 9_800, 10_400, 20),
+              _event("gemm", "kernel", 0, 4_000, 7), _event("gemm", "kernel", 6_000, 14_000, 7)]
+    path = tmp_path / "rank-0.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    assert load_events(path)[1] == [(0.0, 10_000.0), (9_800.0, 20_200.0)]
+    text = report(path, gap_ms=1.0)
+    assert text.splitlines()[2].startswith("2 profiled step(s), 20.2 ms on the GPU")
+    assert "2.0 ms over 1 gap(s) (1.0 ms per step)" in text
+
+
 def test_union_counts_overlaps_once():
     assert union_us([(0, 4), (2, 6), (10, 11)]) == 7
 
