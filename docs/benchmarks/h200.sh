@@ -331,7 +331,8 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
     ring-pipeline)
-      # NOT RUN YET (issue #16, ~2 min, torch only: it can run in the first call, before the bundle's install). The
+      # Twenty-fifth session (issue #16, offload-engine/ring-pipeline/, one H100, 64 s in the call that shipped the
+      # bundle's first part; torch only, it needs no install). The
       # stream mode's ring in plain torch (offload-engine/ring-pipeline/ring_bench.py): the 4-layer MoE proxy's 3.1B
       # offloaded parameters' moments (24.8 GB each way) through 32 chunks and a ring of 3 slots (the engine's) or 8,
       # with and without a stand-in forward of 4 layers that waits per layer for its 8 chunks. It says whether the ring
@@ -341,7 +342,8 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       $py docs/benchmarks/offload-engine/ring-pipeline/ring_bench.py --params 3.1e9 --layers 4 --layer-ms 100 \
         --slots 3,8 --repeats 2 --out "$d/results.json" 2>&1 | tee "$d/ring_bench.log" ;;
     stream-moe-profile)
-      # NOT RUN YET (issue #16, ~4 min): where the MoE proxy's stream step loses ~0.6 s (bench-stream-moe-deterministic/:
+      # Twenty-fifth session (issue #16, offload-engine/stream-moe-profile/, one H100, 250 s): where the MoE proxy's
+      # stream step loses ~0.6 s (bench-stream-moe-deterministic/:
       # 1.45x at fraction 1; its plan puts the moments' copies at >= 0.5 s a step, which the forward should partly
       # hide). PyTorch's profiler on steps 10-12 of the 4-layer proxy (as stream-profile), deterministic (the same routing in both runs),
       # without offload and with stream at fraction 1, one after the other; mbridge_offload.bench.gpu_trace reads each
@@ -533,7 +535,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-5" "$case" "$args")
       done ;;
     planner-auto-6)
-      # NOT RUN YET (issue #15, ~20 min; split by CASES over calls, in this order, the 8B's runs the longest): auto with
+      # Twenty-fifth session: its first three cases ran on an H100 (planner-auto-6/; the 1.7B cut after its run at auto).
+      # Still owed (issue #15, ~17 min; split by CASES over calls, in this order, the 8B's runs the longest): auto with
       # the opt-in full-device reserve rule (MBRIDGE_OFFLOAD_RESERVE_RULE=full-device: first-step's block, and beside
       # the steady peak only a 0.55 GiB allowance for the sub-page gaps a full device keeps, with a 0.1 % margin;
       # smallest-trains/) on seven dense configurations no auto check ran. Each device is the rule's plan + margin at
@@ -594,7 +597,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         snapshot_run reserve-snapshot-steady $run
       done ;;
     reserve-snapshot-order)
-      # NOT RUN YET (issue #15, ~3 min): when each NCCL communicator is made, against the allocator's history (NCCL's
+      # Twenty-fifth session (issue #15, reserve-snapshot/order/, one H100, 191 s): when each NCCL communicator is made, against the allocator's history (NCCL's
       # INIT lines timestamped on the history's clock, snapshot_run). Two open questions of reserve-snapshot/README.md:
       # - the dense first-step rule assumes the step-1 communicators come before the GPU part's Adam moments; the logs
       #   so far had no times to show it (the 1.1B proxy at 8192 tokens, fraction 0.45, as reserve-snapshot-steady);
