@@ -130,8 +130,10 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
     h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     gated = 2 if m.gated_linear_unit else 1
-    # fewer query groups than TP ranks: each rank holds one group's key and value, replicated (attention.py)
-    groups_per_rank = max(groups // tp, 1)
+    # QKV is one column-parallel linear of heads + 2 x groups head widths, split over TP whatever the groups: with
+    # fewer query groups than TP ranks Megatron Core all-gathers its output and each rank takes one group's key and
+    # value (attention.py, get_query_key_value_tensors), so no rank holds a replicated group's weights
+    qkv_rows = (heads + 2 * groups) * kv
     layers = layers_per_stage(m, pp)[stage]
     vocab = vocab_rows(cfg)  # the tokenizer's, padded, where it replaces model.vocab_size
     experts = m.num_moe_experts or 0
@@ -173,9 +175,9 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
         if post_norms(m):
             norm(f"l{layer}.proj.post_ln", h)
         norm(f"l{layer}.ln1", h)
-        add(f"l{layer}.qkv", (heads // tp + 2 * groups_per_rank) * kv * h, "dense")
+        add(f"l{layer}.qkv", qkv_rows * h // tp, "dense")
         if qkv_bias:
-            add(f"l{layer}.qkv.bias", (heads // tp + 2 * groups_per_rank) * kv, "small")
+            add(f"l{layer}.qkv.bias", qkv_rows // tp, "small")
         if m.qk_layernorm:
             norm(f"l{layer}.q_ln", q_norm)
             norm(f"l{layer}.k_ln", k_norm)
