@@ -86,16 +86,22 @@ def _run_with_saved_config(tmp_path, fraction: float, log_text: str, **changes: 
 
 def test_saved_run_config_plans_like_the_recipe_it_was_saved_from(recipe):
     """The real run_config.yaml (dense proxy, 4 layers, fraction 1, deterministic: the unfused cross entropy, which
-    the planner counts) read without Megatron plans byte for byte like the recipe with the run's overrides."""
+    the planner counts) read without Megatron plans byte for byte like the recipe with the run's overrides, as
+    run_recipe.py --deterministic launched it: its keys and the environment it needs, which the saved env_vars record
+    (without them the launch is refused, deterministic/nccl-algo, and so is its plan)."""
     from overrides import apply_overrides
+    from mbridge_offload.facts.determinism import DETERMINISTIC_ENV, DETERMINISTIC_KEYS
 
     saved = load_run_config(SAVED_CONFIG)
+    assert {name: str(saved.env_vars[name]) for name in DETERMINISTIC_ENV} == DETERMINISTIC_ENV
     cfg = apply_overrides(recipe("qwen3_1b_proxy_pretrain_config"), [
         "model.num_layers=4", "train.train_iters=10", "optimizer.optimizer_cpu_offload=True",
-        "optimizer.optimizer_offload_fraction=1.0", "model.deterministic_mode=True",
-        "model.cross_entropy_loss_fusion=False"])
+        "optimizer.optimizer_offload_fraction=1.0", *(f"{k}={v}" for k, v in DETERMINISTIC_KEYS.items()),
+        *(f"++env_vars.{k}={v}" for k, v in DETERMINISTIC_ENV.items())])
     for fraction in (0.0, 0.5, 1.0):
-        assert plan(saved, 1, fraction=fraction) == plan(cfg, 1, fraction=fraction)
+        planned = plan(saved, 1, fraction=fraction)
+        assert not planned.unplanned and planned.total_bytes_gpu > 0, planned.unplanned
+        assert planned == plan(cfg, 1, fraction=fraction)
 
 
 def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path, diag):
@@ -123,12 +129,18 @@ def test_oom_at_partial_offload_gets_the_next_fraction_that_fits(tmp_path, diag)
 def test_oom_fix_plans_with_the_allocator_setting_the_log_names(tmp_path, diag):
     """run_recipe.py's header names the allocator setting; the fix plans with that reserve. A log without the line
     was not launched by run_recipe.py, where a recipe's setting never reached the allocator: fixed segments. With
-    TE's fused loss: the saved run's unfused one keeps an fp32 logits copy that sets both reserves alike."""
-    fused = {"cross_entropy_loss_fusion: false": "cross_entropy_loss_fusion: true"}
+    TE's fused loss: the saved run's unfused one keeps an fp32 logits copy that sets both reserves alike. Deterministic
+    mode off with it: deterministic mode refuses the fused loss (a launch the planner does not plan)."""
+    fused = {"cross_entropy_loss_fusion: false": "cross_entropy_loss_fusion: true",
+             "deterministic_mode: true": "deterministic_mode: false"}
     edited = tmp_path / "fused_run_config.yaml"
-    edited.write_text(SAVED_CONFIG.read_text().replace("  cross_entropy_loss_fusion: false\n",
-                                                        "  cross_entropy_loss_fusion: true\n"))
+    text = SAVED_CONFIG.read_text()
+    for old, new in fused.items():
+        assert text.count(f"  {old}\n") == 1
+        text = text.replace(f"  {old}\n", f"  {new}\n")
+    edited.write_text(text)
     saved = load_run_config(edited)
+    assert not plan(saved, 1, fraction=0.3).unplanned
 
     def next_fitting(gpu: float, expandable: bool) -> float | None:
         for f in range(35, 101, 5):
