@@ -66,7 +66,9 @@ def format_plan(p: Plan) -> str:
                                f"at {p.host_link_gbps:g} GB/s"),
         ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} " + (
             f"(offload engine stream: Adam on the GPU, 8 B of moments per offloaded parameter up and 8 B down "
-            f"at {p.host_link_gbps:g} GB/s per link, hidden under the next forward as far as it lasts; no CPU Adam)"
+            f"at {p.host_link_gbps:g} GB/s per link, after the backward; the next forward hides them only until it "
+            "reaches a layer whose chunks are not back: on the 4-layer MoE proxy it waited at every MoE layer, "
+            "docs/benchmarks/offload-engine/stream-moe-profile/; no CPU Adam)"
             if p.offload_engine == STREAM else
             f"({HOST_BYTES_PER_OFFLOADED_PARAM} B of CPU Adam per offloaded parameter x "
             f"{p.ranks_per_node} rank(s) through the cores' {p.host_memory_gbps:g} GB/s of host "
