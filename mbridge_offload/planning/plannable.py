@@ -24,7 +24,7 @@ from mbridge_offload.facts.config_tree import set_path
 from mbridge_offload.facts.key_ranges import (OFFLOAD_FRACTION_KEY, OPTIMIZER_OFFLOAD_FRACTION, is_count,
                                               is_number, show_typed)
 from mbridge_offload.planning.tensors import (COUNTED_LAYER_SPECS, OLMOE_LAYER_SPEC, layer_spec_name,
-                                              vocab_rows)
+                                              moe_layer_pattern, vocab_rows)
 from mbridge_offload.validation.problem import Problem
 
 PLANNER_SOURCE = "planner"
@@ -110,6 +110,28 @@ def _provider_problem(m: Any) -> Problem | None:
                    source=PLANNER_SOURCE)
 
 
+def _moe_layer_freq_features(m: Any) -> list[tuple[str, Any, str, str]]:
+    """An MoE model whose moe_layer_freq makes some layers dense MLP layers (the planner counts experts in every
+    layer of an MoE model), or that Megatron Core cannot read. Every layer MoE, however it is written, is counted."""
+    if not getattr(m, "num_moe_experts", None):
+        return []
+    freq = getattr(m, "moe_layer_freq", 1)
+    pattern = moe_layer_pattern(m)
+    if pattern is None:
+        return [("model.moe_layer_freq", freq,
+                 f"moe_layer_freq is a whole number N other than 0 (every N-th layer from the first is an MoE layer) "
+                 f"or a list of one 0 (a dense layer) or 1 (an MoE layer) per layer, {m.num_layers} here; Megatron "
+                 "Core raises on any other when it builds the model", "memory/moe-layer-freq-pattern")]
+    dense = [i for i, moe in enumerate(pattern) if not moe]
+    if not dense:
+        return []
+    shown = ", ".join(map(str, dense[:8])) + (f" ... ({len(dense)} of {m.num_layers})" if len(dense) > 8 else "")
+    return [("model.moe_layer_freq", freq,
+             f"the planner counts experts in every layer of an MoE model; this moe_layer_freq makes layers {shown} "
+             "(0-based) dense MLP layers, whose tensors and activations are not an MoE layer's",
+             "memory/unmodeled-moe-layer-freq")]
+
+
 def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
     """(key, value, rule, rule id) of each feature of model config ``m`` the planner's count does not have."""
     found = []
@@ -123,11 +145,7 @@ def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
                       "multi-latent attention (DeepSeek V2/V3, Kimi) projects queries and keys through low-rank "
                       "down and up projections; the planner counts one fused QKV projection of heads x kv_channels",
                       "memory/unmodeled-mla"))
-    freq = getattr(m, "moe_layer_freq", 1)
-    if getattr(m, "num_moe_experts", None) and freq != 1:
-        found.append(("model.moe_layer_freq", freq,
-                      "the planner counts experts in every layer; this model has dense MLP layers among its MoE "
-                      "layers", "memory/unmodeled-moe-layer-freq"))
+    found.extend(_moe_layer_freq_features(m))
     if getattr(m, "mtp_num_layers", None):
         found.append(("model.mtp_num_layers", m.mtp_num_layers,
                       "multi-token prediction layers (each a transformer layer, a norm pair and a projection) are "
@@ -211,7 +229,9 @@ def unmodeled_problems(cfg: Any) -> list[Problem]:
     if other_model is not None:  # its layers' features are another model's: the rest would be guesses
         return [other_model]
     fixes = {**FIXES, "memory/unmodeled-fused-group-mlp": _fused_group_mlp_fix(m)} if getattr(
-        m, "offload_modules", None) else FIXES
+        m, "offload_modules", None) else dict(FIXES)
+    fixes["memory/moe-layer-freq-pattern"] = (f"model.moe_layer_freq=1  (every layer MoE; or a list of "
+                                              f"{m.num_layers} 0s and 1s, one per layer)")
     problems = [Problem(key=key, value=repr(value) if not isinstance(value, str) else value, rule=rule,
                         fix=fixes.get(rule_id, UNMODELED_FIX), rule_id=rule_id, source=PLANNER_SOURCE)
                 for key, value, rule, rule_id in _unmodeled_features(m)]

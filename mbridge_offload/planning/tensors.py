@@ -53,6 +53,21 @@ def layers_per_stage(m, pp: int) -> list[int]:
     return [m.num_layers // pp] * pp
 
 
+def moe_layer_pattern(m) -> list[bool] | None:
+    """Which layers of the model (all stages, first to last) are MoE layers, as Megatron Core's block spec places
+    them (gpt_layer_specs.get_gpt_decoder_layer_specs): none without experts; with moe_layer_freq N, every N-th from
+    the first (layer i where i % N == 0); with a list, those equal to 1 (those equal to 0 are dense MLP layers). None
+    where Megatron Core raises building the model: N = 0, a list that is not one 0 or 1 per layer, any other type."""
+    if not m.num_moe_experts:
+        return [False] * m.num_layers
+    freq = getattr(m, "moe_layer_freq", 1)
+    if isinstance(freq, int):
+        return [i % freq == 0 for i in range(m.num_layers)] if freq != 0 else None
+    if isinstance(freq, list) and len(freq) == m.num_layers and all(x == 1 or x == 0 for x in freq):
+        return [x == 1 for x in freq]
+    return None
+
+
 def ffn_width(m) -> int:
     """The dense MLP's width: model.ffn_hidden_size, or where None 4 x hidden_size, which Megatron Core's
     TransformerConfig.__post_init__ sets when the provider finalizes (an expert's: moe_ffn_hidden_size, else this)."""

@@ -148,6 +148,7 @@ SWEEP = [
     (MOE, ["model.moe_router_dtype=fp32", "model.moe_router_topk=2"]),
     (MOE, ["model.gated_linear_unit=False", "python:activation_func=squared_relu", "model.normalization=LayerNorm"]),
     (MOE, ["model.pipeline_model_parallel_size=2", "model.share_embeddings_and_output_weights=True"]),
+    (MOE, ["model.moe_layer_freq=[1,1,1,1]"]),  # every layer MoE, as a list: was refused as dense among MoE
 ]
 
 
@@ -234,3 +235,24 @@ def test_a_micro_batch_of_two_with_cp_keeps_two_sequences_of_the_ranks_positions
     assert layer_activations(cp2).tokens == layer_activations(one).tokens == m.seq_length
     rope_per_position = 8 * m.kv_channels  # fp32 cos and sin for q and k
     assert layer_activations(one).bytes_kept - layer_activations(cp2).bytes_kept == rope_per_position * m.seq_length // 2
+
+
+@pytest.mark.parametrize("freq,dense", [("[0,1,1,1]", "0"), ("[0,0,1,1]", "0, 1"), ("2", "1, 3"), ("3", "1, 2")])
+def test_dense_layers_among_moe_layers_are_refused_naming_them(recipe, freq, dense):
+    """moe_layer_freq N makes layer i MoE where i % N == 0, a list those marked 1 (Megatron Core's block spec): the
+    planner counts experts in every layer of an MoE model, so the dense ones are refused, by number."""
+    cfg = apply_overrides(recipe(MOE), [f"model.moe_layer_freq={freq}"])
+    _refused_by(cfg, "memory/unmodeled-moe-layer-freq", "model.moe_layer_freq")
+    (problem,) = [q for q in unplannable_problems(cfg, 1) if q.key == "model.moe_layer_freq"]
+    assert f"makes layers {dense} (0-based) dense" in problem.rule
+
+
+@pytest.mark.parametrize("freq", ["[1,1,1]", "[1,1,1,1,1]", "[1,2,1,1]", "0"])
+def test_a_moe_layer_freq_megatron_cannot_read_is_refused_with_a_fix_that_plans(recipe, freq):
+    """A list that is not one 0 or 1 per layer, or 0: Megatron Core raises building the block spec. It was refused as
+    dense layers among MoE layers, whose fix (none that keeps the model) is no fix of a typo."""
+    cfg = apply_overrides(recipe(MOE), [f"model.moe_layer_freq={freq}"])
+    _refused_by(cfg, "memory/moe-layer-freq-pattern", "model.moe_layer_freq")
+    (problem,) = [q for q in unplannable_problems(cfg, 1) if q.key == "model.moe_layer_freq"]
+    assert str(cfg.model.num_layers) in problem.rule
+    assert not unplannable_problems(apply_overrides(cfg, [problem.fix.split()[0]]), 1)
