@@ -66,8 +66,16 @@ def resolve_auto(cfg: Any, num_gpus: int, plan_options: Mapping[str, Any]) -> tu
     """``optimizer.optimizer_offload_fraction=auto``: the smallest fraction (steps of 0.05) that fits the
     GPU and the host, with a line saying so; NotPrepared, with what would fit, when none does. A configuration the
     planner cannot model gets no fraction (None) and a line saying why: the report that follows names each problem
-    (planning/plannable.py), and a fraction chosen from no plan would claim a fit nobody computed."""
+    (planning/plannable.py), and a fraction chosen from no plan would claim a fit nobody computed. Where only
+    optimizer offload is refused (the distributed optimizer off, another optimizer), the report that follows is of the
+    run without offload, which has no such error: the line itself names the refusal."""
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, **plan_options)
+    if fitting.unplanned and fraction:  # fraction 0 was planned and does not fit; every offload launch is refused
+        without = plan(cfg, num_gpus, fraction=0.0, **plan_options)
+        return None, (f"{AUTO_OVERRIDE}: no fraction chosen: without optimizer offload the plan needs "
+                      f"{without.total_bytes_gpu / GIB:.1f} GiB + {without.margin_gib:.2f} GiB margin of "
+                      f"{without.gpu_memory_gib:g} GiB per GPU, and optimizer offload (fraction {fraction:g} or more) "
+                      f"is a launch run_recipe.py refuses: {fitting.unplanned}")
     if fitting.unplanned:
         return None, (f"{AUTO_OVERRIDE}: no fraction chosen: the planner cannot model this configuration (the "
                       "errors below name each problem and its fix)")

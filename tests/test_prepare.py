@@ -142,6 +142,27 @@ def test_auto_chooses_no_fraction_for_a_configuration_the_planner_cannot_model()
     assert [p.rule_id for p in prepared.report.problems].count("parallel/world-size") == 1
 
 
+def test_auto_names_the_refusal_when_only_optimizer_offload_is_refused():
+    """The distributed optimizer off on a GPU the run without offload does not fit: every fraction with offload is a
+    launch the validator refuses, so auto chooses none. The report that follows is of the run without offload and has
+    no error naming that refusal, so auto's line names it: key, value, rule and fix."""
+    from mbridge_offload.planning import plan
+
+    off = ["optimizer.use_distributed_optimizer=False", "ddp.use_distributed_optimizer=False"]
+    small = {"gpu_memory_gib": 20.0}
+    prepared = _prepare("qwen3_1b_proxy_pretrain_config", [*off, "optimizer.optimizer_offload_fraction=auto"],
+                        plan_options=small)
+    line = prepared.auto_line
+    assert prepared.auto_fraction is None and "no fraction chosen" in line
+    assert not plan(prepared.cfg, 1, fraction=0.0, **small).fits_gpu
+    refused = plan(prepared.cfg, 1, fraction=0.05, **small).unplanned_problems
+    assert refused and {p.key for p in refused} >= {"optimizer.use_distributed_optimizer"}
+    for p in refused:
+        assert f"{p.key} = {p.value}: {p.rule} (fix: {p.fix})" in line, line
+    assert "the errors below" not in line
+    assert not any(p.key == "optimizer.use_distributed_optimizer" for p in prepared.report.problems)
+
+
 def test_auto_says_when_the_host_cannot_hold_even_the_run_without_offload():
     with pytest.raises(NotPrepared, match="cannot hold even the run without optimizer offload"):
         _prepare("qwen3_8b_optimizer_offload_config", ["optimizer.optimizer_offload_fraction=auto"], num_gpus=4,
