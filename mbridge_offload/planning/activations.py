@@ -8,6 +8,7 @@ TE 2.20), read from their code, per token of a micro batch on the rank:
   copy of q and of k (the split of the fused qkv output is not contiguous, so the norms get copies); q and k
   after the unfused RoPE and a copy of v (TE's attention makes q, k, v contiguous); the attention output, which
   the projection keeps too; fp32 norm and softmax statistics. Unfused RoPE keeps its cos and sin per position.
+  With an output gate (attention_output_gate), the gate's fp32 sigmoid and the gated output the projection keeps.
 - dense MLP: the residual and the fused norm's output; with the unfused SwiGLU the fc1 output (its halves are
   views), the SiLU output, a copy of the linear half (``x + glu_linear_offset``) and their product (fc2's input).
 - MoE MLP: the norm's input and output (the router keeps it), routing indices, probabilities and the permute's
@@ -37,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mbridge_offload.facts.offload_bytes import pinned_block_bytes
-from mbridge_offload.planning.tensors import ffn_width, layers_per_stage, post_norms, vocab_rows
+from mbridge_offload.planning.tensors import ffn_width, layers_per_stage, output_gate, post_norms, vocab_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +85,10 @@ def _attention_bytes_per_token(m, w: _Widths) -> float:
     kept += 2 * (w.q + 2 * w.k) + 2 * w.q + 4 * w.heads + 4  # q, k, v; the attention output; softmax and norm stats
     if getattr(m, "qk_layernorm", False):
         kept += 2 * (w.q + w.k) + 4 * (w.heads + w.groups)  # the norms' contiguous inputs and their statistics
+    if output_gate(m):
+        # Attention._apply_output_gate: x * sigmoid(gate.float()) keeps the sigmoid's fp32 output and the attention
+        # output (x, kept anyway), and the projection keeps the gated output, a bf16 copy beside x
+        kept += 4 * w.q + 2 * w.q
     return kept
 
 
@@ -320,6 +325,8 @@ def _dense_layer_offloaded_tensors(m, w: _Widths) -> list[int]:
     per_token = [h, h, q, k, k, q, h, h]
     if getattr(m, "qk_layernorm", False):
         per_token += [q, k]  # the norms' contiguous inputs
+    if output_gate(m):
+        per_token += [q, 2 * q]  # the gated output, the gate's fp32 sigmoid (2 x q bf16 elements' bytes)
     if post_norms(m):
         per_token += [h, h]  # the inputs of the norms after the projection and after fc2
     if _glu_unfused(m):

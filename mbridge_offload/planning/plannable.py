@@ -146,6 +146,11 @@ def _unmodeled_features(m: Any) -> list[tuple[str, Any, str, str]]:
                       "down and up projections; the planner counts one fused QKV projection of heads x kv_channels",
                       "memory/unmodeled-mla"))
     found.extend(_moe_layer_freq_features(m))
+    if getattr(m, "num_moe_experts", None) and getattr(m, "moe_latent_size", None):
+        found.append(("model.moe_latent_size", m.moe_latent_size,
+                      "MoE latent projections (moe_layer.py: fc1_latent_proj and fc2_latent_proj, hidden to the latent "
+                      "width and back, whole on every rank) and experts on the latent width are not counted by the "
+                      "planner: it counts experts on the hidden width", "memory/unmodeled-moe-latent"))
     if getattr(m, "mtp_num_layers", None):
         found.append(("model.mtp_num_layers", m.mtp_num_layers,
                       "multi-token prediction layers (each a transformer layer, a norm pair and a projection) are "

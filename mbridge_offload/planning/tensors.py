@@ -128,6 +128,12 @@ def post_norms(m) -> bool:
     return layer_spec_name(m) == GEMMA3_LAYER_SPEC
 
 
+def output_gate(m) -> bool:
+    """Whether attention gates its output by a sigmoid of a gate the QKV projection makes per query head
+    (attention_output_gate: Qwen3-Next's attention layers)."""
+    return bool(getattr(m, "attention_output_gate", False))
+
+
 def learned_position_rows(m) -> int:
     """Rows of the learned absolute position embedding (GPTModel builds it for max_sequence_length = seq_length,
     whole on every TP rank: a torch Embedding), 0 for RoPE and the others, which have no parameters."""
@@ -147,8 +153,9 @@ def named_tensors(cfg, stage: int) -> list[Tensor]:
     gated = 2 if m.gated_linear_unit else 1
     # QKV is one column-parallel linear of heads + 2 x groups head widths, split over TP whatever the groups: with
     # fewer query groups than TP ranks Megatron Core all-gathers its output and each rank takes one group's key and
-    # value (attention.py, get_query_key_value_tensors), so no rank holds a replicated group's weights
-    qkv_rows = (heads + 2 * groups) * kv
+    # value (attention.py, get_query_key_value_tensors), so no rank holds a replicated group's weights. With
+    # attention_output_gate the same linear also makes a gate per query head (SelfAttention.linear_qkv_out_dim).
+    qkv_rows = (heads + 2 * groups) * kv + (heads * kv if output_gate(m) else 0)
     layers = layers_per_stage(m, pp)[stage]
     vocab = vocab_rows(cfg)  # the tokenizer's, padded, where it replaces model.vocab_size
     experts = m.num_moe_experts or 0

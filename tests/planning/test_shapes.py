@@ -80,6 +80,7 @@ def megatron_rank_count(cfg, stage: int) -> int:
     m.init_model_with_meta_device = True  # else the tied embedding's copy is all-reduced on a GPU
     m.persist_layer_norm = False  # a Transformer Engine or Apex kernel: the local spec's torch LayerNorm has none
     m.sequence_parallel = False  # the same tensors; the local spec's torch LayerNorm refuses it
+    m.context_parallel_size = 1  # the same tensors (CP splits the sequence); the local spec's attention refuses it
     m.moe_grouped_gemm, m.moe_token_dispatcher_type = False, "allgather"  # the others allocate on a GPU
     pp = m.pipeline_model_parallel_size
     with first_rank_of_stage(m, stage):
@@ -119,8 +120,13 @@ SWEEP = [
     (DENSE, ["model.num_query_groups=null", "model.tensor_model_parallel_size=8"]),
     (DENSE, ["model.qk_layernorm=False", "model.tensor_model_parallel_size=2"]),
     (DENSE, ["model.add_bias_linear=True", "model.add_qkv_bias=True", "model.tensor_model_parallel_size=2"]),
+    # attention_output_gate (Qwen3-Next's attention): the QKV projection also makes a gate per query head
+    (DENSE, ["model.attention_output_gate=True"]),  # counted wrong before
+    (DENSE, ["model.attention_output_gate=True", "model.num_query_groups=1", "model.tensor_model_parallel_size=4",
+             "model.add_qkv_bias=True"]),  # counted wrong before
     # tied and untied embeddings with PP: the last stage holds the output layer, or the tied embedding's copy
     (DENSE, ["model.pipeline_model_parallel_size=2"]),
+    (DENSE, TP2_SP + ["model.context_parallel_size=2", "model.pipeline_model_parallel_size=2"]),
     (DENSE, ["model.pipeline_model_parallel_size=4", "model.tensor_model_parallel_size=2"]),
     (DENSE, UNTIED + ["model.pipeline_model_parallel_size=2"]),
     (DENSE, UNTIED + ["model.pipeline_model_parallel_size=2", "model.num_layers_in_first_pipeline_stage=12",
@@ -148,6 +154,7 @@ SWEEP = [
     (MOE, ["model.moe_router_dtype=fp32", "model.moe_router_topk=2"]),
     (MOE, ["model.gated_linear_unit=False", "python:activation_func=squared_relu", "model.normalization=LayerNorm"]),
     (MOE, ["model.pipeline_model_parallel_size=2", "model.share_embeddings_and_output_weights=True"]),
+    (MOE, TP2_SP + ["model.attention_output_gate=True"]),  # counted wrong before
     (MOE, ["model.moe_layer_freq=[1,1,1,1]"]),  # every layer MoE, as a list: was refused as dense among MoE
 ]
 
@@ -208,6 +215,8 @@ SEQ_4095 = ["model.seq_length=4095", "dataset.seq_length=4095"]
     (MOE, ["model.num_moe_experts=6", "model.moe_router_topk=2", "model.expert_model_parallel_size=4"],
      "parallel/experts-per-ep", "model.expert_model_parallel_size"),
     (MOE, ["model.tensor_model_parallel_size=2"], "parallel/moe-tp-needs-sequence-parallel", "model.sequence_parallel"),
+    # latent MoE (Nemotron 3): projections to and from the latent width around experts on it
+    (MOE, ["model.moe_latent_size=512"], "memory/unmodeled-moe-latent", "model.moe_latent_size"),
 ])
 def test_a_shape_megatron_refuses_is_refused_by_its_key(recipe, name, overrides, rule_id, key):
     _refused_by(apply_overrides(recipe(name), overrides), rule_id, key)
@@ -256,3 +265,47 @@ def test_a_moe_layer_freq_megatron_cannot_read_is_refused_with_a_fix_that_plans(
     (problem,) = [q for q in unplannable_problems(cfg, 1) if q.key == "model.moe_layer_freq"]
     assert str(cfg.model.num_layers) in problem.rule
     assert not unplannable_problems(apply_overrides(cfg, [problem.fix.split()[0]]), 1)
+
+
+@pytest.mark.parametrize("groups,tp", [(1, 4), (2, 8), (8, 2), (16, 4)])
+def test_a_rank_keeps_its_heads_queries_and_its_groups_keys(recipe, groups, tp):
+    """The activations of the attention, per token, as Megatron Core's get_query_key_value_tensors makes them: a rank
+    keeps heads / TP queries, and groups / TP keys and values, or one group's where TP exceeds the groups (it takes
+    its group from the all-gathered QKV). Qwen3 0.6B's q and k norms, unfused RoPE and SwiGLU, without SP."""
+    cfg = apply_overrides(recipe(DENSE), [f"model.num_query_groups={groups}", f"model.tensor_model_parallel_size={tp}",
+                                          "model.seq_length=4096", "dataset.seq_length=4096"])
+    assert not unplannable_problems(cfg, tp)
+    m = cfg.model
+    h, kv, heads = m.hidden_size, m.kv_channels, m.num_attention_heads // tp
+    q, k, ffn, kv_heads = heads * kv, max(groups // tp, 1) * kv, m.ffn_hidden_size // tp, max(groups // tp, 1)
+    saved = {"layer input": 2 * h, "qkv norm output": 2 * h, "q and k copies for their norms": 2 * (q + k),
+             "q and k after RoPE": 2 * (q + k), "v copy": 2 * k, "attention output": 2 * q, "residual": 2 * h,
+             "fc1 norm output": 2 * h, "fc1 output": 2 * 2 * ffn, "SiLU output, linear half, product": 3 * 2 * ffn,
+             "fp32 statistics": 4 * (2 + 2 * heads + kv_heads)}
+    rope = 8 * kv * 4096  # cos and sin for q and k, fp32, per position
+    assert layer_activations(cfg).bytes_kept == sum(saved.values()) * 4096 + rope
+
+
+def test_the_experts_activations_grow_with_the_tokens_each_is_routed_to(recipe):
+    """top-k routing sends each token to k experts: the permuted tokens, the experts' fc1 and activation outputs and
+    fc2's inputs are k per token, the rest of the layer the same (bytes affine in k)."""
+    kept = {k: layer_activations(apply_overrides(recipe(MOE), [f"model.moe_router_topk={k}"])).bytes_kept
+            for k in (1, 2, 4, 8)}
+    per_route = kept[2] - kept[1]
+    m, tokens = recipe(MOE).model, layer_activations(recipe(MOE)).tokens
+    ffn = m.moe_ffn_hidden_size
+    # fc1's input (2 h), SwiGLU's fc1 output, SiLU output, linear copy and product (10 ffn), fc2's input (2 ffn)
+    assert per_route == (2 * m.hidden_size + 12 * ffn + 22) * tokens  # 22: the router's indices and probabilities
+    assert kept[4] - kept[2] == 2 * per_route and kept[8] - kept[4] == 4 * per_route
+
+
+def test_an_output_gate_keeps_its_sigmoid_and_the_gated_output(recipe):
+    """attention_output_gate: Attention._apply_output_gate computes x * sigmoid(gate.float()), keeping the sigmoid's
+    fp32 output (4 B per query element) beside the attention output, and the projection keeps the gated output (2 B)
+    instead of the attention output, which the attention keeps for its own backward."""
+    plain = apply_overrides(recipe(DENSE), ["model.tensor_model_parallel_size=2"])
+    gated = apply_overrides(plain, ["model.attention_output_gate=True"])
+    assert not unplannable_problems(gated, 2)
+    m, tokens = plain.model, layer_activations(plain).tokens
+    q = m.num_attention_heads // 2 * m.kv_channels
+    assert layer_activations(gated).bytes_kept - layer_activations(plain).bytes_kept == (4 + 2) * q * tokens
