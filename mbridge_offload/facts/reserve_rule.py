@@ -24,9 +24,13 @@ SUB_PAGE_GAPS_GIB = 0.55
 DEFAULT_RESERVE_RULE = FIRST_STEP
 RESERVE_RULES = (FIRST_STEP, STEADY_PEAK, FULL_DEVICE)
 # What steady-peak counts, in the words of the plan's note where it is used. first-step counts the loss's block
-# beside step 1's memory before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/); its GPU
-# evidence: auto trained at its pick on 5 of 5 new dense configurations (planner-auto-5/, where the envelope, not the
-# block, set each plan's reserve) and a run trained on a device without room for its step-2 block (alloc-tight/).
+# beside step 1's memory before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/): in the
+# two runs recorded (the dense 1.1B proxy and the 3-layer MoE proxy) every communicator is made before step 2's loss
+# grows the segment, while PyTorch holds step 1's peak reserved (reserve-snapshot/order/; planning/memory_plan.py's
+# first_step_rule_applies gives the order). Its GPU evidence: auto trained at its pick on 5 of 5 new dense
+# configurations (planner-auto-5/, where the envelope, not the block, set each plan's reserve), a run trained on a
+# device without room for its step-2 block (alloc-tight/), and no MoE run of planner-accuracy.md used more than its
+# first-step plan.
 STEADY_PEAK_COUNTS = ("the loss's block beside the steady state's peak, as if a block the allocator keeps after "
                       "step 1 were lost to the run; where the GPU part keeps Adam moments that is more than the "
                       "first-step rule counts (docs/benchmarks/planner-auto-4/)")

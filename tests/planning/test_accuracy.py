@@ -101,6 +101,50 @@ def test_full_device_plans_the_dense_whole_device_within_2_percent_where_its_all
         assert r["device_error"] >= -0.02, r
 
 
+def _is_moe(row: dict) -> bool:
+    from overrides import apply_overrides
+    from mbridge_offload.bench.planner_accuracy import _recipe
+
+    return bool(apply_overrides(_recipe(row["recipe"]), row["overrides"]).model.num_moe_experts)
+
+
+def test_first_step_plans_no_moe_heldout_run_below_what_it_used(monkeypatch):
+    """The default rule on the MoE models (one stage, the library's engine), decided on the order of the MoE proxy's
+    communicators (reserve-snapshot/order/) and checked here on the held-out MoE runs, none of which set anything in
+    it: its whole device is at or above what each used (NVML) and its reserve covers each one's, with and without
+    expandable segments (the least: +0.003 GiB, planner-auto-2's 2-layer proxy at 8192 tokens at 0.65, where the
+    envelope without expandable segments sets the plan). Where the loss's block beside the steady peak set
+    steady-peak's reserve and the GPU keeps Adam moments, it plans less than steady-peak."""
+    monkeypatch.delenv("MBRIDGE_OFFLOAD_RESERVE_RULE", raising=False)
+    rows = [r for r in _heldout_device_rows() if _is_moe(r)]
+    assert len(rows) >= 20 and sum(r["expandable_segments"] for r in rows) >= 12
+    for r in rows:
+        assert r["device_error"] >= 0, r
+        assert 0 <= _reserve_gib(r) <= r["planned_reserve_gib"], r
+    monkeypatch.setenv("MBRIDGE_OFFLOAD_RESERVE_RULE", "steady-peak")
+    steady = {r["run"]: r["planned_device_gib"] for r in _heldout_device_rows() if _is_moe(r)}
+    lower = [r for r in rows if r["planned_device_gib"] < steady[r["run"]] - 1e-9]
+    assert all(r["planned_device_gib"] <= steady[r["run"]] for r in rows)
+    assert len(lower) >= 6 and any(r["expandable_segments"] for r in lower)
+
+
+def test_full_device_plans_the_moe_whole_device_within_2_percent_where_its_allowance_decides(monkeypatch):
+    """The opt-in full-device rule on the held-out MoE runs with expandable segments, with the dense runs' criterion
+    (the test above): within 2 % where the allowance beside the steady peak set the reserve (-1.3 % to +0.6 %; the
+    least, alloc-conf/shell-env's 2-layer proxy, kept 1.09 GiB beyond its peak on a device with room and trained on
+    one without it in alloc-tight/ with 0.21), and never under by more than 2 %."""
+    from mbridge_offload.facts.reserve_rule import FULL_DEVICE, RESERVE_RULE_ENV, SUB_PAGE_GAPS_GIB
+
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    rows = [r for r in _heldout_device_rows() if r["expandable_segments"] and _is_moe(r)]
+    by_allowance = [r for r in rows if r["planned_reserve_gib"] == pytest.approx(SUB_PAGE_GAPS_GIB, abs=1e-6)]
+    assert len(by_allowance) >= 10
+    for r in by_allowance:
+        assert abs(r["device_error"]) <= 0.02, r
+    for r in rows:
+        assert r["device_error"] >= -0.02, r
+
+
 def test_the_heldout_run_whose_reserve_the_term_is_short_of():
     """The 1.1B proxy at 3 x 4096 tokens at fraction 1: the reserve was its bf16 logits + 0.05 GiB, 0.03 GiB beyond
     the plan's; the whole device is not under-planned. When the term covers it, this fails and the run rejoins the
