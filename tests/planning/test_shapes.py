@@ -50,7 +50,8 @@ def first_rank_of_stage(m, stage: int):
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=m.pipeline_model_parallel_size,
             context_parallel_size=m.context_parallel_size, expert_model_parallel_size=m.expert_model_parallel_size,
-            expert_tensor_parallel_size=m.expert_tensor_parallel_size or tp, create_gloo_process_groups=False)
+            expert_tensor_parallel_size=m.expert_tensor_parallel_size or tp, create_gloo_process_groups=False,
+            virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size)
         yield
     finally:
         parallel_state.destroy_model_parallel()
@@ -70,8 +71,9 @@ def _vocabulary_as_bridge_sets_it(cfg):
 
 
 def megatron_rank_count(cfg, stage: int) -> int:
-    """Parameters of the GPTModel Megatron Core builds for the first rank of pipeline stage ``stage``, on the meta
-    device, with Megatron Core's local layer spec (the Transformer Engine spec's tensors, without its kernels)."""
+    """Parameters of the GPTModel Megatron Core builds for the first rank of pipeline stage ``stage`` (each of its
+    model chunks with the interleaved schedule), on the meta device, with Megatron Core's local layer spec (the
+    Transformer Engine spec's tensors, without its kernels)."""
     import torch
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 
@@ -91,9 +93,13 @@ def megatron_rank_count(cfg, stage: int) -> int:
         else:
             m.transformer_layer_spec = get_gpt_layer_local_spec(qk_layernorm=m.qk_layernorm,
                                                                 normalization=m.normalization)
+        vpp = m.virtual_pipeline_model_parallel_size if pp > 1 else None
+        chunks = range(vpp) if vpp else [None]
         with mock.patch.object(torch.cuda, "current_device", lambda: "meta"):
-            model = m.provide(pre_process=stage == 0, post_process=stage == pp - 1)
-    return sum(p.numel() for p in model.parameters())
+            models = [m.provide(pre_process=stage == 0 and not c,
+                                post_process=stage == pp - 1 and (c is None or c == vpp - 1), vp_stage=c)
+                      for c in chunks]
+    return sum(p.numel() for model in models for p in model.parameters())
 
 
 def planned_counts(cfg) -> list[int]:
@@ -127,6 +133,10 @@ SWEEP = [
     # tied and untied embeddings with PP: the last stage holds the output layer, or the tied embedding's copy
     (DENSE, ["model.pipeline_model_parallel_size=2"]),
     (DENSE, TP2_SP + ["model.context_parallel_size=2", "model.pipeline_model_parallel_size=2"]),
+    (DENSE, ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=7"]),
+    (DENSE, UNTIED + ["model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=7"]),
+    (DENSE, ["model.pipeline_model_parallel_size=2", "model.account_for_embedding_in_pipeline_split=True",
+             "model.account_for_loss_in_pipeline_split=True"]),
     (DENSE, ["model.pipeline_model_parallel_size=4", "model.tensor_model_parallel_size=2"]),
     (DENSE, UNTIED + ["model.pipeline_model_parallel_size=2"]),
     (DENSE, UNTIED + ["model.pipeline_model_parallel_size=2", "model.num_layers_in_first_pipeline_stage=12",
@@ -155,6 +165,8 @@ SWEEP = [
     (MOE, ["model.gated_linear_unit=False", "python:activation_func=squared_relu", "model.normalization=LayerNorm"]),
     (MOE, ["model.pipeline_model_parallel_size=2", "model.share_embeddings_and_output_weights=True"]),
     (MOE, TP2_SP + ["model.attention_output_gate=True"]),  # counted wrong before
+    (MOE, TP2_SP + ["model.expert_model_parallel_size=2", "model.pipeline_model_parallel_size=2",
+                    "model.virtual_pipeline_model_parallel_size=2"]),
     (MOE, ["model.moe_layer_freq=[1,1,1,1]"]),  # every layer MoE, as a list: was refused as dense among MoE
 ]
 
