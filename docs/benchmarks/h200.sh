@@ -601,7 +601,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # INIT lines timestamped on the history's clock, snapshot_run). Two open questions of reserve-snapshot/README.md:
       # - the dense first-step rule assumes the step-1 communicators come before the GPU part's Adam moments; the logs
       #   so far had no times to show it (the 1.1B proxy at 8192 tokens, fraction 0.45, as reserve-snapshot-steady);
-      # - the MoE proxy makes two more communicators in step 2 (alloc-tight/, by their size). If they come before
+      # - the MoE proxy makes more communicators in step 2 (alloc-tight/, by their size; three in this run). If they come before
       #   step 2's loss grows the segment, the hole that growth leaves costs no device memory and the first-step and
       #   full-device rules can apply to MoE models, whose plans count the loss's block beside the steady peak today
       #   (+3.0 % to +7.1 % on the whole device of planner-accuracy.md's MoE rows). The 3-layer proxy at 8192 tokens,
