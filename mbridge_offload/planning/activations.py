@@ -13,7 +13,7 @@ TE 2.20), read from their code, per token of a micro batch on the rank:
   views), the SiLU output, a copy of the linear half (``x + glu_linear_offset``) and their product (fc2's input).
 - MoE MLP: the norm's input and output (the router keeps it), routing indices, probabilities and the permute's
   row map, the permuted tokens (fc1's input), the experts' fc1 output and the SwiGLU's three products, fc2's
-  input, all top-k times per token.
+  input, all top-k times per token (a capacity factor times that where the experts' input is padded to capacity).
 - Gemma3's layer spec: its norms after the attention's projection and after fc2 keep their inputs and fp32
   statistics.
 - after the last layer: the final norm's input and output; the loss peaks at the logits plus TE's fused cross
@@ -144,9 +144,17 @@ def _expert_ffn(m, tp: int) -> float:
 
 def _routed_per_token(m, tp: int, shard: int) -> float:
     """Routed tokens a rank's experts process per token of the micro batch: top-k of the tokens it holds (a
-    sequence-parallel shard: Megatron requires SP for MoE with TP > 1), gathered over expert tensor parallel."""
+    sequence-parallel shard: Megatron requires SP for MoE with TP > 1), gathered over expert tensor parallel. With a
+    capacity factor each expert takes at most capacity = factor x its even share of the routed tokens, padded up to
+    it where moe_pad_expert_input_to_capacity (token_dispatcher.py: every expert then processes capacity tokens, so
+    the rank's experts process factor x top-k per token whatever the routing; Megatron's ceil of the capacity adds
+    under one token per expert); unpadded, a factor below 1 drops what is beyond it."""
     etp = getattr(m, "expert_tensor_parallel_size", None) or tp
-    return m.moe_router_topk * etp / shard
+    factor = getattr(m, "moe_expert_capacity_factor", None)
+    scale = 1.0
+    if factor is not None:
+        scale = factor if getattr(m, "moe_pad_expert_input_to_capacity", False) else min(factor, 1.0)
+    return m.moe_router_topk * etp / shard * scale
 
 
 def _fine_grained_tensors(m, w: _Widths) -> dict[str, list[float]]:

@@ -321,3 +321,18 @@ def test_an_output_gate_keeps_its_sigmoid_and_the_gated_output(recipe):
     m, tokens = plain.model, layer_activations(plain).tokens
     q = m.num_attention_heads // 2 * m.kv_channels
     assert layer_activations(gated).bytes_kept - layer_activations(plain).bytes_kept == (4 + 2) * q * tokens
+
+
+@pytest.mark.parametrize("factor,pad,routes", [(2.0, True, 16), (0.5, True, 4), (0.5, False, 4), (2.0, False, 8)])
+def test_a_capacity_factor_sets_the_tokens_each_expert_processes(recipe, factor, pad, routes):
+    """moe_expert_capacity_factor: an expert takes at most factor x its even share of the top-8 routed tokens; with
+    moe_pad_expert_input_to_capacity every expert is padded up to that (token_dispatcher.py), so the experts process
+    factor x 8 tokens per token however the router routes (twice the activations at factor 2)."""
+    plain = recipe(MOE)
+    capped = apply_overrides(plain, [f"model.moe_expert_capacity_factor={factor}",
+                                     f"model.moe_pad_expert_input_to_capacity={pad}"])
+    assert not unplannable_problems(capped, 1)
+    m, tokens = plain.model, layer_activations(plain).tokens
+    assert m.moe_router_topk == 8
+    per_route = (2 * m.hidden_size + 12 * m.moe_ffn_hidden_size) * tokens  # fc1's input, SwiGLU's, fc2's input
+    assert layer_activations(capped).bytes_kept - layer_activations(plain).bytes_kept == (routes - 8) * per_route
