@@ -80,7 +80,8 @@ def vocab_rows(cfg) -> int | None:
     model.vocab_size unpadded, but where tokenizer.use_tokenizer_vocab_size is True or model.vocab_size is None it
     takes the tokenizer's vocabulary and GPTModelProvider.provide pads it up to a multiple of
     make_vocab_size_divisible_by x TP. The config says the tokenizer's size only for the NullTokenizer
-    (tokenizer.vocab_size); another tokenizer's is known when it loads, so a set model.vocab_size stands for it."""
+    (tokenizer.vocab_size); another tokenizer's is known when it loads, so a set model.vocab_size stands for it, and
+    is padded as the tokenizer's will be."""
     from mbridge_offload.validation.parallelism import VOCAB_FROM_CONFIG_TOKENIZERS
 
     m, tokenizer = cfg.model, getattr(cfg, "tokenizer", None)
@@ -88,7 +89,9 @@ def vocab_rows(cfg) -> int | None:
         return m.vocab_size
     size = getattr(tokenizer, "vocab_size", None)
     if getattr(tokenizer, "tokenizer_type", None) not in VOCAB_FROM_CONFIG_TOKENIZERS or not isinstance(size, int):
-        return m.vocab_size
+        size = m.vocab_size
+        if size is None:
+            return None
     multiple = (getattr(m, "make_vocab_size_divisible_by", None) or 1) * m.tensor_model_parallel_size
     return -(-size // multiple) * multiple
 

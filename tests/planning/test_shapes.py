@@ -336,3 +336,19 @@ def test_a_capacity_factor_sets_the_tokens_each_expert_processes(recipe, factor,
     assert m.moe_router_topk == 8
     per_route = (2 * m.hidden_size + 12 * m.moe_ffn_hidden_size) * tokens  # fc1's input, SwiGLU's, fc2's input
     assert layer_activations(capped).bytes_kept - layer_activations(plain).bytes_kept == (routes - 8) * per_route
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_a_vocabulary_standing_for_a_loaded_tokenizers_is_padded_as_the_tokenizers_will_be(recipe, tp):
+    """tokenizer.use_tokenizer_vocab_size with a Hugging Face tokenizer: Megatron Bridge's setup takes the tokenizer's
+    vocabulary, known when it loads, and provide() pads it to make_vocab_size_divisible_by x TP; the set
+    model.vocab_size stands for it, padded alike (Qwen3's 151936 is 1187 x 128: 152576 rows on TP8), not unpadded."""
+    from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
+
+    cfg = apply_overrides(recipe(DENSE), [f"model.tensor_model_parallel_size={tp}"])
+    cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model = "HuggingFaceTokenizer", "Qwen/Qwen3-0.6B"
+    cfg.tokenizer.use_tokenizer_vocab_size = True
+    m = cfg.model
+    rows = calculate_padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    (embedding,) = [t for t in named_tensors(cfg, 0) if t.name == "embedding"]
+    assert embedding.numel == rows * m.hidden_size // tp
