@@ -48,7 +48,12 @@ def _strip_optional(annotation: Any) -> Any:
     return annotation
 
 
-def _unknown(root: Any, ov: ParsedOverride, upto: int, node: Any) -> _Refused:
+# Did-you-mean reads every key of the config (~10 ms for a recipe): the unknown keys of one command past this many are
+# named without it, so that thousands of them (a generated or corrupted list) are answered in seconds, not minutes.
+SUGGESTED_UNKNOWN_KEYS = 50
+
+
+def _unknown(root: Any, ov: ParsedOverride, upto: int, node: Any, with_suggestions: bool = True) -> _Refused:
     parts = ov.key.split(".")
     if dataclasses.is_dataclass(node):
         siblings = [f.name for f in public_fields(node)]
@@ -56,8 +61,10 @@ def _unknown(root: Any, ov: ParsedOverride, upto: int, node: Any) -> _Refused:
     else:
         siblings = [str(k) for k in node]
         where = "this dict"
-    hints = suggest(ov.key, root, siblings, upto=upto)
+    hints = suggest(ov.key, root, siblings, upto=upto) if with_suggestions else []
     fix = ("did you mean " + " or ".join(hints) + "?") if hints else "see --dry-run output for the keys of this recipe"
+    if not with_suggestions:
+        fix += f" (did-you-mean is given for the first {SUGGESTED_UNKNOWN_KEYS} unknown keys of a command)"
     if isinstance(node, dict) and ov.op == CHANGE and upto == len(parts) - 1:
         fix += f"  (to add a new entry: +{ov.text})"
     return _Refused(f"unknown key: {where} has no {parts[upto]!r}", fix)
@@ -104,6 +111,11 @@ class _Application:
         self.root = root
         self.parsed = parsed
         self.created: set[str] = set()  # dotted paths of the sections created by this command
+        self.unknown_keys = 0
+
+    def _unknown(self, ov: ParsedOverride, upto: int, node: Any) -> _Refused:
+        self.unknown_keys += 1
+        return _unknown(self.root, ov, upto, node, with_suggestions=self.unknown_keys <= SUGGESTED_UNKNOWN_KEYS)
 
     def _create_section(self, cls: type, section: str, ov: ParsedOverride) -> Any:
         """A new section for ``+section.field=value``, made with every field this command gives it directly
@@ -156,14 +168,14 @@ class _Application:
         for i, name in enumerate(parts[:-1]):
             if isinstance(node, dict):
                 if name not in node:
-                    raise _unknown(self.root, ov, i, node)
+                    raise self._unknown(ov, i, node)
                 node, annotation = node[name], None
                 continue
             if not dataclasses.is_dataclass(node) or _field(node, name) is None:
                 if not dataclasses.is_dataclass(node) and not isinstance(node, dict):
                     raise _Refused(f"{'.'.join(parts[:i])} is a value ({show(node)}), not a section",
                                    f"set it whole: {'.'.join(parts[:i])}=<value>")
-                raise _unknown(self.root, ov, i, node)
+                raise self._unknown(ov, i, node)
             annotation = _strip_optional(field_types(type(node))[name])
             child = getattr(node, name)
             section = ".".join(parts[: i + 1])
@@ -199,7 +211,7 @@ class _Application:
                     raise _Refused(f"is {show(node[leaf])}, not {show(ov.value)}; nothing removed", f"~{ov.key}")
                 return node.pop(leaf), "(removed)"
             if ov.op == CHANGE and not exists:
-                raise _unknown(self.root, ov, len(ov.key.split(".")) - 1, node)
+                raise self._unknown(ov, len(ov.key.split(".")) - 1, node)
             if ov.op == ADD and exists and not created:
                 raise _Refused(f"already exists (= {show(node[leaf])})", f"change it with {ov.text.lstrip('+')}")
             old = node.get(leaf, "(unset)")
@@ -213,7 +225,7 @@ class _Application:
             raise _Refused(f"{parent} is a value ({show(node)}), not a section", f"set it whole: {parent}=<value>")
         f = _field(node, leaf)
         if f is None:
-            raise _unknown(self.root, ov, len(ov.key.split(".")) - 1, node)
+            raise self._unknown(ov, len(ov.key.split(".")) - 1, node)
         old = getattr(node, leaf)
         annotation = field_types(type(node))[leaf]
         if ov.op == DELETE:
@@ -263,12 +275,18 @@ def _conflicts(parsed: list[ParsedOverride]) -> dict[int, OverrideError]:
     """Overrides whose keys are the same, or one inside the other (``~env_vars`` and ``+env_vars.X=1``):
     the result would depend on their order, so every one after the first is refused."""
     errors: dict[int, OverrideError] = {}
-    seen: list[ParsedOverride] = []
+    # the first override kept for each key, and for each section above a kept key (looked up, not searched: a
+    # command of thousands of overrides is checked in linear time)
+    seen: dict[str, tuple[int, ParsedOverride]] = {}
+    below: dict[str, tuple[int, ParsedOverride]] = {}
     for ov in parsed:
         if ov.is_sweep:
             continue
-        same = next((o for o in seen if o.key == ov.key), None)
-        inside = next((o for o in seen if ov.key.startswith(o.key + ".") or o.key.startswith(ov.key + ".")), None)
+        same = seen[ov.key][1] if ov.key in seen else None
+        parts = ov.key.split(".")
+        candidates = [seen[p] for p in (".".join(parts[:n]) for n in range(1, len(parts))) if p in seen]
+        candidates += [below[ov.key]] if ov.key in below else []
+        inside = min(candidates, key=lambda kept: kept[0])[1] if candidates else None
         if same is not None:
             errors[ov.index] = OverrideError(text=ov.text,
                                              key=ov.key,
@@ -287,7 +305,10 @@ def _conflicts(parsed: list[ParsedOverride]) -> dict[int, OverrideError]:
                                              fix=f"give one of them (set {outer.key} whole, or only its parts)",
                                              index=ov.index)
         else:
-            seen.append(ov)
+            order = len(seen)
+            seen[ov.key] = (order, ov)
+            for n in range(1, len(parts)):
+                below.setdefault(".".join(parts[:n]), (order, ov))
     return errors
 
 
