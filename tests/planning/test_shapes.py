@@ -161,6 +161,8 @@ SWEEP = [
     (MOE, ["model.moe_ffn_hidden_size=null"]),
     (MOE, TP2_SP + ["model.moe_shared_expert_intermediate_size=1024", "model.moe_shared_expert_gate=True"]),
     (MOE, ["model.moe_shared_expert_intermediate_size=1024"]),
+    (MOE, TP2_SP + ["model.expert_tensor_parallel_size=1", "model.expert_model_parallel_size=2",
+                    "model.moe_shared_expert_intermediate_size=1024"]),
     (MOE, ["model.moe_router_dtype=fp32", "model.moe_router_topk=2"]),
     (MOE, ["model.gated_linear_unit=False", "python:activation_func=squared_relu", "model.normalization=LayerNorm"]),
     (MOE, ["model.pipeline_model_parallel_size=2", "model.share_embeddings_and_output_weights=True"]),
