@@ -126,16 +126,18 @@ def test_what_would_fit_offers_only_changes_the_validator_accepts(built):
         assert not [p for p in check_rules(Context(changed, gpus, environ={})) if p.severity == "error"], option
 
 
-def test_fewer_query_groups_than_tp_ranks_are_replicated_not_refused(built):
-    """Qwen3-30B-A3B has 4 key/value groups: on TP8 Megatron Core gives each rank one group, replicated
-    (attention.py). The validator accepts it and the plan counts one group's key and value per rank: the QKV weight
-    is (32 / 8 + 2 x 1) x 128 x 2048 per rank, by hand from the published shape."""
+def test_fewer_query_groups_than_tp_ranks_are_split_not_refused(built):
+    """Qwen3-30B-A3B has 4 key/value groups. On TP8, Megatron Core 0.19.2 splits all of the QKV rows over the ranks
+    and all-gathers them, each rank then taking one group's key and value (attention.py,
+    get_query_key_value_tensors). The validator accepts it, and the plan counts the split weight:
+    (32 + 2 x 4) x 128 x 2048 / 8 per rank, by hand from the published shape (tests/planning/test_shapes.py checks it
+    against the meta-device model)."""
     from mbridge_offload.planning.tensors import named_tensors
 
     cfg = apply_overrides(built(MOE_PROXY), ["model.tensor_model_parallel_size=8", "model.sequence_parallel=True"])
     assert not [p for p in validate(cfg, 8, environ={}, upstream=False).errors if p.rule_id.startswith("parallel/")]
     qkv = next(t for t in named_tensors(cfg, 0) if t.name == "l0.qkv")
-    assert qkv.numel == (32 // 8 + 2 * 1) * 128 * 2048
+    assert qkv.numel == (32 + 2 * 4) * 128 * 2048 // 8
     assert not plan(cfg, 8).unplanned
 
 
