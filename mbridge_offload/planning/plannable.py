@@ -283,8 +283,9 @@ def launch_rules() -> tuple[Any, ...]:
 # Megatron Core's checks (TransformerConfig's, translated in the validator's table) of what the activation count
 # reads, which read the config alone: a recompute module the model does not have (mla_up_proj without multi-latent
 # attention, gdn_norm_out without gated delta net, moe_act without grouped GEMM) fails at finalize, and counted it
-# would be a module that rebuilds nothing.
-UPSTREAM_RULES_THE_PLAN_NEEDS = frozenset({"recompute/modules-need-features"})
+# would be a module that rebuilds nothing. A shared expert with a bias is counted with none: Megatron Core refuses
+# it when it builds the model.
+UPSTREAM_RULES_THE_PLAN_NEEDS = frozenset({"recompute/modules-need-features", "moe/shared-expert-bias"})
 
 
 def _reads_the_fraction(rule: Any) -> bool:

@@ -65,8 +65,9 @@ def _fix_ep(ctx: Context) -> str:
 
 
 def _groups_split(groups: int, tp: int) -> bool:
-    """Megatron Core splits the query groups over TP ranks, or with fewer groups than ranks gives each rank one
-    group, replicated (transformer_config.py, attention.py): a multiple or a divisor of TP."""
+    """Megatron Core splits the query groups over TP ranks; with fewer groups than ranks it splits the whole QKV
+    projection and each rank takes one group's key and value from its all-gather (transformer_config.py,
+    attention.py): a multiple or a divisor of TP."""
     return groups % tp == 0 or tp % groups == 0
 
 

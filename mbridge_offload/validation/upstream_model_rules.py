@@ -915,6 +915,12 @@ RULES: tuple[Rule, ...] = guarded(
           "moe_shared_expert_overlap needs moe_token_dispatcher_type alltoall or flex",
           lambda c: _m(c, "moe_shared_expert_intermediate_size") is not None and _flag(c, "moe_shared_expert_overlap"),
           lambda c: _m(c, "moe_token_dispatcher_type") in ("alltoall", "flex"), "model.moe_shared_expert_overlap=False"),
+    # not a TransformerConfig check: SharedExpertMLP asserts it when the model is built (moe/shared_experts.py)
+    _rule("moe/shared-expert-bias", MODEL, "model.add_bias_linear",
+          "shared experts have no bias: add_bias_linear must be False where moe_shared_expert_intermediate_size is set",
+          lambda c: bool(_m(c, "num_moe_experts")) and _m(c, "moe_shared_expert_intermediate_size") is not None,
+          lambda c: not _m(c, "add_bias_linear"),
+          "model.add_bias_linear=False  (or model.moe_shared_expert_intermediate_size=null)"),
     _rule("moe/aux-loss-coeff-per-type", MODEL, "model.moe_aux_loss_coeff",
           "a list moe_router_load_balancing_type needs a list moe_aux_loss_coeff of the same length",
           lambda c: isinstance(_m(c, "moe_router_load_balancing_type"), list),

@@ -221,3 +221,16 @@ def test_a_fraction_argument_out_of_range_is_refused_as_the_configs_own(built):
                                    None)
         assert [(q.rule_id, q.key, q.value, q.rule, q.fix) for q in given] \
             == [(q.rule_id, q.key, q.value, q.rule, q.fix) for q in configured], (given, configured)
+
+
+def test_a_shared_expert_with_a_bias_is_refused_as_megatron_core_refuses_to_build_it(built):
+    """SharedExpertMLP asserts add_bias_linear is False when the model is built (moe/shared_experts.py), which the
+    plan would count as a shared expert without a bias: the plan is refused by the validator's rule, with its fix."""
+    cfg = apply_overrides(built(MOE_PROXY), ["model.moe_shared_expert_intermediate_size=768",
+                                             "model.add_bias_linear=True"])
+    p = plan_with_recommendation(cfg, 1, fraction=0.5)
+    assert p.unplanned and p.params_per_rank == 0
+    (problem,) = [q for q in plan_problems(p, None) if q.rule_id == "moe/shared-expert-bias"]
+    assert problem.key == "model.add_bias_linear" and problem.value.startswith("True")
+    fixed = apply_overrides(cfg, problem.fix.split("  (")[0].split())
+    assert not plan_with_recommendation(fixed, 1, fraction=0.5).unplanned

@@ -148,6 +148,9 @@ CASES = {
         {"model.moe_shared_expert_intermediate_size": 768, "model.moe_shared_expert_overlap": True},
         {"model.moe_shared_expert_intermediate_size": 768, "model.moe_shared_expert_overlap": True,
          "model.moe_token_dispatcher_type": "allgather"}, recipe=MOE),
+    "moe/shared-expert-bias": case({"model.moe_shared_expert_intermediate_size": 768},
+                                   {"model.moe_shared_expert_intermediate_size": 768, "model.add_bias_linear": True},
+                                   recipe=MOE),
     "moe/aux-loss-coeff-per-type": case(
         {"model.moe_router_load_balancing_type": ["aux_loss", "seq_aux_loss"], "model.moe_aux_loss_coeff": [1e-3, 1e-4]},
         {"model.moe_router_load_balancing_type": ["aux_loss", "seq_aux_loss"], "model.moe_aux_loss_coeff": 1e-3},
