@@ -48,6 +48,7 @@ _UPSTREAM_TO_RULE: tuple[tuple[str, str], ...] = (
      r"num_query_groups .*must be a multiple of tensor_model_parallel_size", "parallel/heads-per-tp"),
     (r"num_moe_experts .* must be a multiple of expert_model_parallel_size", "parallel/experts-per-ep"),
     (r"Sequence length must be divisible by 2 \* context parallel size", "parallel/seq-length-cp"),
+    (r"bias is not supported in the shared experts", "moe/shared-expert-bias"),  # SharedExpertMLP, at model build
 )
 
 # Upstream messages with no rule of ours: the key they are about and the fix.

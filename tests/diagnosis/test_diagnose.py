@@ -441,3 +441,17 @@ def test_fewer_channels_is_not_offered_where_it_gives_nothing_back(built, monkey
     monkeypatch.delenv("NCCL_CUMEM_ENABLE")
     monkeypatch.setenv("NCCL_MAX_NCHANNELS", "2")
     assert fewer_nccl_channels(cfg) is None
+
+
+def test_a_shared_expert_with_a_bias_names_the_validators_rule(diag):
+    """Megatron Core's SharedExpertMLP asserts add_bias_linear is False when the model is built, after the launch's
+    setup: the log names moe/shared-expert-bias, the rule run_recipe.py refuses the launch with, and its fix."""
+    path = diag.write([
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/opt/venv/lib/python3.12/site-packages/megatron/core/transformer/moe/shared_experts.py", '
+        "line 124, in __init__",
+        '[rank0]:     assert config.add_bias_linear == False, "bias is not supported in the shared experts, "',
+        "[rank0]: AssertionError: bias is not supported in the shared experts, ",
+    ])
+    finding = diag.only(path, "moe/shared-expert-bias")
+    assert "model.add_bias_linear=False" in finding.fix
