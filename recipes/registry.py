@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,14 +60,25 @@ _BY_NAME = {recipe.name: recipe for recipe in RECIPES}
 
 
 class UnknownRecipe(KeyError):
+    """A name that is no registered recipe, with the names meant: one written in other case, the function named at
+    the end of a file or module path (``recipes/qwen3_dense.py``, ``recipes.qwen3_dense:fn``), else the closest."""
+
     def __init__(self, name: str):
         super().__init__(name)
         self.name = name
-        self.suggestions = difflib.get_close_matches(name, list(_BY_NAME), n=3, cutoff=0.5)
+        text = str(name).strip()
+        # a path or a module reference instead of a name: what it ends with may be the recipe meant
+        self.is_path = any(c in text for c in "/\\:") or text.endswith(".py") or "." in text
+        tail = re.split(r"[/\\:.]", text.removesuffix(".py"))[-1] if self.is_path else text
+        exact = [n for n in _BY_NAME if n.lower() in (text.lower(), tail.lower())]
+        self.suggestions = exact or difflib.get_close_matches(tail or text, list(_BY_NAME), n=3, cutoff=0.5)
 
     def __str__(self) -> str:
         hint = f" Did you mean: {', '.join(self.suggestions)}?" if self.suggestions else ""
-        return f"unknown recipe {self.name!r}.{hint} See --list for all recipes."
+        path = (" --recipe takes the name of a registered recipe, not a file or a module path (a recipe of your own: "
+                "register it in recipes/registry.py, or compose it in Python: recipes/README.md)."
+                if self.is_path else "")
+        return f"unknown recipe {self.name!r}.{hint}{path} See --list for all recipes."
 
 
 def get(name: str) -> Recipe:

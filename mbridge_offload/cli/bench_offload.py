@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [f for f in args.fractions if f > 0]
     if not fractions:
         parser.error("--fractions: give at least one fraction above 0 (the baseline, 0, always runs)")
-    check_writable(parser, "--out", args.out)
+    check_writable(parser, "--out", args.out, resume=args.resume)
     host = read_json(parser, "--host-json", args.host_json) if args.host_json else None
     if args.host_json and not isinstance(host, dict):
         parser.error(f"--host-json {args.host_json}: expects a JSON object as measure_host.py writes it")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{kept_mode} it, or delete those folders to run them again (baseline and offloaded runs "
                      "of one table run in one mode)")
     refuse_bad_overrides(parser, args.recipe, args.overrides)
-    make_dir(parser, "--out", args.out)
+    make_dir(parser, "--out", args.out, resume=args.resume)
 
     host = host if host is not None else overhead.measure(args.out, args.timeout)
     print(f"[bench] host: {json.dumps(host)}", flush=True)

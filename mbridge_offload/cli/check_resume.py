@@ -17,7 +17,8 @@ from pathlib import Path
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.resume_parity import RUN_FOLDERS, STOP_BY, check_resume, markdown, write_results
 from mbridge_offload.bench.sweep import parse_fractions
-from mbridge_offload.cli.parsing import CommandParser, at_least_one, parse_single_fraction_command, positive_seconds
+from mbridge_offload.cli.parsing import (MAX_COUNT, CommandParser, at_least_one, parse_single_fraction_command,
+                                         positive_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, type=Path, metavar="DIR")
     parser.add_argument("--fractions", type=parse_fractions, default=[0.5, 1.0], metavar="F,F,...",
                         help="optimizer offload fractions to check (default 0.5,1; 0 checks a run without offload)")
-    parser.add_argument("--save-at", type=at_least_one("step"), default=5, metavar="K", help="the step the first run saves at and "
+    parser.add_argument("--save-at", type=at_least_one("step", MAX_COUNT // 2), default=5, metavar="K", help="the step the first run saves at and "
                         "stops (default 5); the runs train 2K steps")
     parser.add_argument("--deterministic", action="store_true",
                         help="run_recipe.py --deterministic for every run; then the resumed run must be bit-identical")

@@ -7,7 +7,13 @@ object, ``{"ok": false, "refused": true, "error": "...", "problems": [...]}`` (`
 command's own output has them; empty where the refusal is no list of problems), so that a program reading stdout
 gets the reason instead of nothing. Every refusal of such a command goes through ``RefusalParser``: its
 ``error`` and ``exit`` (argparse's errors, parse_intermixed_args' included) and its ``refuse`` (what the
-command finds after parsing)."""
+command finds after parsing).
+
+Every command's parser refuses, besides argparse's own errors, what argparse would take with another meaning: an
+option given twice (argparse keeps the last without a word), an empty value (``--out ''`` would be the current
+folder), a count beyond a C int, an output folder or file inside this repository where git does not ignore it, and a
+plugin environment variable (``MBRIDGE_OFFLOAD_*``) whose value would be read otherwise than meant, or whose name
+is a misspelling of one."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from recipes import registry
 
@@ -42,6 +48,63 @@ def not_prepared_problems(refusal: BaseException) -> list[dict[str, Any]]:
              "fix": e.fix, "severity": "error"} for e in getattr(refusal, "override_errors", ())]
 
 
+# The plugin's own variables that every command reads before it builds anything (mbridge_offload/fast_check/store.py
+# and warm_worker.py read them), with what they take. MBRIDGE_OFFLOAD_ENGINE and MBRIDGE_OFFLOAD_RESERVE_RULE are rules
+# of the validator's table, refused there with the config's other problems; the rest are set by the plugin for its
+# own child processes.
+SWITCH_ENV = ("MBRIDGE_OFFLOAD_NO_CACHE", "MBRIDGE_OFFLOAD_NO_WORKER")  # read as on unless empty or 0
+SECONDS_ENV = ("MBRIDGE_OFFLOAD_WORKER_IDLE_S",)
+FOLDER_ENV = ("MBRIDGE_OFFLOAD_CACHE_DIR",)  # empty: unset, as store.cache_root reads it
+OTHER_ENV = ("MBRIDGE_OFFLOAD_ENGINE", "MBRIDGE_OFFLOAD_RESERVE_RULE", "MBRIDGE_OFFLOAD_IN_WORKER",
+             "MBRIDGE_OFFLOAD_USER_OMP_NUM_THREADS")
+ENV_PREFIX = "MBRIDGE_OFFLOAD_"
+
+
+def environment_problem(environ: Mapping[str, str]) -> str | None:
+    """What is wrong with the plugin's environment variables (each named with its value, the rule and the fix), or
+    None. A value the plugin would read otherwise than meant is refused, never ignored: NO_CACHE=false turns the
+    cache off, a CACHE_DIR that is a file leaves every command without a cache (~35 s each), a misspelt name does
+    nothing at all."""
+    import difflib
+    import math
+
+    problems = []
+    for name in SWITCH_ENV:
+        value = environ.get(name)
+        if value is not None and value not in ("", "0", "1"):
+            problems.append(f"{name}={value!r}: expects 1 (on) or 0 (off); any other value is read as on. Fix: "
+                            f"{name}=1, or {name}=0 (or unset it) for off")
+    for name in SECONDS_ENV:
+        value = environ.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds < math.inf:
+            problems.append(f"{name}={value!r}: expects a number of seconds above 0. Fix: {name}=900 (the default), "
+                            f"or unset it")
+    for name in FOLDER_ENV:
+        value = environ.get(name)
+        reason = unwritable_reason(Path(value)) if value else None
+        if reason:
+            problems.append(f"{name}={value!r}: {reason}. Fix: a folder this user can write, or unset it")
+    known = SWITCH_ENV + SECONDS_ENV + FOLDER_ENV + OTHER_ENV
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                problems.append(f"{name}: no such variable, so it would do nothing. Did you mean {close[0]}? "
+                                f"Fix: rename it, or unset it")
+    return "environment: " + "; ".join(problems) if problems else None
+
+
+# options whose repeats add up instead of replacing each other
+_REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction, argparse._HelpAction,
+               argparse._VersionAction)
+
+
 class RefusalParser(argparse.ArgumentParser):
     """An ArgumentParser that refuses in JSON on stdout too (``refusal_json``) when its command line asks for
     JSON with ``json_flag`` (a store_true flag, e.g. "--json"; None: the command has no JSON output). The
@@ -53,6 +116,7 @@ class RefusalParser(argparse.ArgumentParser):
         self.wants_json = False  # set from the command line as soon as it is parsed (before any error)
         self._said_json = self._parsing = False
         self._refusal: tuple[str, list[dict[str, Any]]] | None = None
+        self._given: dict[argparse.Action, list[str]] = {}  # option -> the words it was given, this parse
 
     def _asks_json(self, argv: Sequence[str]) -> bool:
         if not self.json_flag:
@@ -71,15 +135,39 @@ class RefusalParser(argparse.ArgumentParser):
 
     def _parse(self, parse: Any, args: Sequence[str] | None, namespace: Any):
         """``parse(args, namespace)``, wants_json set from the whole command line first (parse_intermixed_args
-        parses its positionals again without the options: that inner call leaves it as it is)."""
+        parses its positionals again without the options: that inner call leaves it as it is); then the plugin's
+        environment variables (``environment_problem``), refused like a bad argument."""
         if self._parsing:
             return parse(args, namespace)
         self.wants_json = self._asks_json(sys.argv[1:] if args is None else list(args))
         self._parsing = True
+        self._given = {}
         try:
-            return parse(args, namespace)
+            parsed = parse(args, namespace)
+            problem = environment_problem(os.environ)  # after --help, which needs no environment
+            if problem:
+                self.error(problem)
+            return parsed
         finally:
             self._parsing = False
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """Each option's words as given, before its type reads them (Path('') would be the current folder):
+        an empty value, or an option given twice (argparse keeps the last silently), is refused by name."""
+        if action.option_strings and not isinstance(action, _REPEATABLE):
+            name = "/".join(action.option_strings)
+            if any(not str(word).strip() for word in arg_strings):
+                wanted = action.metavar or action.dest.upper()
+                self.error(f"argument {name}: an empty value ({' '.join(map(repr, arg_strings))}); give {wanted}"
+                           + ("" if action.required else f", or drop {name}"))
+            earlier = self._given.get(action)
+            if earlier is not None:
+                values = f" ({' '.join(earlier)}, then {' '.join(arg_strings)})" if arg_strings else ""
+                meant = ", with the value meant" if arg_strings else ""
+                self.error(f"argument {name}: given twice{values}, so one of them is stale or mistyped (the last "
+                           f"would win without a word). Fix: give it once{meant}")
+            self._given[action] = list(arg_strings)
+        return super()._get_values(action, arg_strings)
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None):
         return self._parse(super().parse_known_args, args, namespace)
@@ -138,8 +226,14 @@ def parse_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> ar
     return args
 
 
-def _whole_number_at_least(minimum: int, unit: str, wanted: str):
-    """An argparse type: a whole number of ``unit`` (e.g. 'GPU') >= ``minimum``, with errors that say which."""
+# The largest count a command passes on: torch.distributed, NCCL, OpenMP and Megatron's iteration counters hold
+# counts as C ints; a larger one would fail, or wrap around, deep inside a run instead of here.
+MAX_COUNT = 2**31 - 1
+
+
+def _whole_number_at_least(minimum: int, unit: str, wanted: str, maximum: int = MAX_COUNT):
+    """An argparse type: a whole number of ``unit`` (e.g. 'GPU') from ``minimum`` to ``maximum``, with errors that
+    say which."""
 
     def parse(text: str) -> int:
         try:
@@ -148,20 +242,24 @@ def _whole_number_at_least(minimum: int, unit: str, wanted: str):
             raise argparse.ArgumentTypeError(f"expects a whole number of {unit}s, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expects {wanted}, got {value}")
+        if value > maximum:
+            shown = text.strip() if len(text.strip()) <= 40 else f"{text.strip()[:20]}... ({len(text.strip())} digits)"
+            raise argparse.ArgumentTypeError(f"expects at most {maximum} {unit}s (runs hold it as a C int), "
+                                             f"got {shown}")
         return value
 
     parse.__name__ = f"{unit} count"
     return parse
 
 
-def at_least_one(unit: str):
-    """An argparse type: a whole number >= 1 of ``unit``."""
-    return _whole_number_at_least(1, unit, f"at least 1 {unit}")
+def at_least_one(unit: str, maximum: int = MAX_COUNT):
+    """An argparse type: a whole number of ``unit`` from 1 to ``maximum``."""
+    return _whole_number_at_least(1, unit, f"at least 1 {unit}", maximum)
 
 
-def not_negative(unit: str):
-    """An argparse type: a whole number >= 0 of ``unit``."""
-    return _whole_number_at_least(0, unit, f"0 or more {unit}s")
+def not_negative(unit: str, maximum: int = MAX_COUNT):
+    """An argparse type: a whole number of ``unit`` from 0 to ``maximum``."""
+    return _whole_number_at_least(0, unit, f"0 or more {unit}s", maximum)
 
 
 def positive_seconds(text: str) -> float:
@@ -249,18 +347,60 @@ def unwritable_reason(path: Path, kind: str = "folder") -> str | None:
     return None
 
 
-def check_writable(parser: argparse.ArgumentParser, flag: str, path: Path | None, kind: str = "folder") -> None:
-    """Refuse (exit 2, one line) a ``flag`` folder or file the command could not write."""
+REPO = Path(__file__).resolve().parents[2]
+
+
+def in_repository_reason(path: Path, flag: str, kind: str = "folder", resume: bool | None = None) -> str | None:
+    """Why the command must not write ``path`` inside this repository's own tree, or None: the repository's
+    folder, anything in it that git does not ignore (a tracked file, a new folder among the sources,
+    which ``git add`` would pick up), and .git. ``resume``: an existing folder is a kept run continued in place, as
+    docs/benchmarks/README.md reassembles its tables. Outside a git checkout (an installed plugin) nothing is
+    refused."""
+    if not (REPO / ".git").exists():
+        return None
+    target = Path(os.path.realpath(path))  # a link into the repository writes there too
+    if target == REPO:
+        return (f"{path} is this repository's own folder ({REPO}); the command would write among its files. Fix: "
+                f"{flag} runs/<name> (git ignores runs/) or a folder outside the repository")
+    if not target.is_relative_to(REPO):
+        return None
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        if resume and kind == "folder" and target.is_dir():  # kept runs, unless it is a folder of sources
+            sources = [f for f in git("ls-files", "--", str(target)).stdout.splitlines() if f.endswith(".py")]
+            if not sources:
+                return None
+        ignored = git("check-ignore", "-q", str(target) + ("/" if kind == "folder" else "")).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git to ask: the checkout is not one git can read here either
+    if ignored and target.relative_to(REPO).parts[:1] != (".git",):
+        return None
+    resumable = (" (add --resume to continue the runs kept there)" if resume is False and kind == "folder"
+                 and target.is_dir() else "")
+    overwrite = " and overwrite a tracked one" if kind == "file" and target.exists() else ""
+    return (f"{path} is inside this repository ({REPO}) where git does not ignore it, so what the command writes "
+            f"would mix with the plugin's own files{overwrite}. Fix: {flag} under runs/ (git ignores it) or outside "
+            f"the repository{resumable}")
+
+
+def check_writable(parser: argparse.ArgumentParser, flag: str, path: Path | None, kind: str = "folder",
+                   resume: bool | None = None) -> None:
+    """Refuse (exit 2, one line) a ``flag`` folder or file the command could not write, or must not (inside this
+    repository's own tree: ``in_repository_reason``; ``resume``: the command's --resume, None where it has none)."""
     if path is None:
         return
-    reason = unwritable_reason(path, kind)
+    reason = unwritable_reason(path, kind) or in_repository_reason(path, flag, kind, resume)
     if reason:
         parser.error(f"{flag}: {reason}")
 
 
-def make_dir(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
-    """Create the ``flag`` folder, or refuse in one line when the system says no."""
-    check_writable(parser, flag, path)
+def make_dir(parser: argparse.ArgumentParser, flag: str, path: Path, resume: bool | None = None) -> None:
+    """Create the ``flag`` folder, or refuse in one line when the system says no (``check_writable``)."""
+    check_writable(parser, flag, path, resume=resume)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:

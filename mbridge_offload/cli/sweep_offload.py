@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_command(parser, argv)
-    check_writable(parser, "--out", args.out)
+    check_writable(parser, "--out", args.out, resume=args.resume)
     multirun, overrides = split_fraction_overrides(parser, args.overrides)
     if multirun and args.fractions and multirun != args.fractions:
         parser.error(f"--fractions and {FRACTION_KEY}=... disagree; give one")
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = (["--num-gpus", str(args.num_gpus)] if args.num_gpus else []) + (["--deterministic"] if args.deterministic
                                                                              else [])
     refuse_bad_overrides(parser, args.recipe, overrides)
-    make_dir(parser, "--out", args.out)
+    make_dir(parser, "--out", args.out, resume=args.resume)
 
     results, baselines = run_sweep(args.recipe, fractions, args.out, overrides, extra, args.baseline_runs,
                                    args.timeout, args.resume)
