@@ -50,7 +50,20 @@ def _refuse_non_config(cfg: Any, deltas: Mapping[str, Any]) -> None:
     if all(hasattr(cfg, section) for section in sections):
         return
     build = getattr(cfg, "build", None)
-    hint = (f": build it first, get_recipe({cfg.name!r}).build()" if callable(build) and hasattr(cfg, "name")
-            else ": pass the ConfigContainer a recipe function returns")
+    if callable(build) and hasattr(cfg, "name"):
+        hint = f": build it first, get_recipe({cfg.name!r}).build()"
+    elif callable(cfg) and not isinstance(cfg, type):
+        hint = f": {getattr(cfg, '__qualname__', 'it')} is the recipe function, call it first: {_call_of(cfg)}"
+    else:
+        hint = ": pass the ConfigContainer a recipe function returns"
     raise TypeError(f"a transform takes a Megatron Bridge ConfigContainer, got {type(cfg).__name__} "
                     f"(it has no {', '.join(sorted(s for s in sections if not hasattr(cfg, s)))} section){hint}")
+
+
+def _call_of(function: Any) -> str:
+    """How to call the recipe function passed instead of its config: ``name()``, or ``get_recipe(name).build()``
+    for a registry entry's bound ``build``."""
+    owner = getattr(function, "__self__", None)
+    if owner is not None and hasattr(owner, "name"):
+        return f"get_recipe({owner.name!r}).build()"
+    return f"{getattr(function, '__name__', 'recipe')}()"

@@ -24,10 +24,13 @@ def _number(name: str, value, whole: bool = False):
 
 
 def _flag(name: str, value) -> bool:
-    """A switch: True or False only (``bool("false")`` is True, so a string is refused, not read)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
+    """A switch: True or False only (``bool("false")`` is True, so a string is refused, not read); numpy's bools
+    too (a mask or a comparison of arrays gives them)."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _derive_in_range(cfg, deltas, why):
@@ -65,6 +68,9 @@ def with_offload_engine(cfg, mode: str):
     ``exact`` (the CPU Adam under the next forward, the same update), ``stream`` (Adam on the GPU with the moments
     streamed from the host: the update without offload), ``delayed`` (one-step delayed update),
     ``library`` (Megatron Core's step). Sets ``env_vars.MBRIDGE_OFFLOAD_ENGINE``; a value in the shell wins."""
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be the name of an offload engine, one of {', '.join(ENGINE_MODES)} (a string), "
+                        f"got {mode!r}")
     if mode not in ENGINE_MODES:
         raise ValueError(f"offload engine must be one of {', '.join(ENGINE_MODES)}, got {mode!r}")
     return derive(cfg, {ENGINE_KEY: mode}, why=f"offload engine: {mode}")

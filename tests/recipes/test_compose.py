@@ -131,3 +131,29 @@ def test_transform_of_a_registry_entry_says_to_build_it(built):
         with_optimizer_offload(entry, fraction=0.5)
     with pytest.raises(TypeError, match="got NoneType"):
         with_activation_offload(None, num_layers=1)
+
+
+def test_numpy_bools_are_switches_and_an_engine_is_named_by_a_string(built):
+    """A comparison of arrays gives numpy's bool, which means what True means; an engine given as anything but its
+    name is refused naming the argument (it was Python's 'unhashable type: list')."""
+    import numpy as np
+
+    from recipes import with_offload_engine
+
+    cfg = built(DENSE)
+    assert with_optimizer_offload(cfg, fraction=0.5, overlap=np.bool_(True)).optimizer.overlap_cpu_optimizer_d2h_h2d
+    with pytest.raises(TypeError, match=r"mode must be the name of an offload engine, one of .*got \['exact'\]"):
+        with_offload_engine(cfg, ["exact"])
+    with pytest.raises(TypeError, match="overlap must be True or False"):
+        with_optimizer_offload(cfg, fraction=0.5, overlap=np.int64(1))
+
+
+def test_a_recipe_function_passed_uncalled_is_told_to_be_called():
+    from recipes import get_recipe
+    from recipes.qwen3_dense import qwen3_0p6b_pretrain_config
+
+    with pytest.raises(TypeError, match=r"qwen3_0p6b_pretrain_config is the recipe function, call it first: "
+                                        r"qwen3_0p6b_pretrain_config\(\)"):
+        with_optimizer_offload(qwen3_0p6b_pretrain_config, fraction=0.5)
+    with pytest.raises(TypeError, match=rf"call it first: get_recipe\('{DENSE}'\)\.build\(\)"):
+        with_activation_offload(get_recipe(DENSE).build, num_layers=2)
