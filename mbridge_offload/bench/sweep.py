@@ -45,7 +45,17 @@ def parse_fractions(text: str) -> list[float]:
     bad = [f for f in fractions if not 0.0 <= f <= 1.0]
     if bad or not fractions:
         raise argparse.ArgumentTypeError(f"fractions must be from 0 to 1, got {text!r}")
-    return sorted(set(fractions))
+    # a nonzero number below the smallest float reads as 0: it would run the baseline under another name
+    vanished = [x.strip() for x in text.split(",") if x.strip() and float(x) == 0.0
+                and any(c in "123456789" for c in x.lower().split("e")[0])]
+    if vanished:
+        raise argparse.ArgumentTypeError(f"fraction {vanished[0]} is too small to tell from 0 (a float reads it as 0); "
+                                         "give 0 for no offload or a fraction of at least 0.001")
+    repeated = sorted({f for f in fractions if fractions.count(f) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"fraction {repeated[0]:g} is given twice in {text!r}: each fraction runs "
+                                         "once; for repeated runs of one fraction use bench_offload.py --repeats N")
+    return sorted(fractions)
 
 
 # what the sweeping commands tell a user who set a key they set for each run

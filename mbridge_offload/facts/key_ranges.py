@@ -461,6 +461,11 @@ HYPERPARAMETER_RANGES: tuple[KeyRange, ...] = (
           whole=True, nullable=True),
     _real("hyperparameter/train-eval-iters-range", "train.eval_iters", "batches each evaluation runs "
           "(deprecated here: validation.eval_iters)", "train.eval_iters=null", low=0, whole=True, nullable=True),
+    # Megatron Bridge asserts a positive seed at the launch (initialize._set_random_seed) and adds 100 per pipeline
+    # stage and 10 per data-parallel rank before numpy's seed, which takes at most 2**32 - 1
+    _real("hyperparameter/seed-range", "rng.seed", "the random seed: Megatron Bridge asserts it is positive, and "
+          "numpy's seed takes at most 2**32 - 1 after 100 per pipeline stage and 10 per data-parallel rank are "
+          "added", "rng.seed=1234", low=1, high=2**31 - 1, whole=True),
 )
 
 KEY_RANGES: tuple[KeyRange, ...] = (

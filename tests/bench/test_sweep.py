@@ -17,11 +17,20 @@ def _result(fraction, step, peak, losses):
                                               "peak_host_rss_gib": 10.0, "peak_pinned_host_gib": 2.0}}
 
 
-def test_fractions_parse_sorted_unique_and_in_range():
-    assert sweep.parse_fractions("1,0,0.5,0.5") == [0.0, 0.5, 1.0]
-    for bad in ("abc", "1.5", "-0.1", ""):
+def test_fractions_parse_sorted_and_in_range():
+    assert sweep.parse_fractions("1,0,0.5") == [0.0, 0.5, 1.0]
+    assert sweep.parse_fractions("0.0,1e-3") == [0.0, 0.001]
+    for bad in ("abc", "1.5", "-0.1", "", "nan"):
         with pytest.raises(argparse.ArgumentTypeError):
             sweep.parse_fractions(bad)
+
+
+def test_a_fraction_given_twice_or_too_small_to_tell_from_zero_is_refused_not_merged():
+    """0.5 twice ran once without a word; 1e-400 ran as the baseline (a float reads it as 0)."""
+    with pytest.raises(argparse.ArgumentTypeError, match="0.5 is given twice.*--repeats"):
+        sweep.parse_fractions("1,0,0.5,0.5")
+    with pytest.raises(argparse.ArgumentTypeError, match="1e-400 is too small to tell from 0"):
+        sweep.parse_fractions("0.5,1e-400")
 
 
 def test_hydra_multirun_alias_and_owned_keys():

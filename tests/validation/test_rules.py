@@ -541,6 +541,7 @@ HYPERPARAMETER_CASES = {
     "hyperparameter/eval-iters-range": ("validation.eval_iters", 10, -1),
     "hyperparameter/train-eval-interval-range": ("train.eval_interval", 100, -1),
     "hyperparameter/train-eval-iters-range": ("train.eval_iters", 10, -1),
+    "hyperparameter/seed-range": ("rng.seed", 1234, 0),  # Megatron Bridge's launch asserts a positive seed
 }
 CASES.update({rule_id: case(MOE if "moe" in key else DENSE, {key: good}, {key: bad}, gpus=(16, 16) if "moe" in key
                             else (1, 1)) for rule_id, (key, good, bad) in HYPERPARAMETER_CASES.items()})
@@ -550,6 +551,19 @@ CASES["hyperparameter/warmup-samples-range"] = case(DENSE, {**SAMPLE_BASED, "sch
                                                     {**SAMPLE_BASED, "scheduler.lr_warmup_samples": -5})
 CASES["hyperparameter/warmup-fraction-range"] = case(DENSE, {**NO_WARMUP_ITERS, "scheduler.lr_warmup_fraction": 0.1},
                                                      {**NO_WARMUP_ITERS, "scheduler.lr_warmup_fraction": 1.5})
+
+
+def test_a_seed_numpy_cannot_take_is_refused(recipe):
+    """numpy's seed takes at most 2**32 - 1, after Megatron Bridge adds 100 per pipeline stage: a seed of 2**32 was
+    accepted and failed at the launch."""
+    import numpy as np
+
+    with pytest.raises(ValueError):
+        np.random.seed(2**32)
+    cfg = recipe(DENSE)
+    cfg.rng.seed = 2**32
+    problems = [p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id == "hyperparameter/seed-range"]
+    assert problems and problems[0].key == "rng.seed" and "rng.seed=1234" in problems[0].fix
 
 
 def _given(*keys):
