@@ -1,6 +1,7 @@
 """The training hyperparameters: each number's range (facts/key_ranges.py's HYPERPARAMETER_RANGES: what neither
 Megatron Bridge's validate() nor Megatron Core's __post_init__ checks before the launch), and the scheduler's
-settings that take a value given on the command line out of the run without a word: a value replaced by another
+settings that take a value given on the command line out of the run without a word (and recompute_modules,
+which Megatron Core reads only with selective recompute): a value replaced by another
 (max_steps over lr_decay_iters, the scheduler's weight decay over optimizer.weight_decay, a warmup capped below the
 decay) or ignored (a WSD setting without WSD, the end of a decay with a constant learning rate). Only a key the
 command line gave (Context.given_keys) is reported there: a recipe's own settings are the recipe's choice."""
@@ -150,6 +151,17 @@ RULES: tuple[Rule, ...] = guarded(
          fix=lambda c: ("scheduler.lr_decay_style=cosine  (or drop " + " ".join(_given_of(c, _DECAY_KEYS)) + ")"),
          observed=lambda c: f"constant (given: {_shown_given(c, _given_of(c, _DECAY_KEYS))})",
          fix_text="scheduler.lr_decay_style=cosine  (or drop the decay keys)", severity="warning"),
+    # Megatron Core reads recompute_modules only where recompute_granularity is selective (transformer_layer.py,
+    # attention.py, moe_layer.py), so without it the list recomputes nothing and no check reads its names
+    Rule(id="recompute/modules-given-without-selective", mechanism=HYPERPARAMETERS, key="model.recompute_modules",
+         text="model.recompute_modules given on the command line is ignored unless "
+              "model.recompute_granularity=selective: nothing is recomputed and its names are not checked",
+         applies=lambda c: c.given("model.recompute_modules"),
+         holds=lambda c: c.cfg.model.recompute_granularity == "selective",
+         fix=lambda c: "model.recompute_granularity=selective  (or drop model.recompute_modules)",
+         observed=lambda c: (f"{show(c.cfg.model.recompute_modules)} (recompute_granularity="
+                             f"{show(c.cfg.model.recompute_granularity)})"),
+         fix_text="model.recompute_granularity=selective  (or drop model.recompute_modules)", severity="warning"),
 )
 
 

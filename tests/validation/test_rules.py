@@ -586,6 +586,10 @@ CASES.update({
     "scheduler/warmup-capped": case(DENSE, {"scheduler.lr_warmup_iters": 50}, {"scheduler.lr_warmup_iters": 200},
                                     passing_ctx=_given("scheduler.lr_warmup_iters"),
                                     failing_ctx=_given("scheduler.lr_warmup_iters")),
+    "recompute/modules-given-without-selective": case(
+        DENSE, {"model.recompute_granularity": "selective", "model.recompute_modules": ["core_attn"]},
+        {"model.recompute_modules": ["core_atn"]},
+        passing_ctx=_given("model.recompute_modules"), failing_ctx=_given("model.recompute_modules")),
     "scheduler/wsd-given-without-wsd": case(DENSE, {"scheduler.lr_decay_style": "WSD",
                                                     "scheduler.lr_wsd_decay_iters": 10},
                                             {"scheduler.lr_wsd_decay_iters": 10},
