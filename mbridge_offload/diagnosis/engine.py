@@ -27,9 +27,8 @@ from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_
                                                          JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER, RANK_FAILED,
                                                          RESUME_OFFLOAD, RESUME_SAVE_FIRST, RESUME_SIGNAL_AHEAD,
                                                          RESUME_TIME_LIMIT, RESUME_WORDS, SIGNAL_NAMES,
-                                                         STOP_KINDS, STOP_SIGNAL_EXITS,
-                                                         LOG_NEAR_LINES, PINNED_ALLOCATION_NEAR,
-                                                         SHARED_MEMORY_NEAR, SIGBUS)
+                                                         STOP_KINDS, STOP_SIGNAL_EXITS, PINNED_ALLOCATION_NEAR,
+                                                         SHARED_MEMORY_NEAR, SIGBUS, is_this_cause, near)
 from mbridge_offload.validation.upstream import _UPSTREAM_KEYS, _UPSTREAM_TO_RULE
 
 SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
@@ -164,20 +163,12 @@ class _Run:
 
     def near(self, index: int, pattern: str) -> bool:
         """runtime_failures.near on this log, each line searched once per pattern however many signatures ask
-        about the lines around them (a log of many matching lines asks about the same lines again and again)."""
-        seen = self._near.setdefault(pattern, {})
-        regex = re.compile(pattern)
-        for j in range(max(0, index - LOG_NEAR_LINES), min(len(self.texts), index + LOG_NEAR_LINES)):
-            hit = seen.get(j)
-            if hit is None:
-                hit = seen[j] = regex.search(self.texts[j]) is not None
-            if hit:
-                return True
-        return False
+        about the lines around them."""
+        return near(self.texts, index, pattern, self._near.setdefault(pattern, {}))
 
     def is_this_cause(self, rule_id: str, index: int) -> bool:
         """runtime_failures.is_this_cause on this log: no line near ``index`` names another cause."""
-        return not any(self.near(index, pattern) for pattern in RULES_BY_ID[rule_id].log_not_near)
+        return is_this_cause(RULES_BY_ID[rule_id], self.texts, index, self._near)
 
     def ranks_failed(self) -> list[int]:
         """The lines where srun or torchrun report a rank that exited with an error code of its own."""

@@ -141,14 +141,27 @@ def _rule(id: str, key: str, text: str, fix: str, signatures: tuple[str, ...], s
                 severity=severity, log_signatures=signatures, log_not_near=not_near)
 
 
-def near(lines: Sequence[str], index: int, pattern: str) -> bool:
-    """Whether a line within LOG_NEAR_LINES of ``lines[index]`` matches ``pattern``."""
-    return any(re.search(pattern, line) for line in lines[max(0, index - LOG_NEAR_LINES): index + LOG_NEAR_LINES])
+def near(lines: Sequence[str], index: int, pattern: str, seen: dict[int, bool] | None = None) -> bool:
+    """Whether a line within LOG_NEAR_LINES of ``lines[index]`` matches ``pattern``. ``seen``: each line's answer
+    for ``pattern``, kept across calls (a log of many matching lines asks about the same lines again and again)."""
+    regex = re.compile(pattern)
+    for j in range(max(0, index - LOG_NEAR_LINES), min(len(lines), index + LOG_NEAR_LINES)):
+        hit = None if seen is None else seen.get(j)
+        if hit is None:
+            hit = regex.search(lines[j]) is not None
+            if seen is not None:
+                seen[j] = hit
+        if hit:
+            return True
+    return False
 
 
-def is_this_cause(rule: Rule, lines: Sequence[str], index: int) -> bool:
-    """Whether the signature matched at ``lines[index]`` shows ``rule``: no line near it names another cause."""
-    return not any(near(lines, index, pattern) for pattern in rule.log_not_near)
+def is_this_cause(rule: Rule, lines: Sequence[str], index: int,
+                  seen: dict[str, dict[int, bool]] | None = None) -> bool:
+    """Whether the signature matched at ``lines[index]`` shows ``rule``: no line near it names another cause.
+    ``seen``: per pattern, ``near``'s answers kept for this log."""
+    return not any(near(lines, index, pattern, None if seen is None else seen.setdefault(pattern, {}))
+                   for pattern in rule.log_not_near)
 
 
 def log_shows(rule: Rule, lines: Sequence[str]) -> bool:
