@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
+from mbridge_offload.facts.offload_engine import ENGINE_ENV
+from mbridge_offload.facts.reserve_rule import RESERVE_RULE_ENV
+from mbridge_offload.runtime.cpu_threads import USER_OMP_ENV
 from recipes import registry
 
 EXIT_INVALID = 2
@@ -55,8 +58,8 @@ def not_prepared_problems(refusal: BaseException) -> list[dict[str, Any]]:
 SWITCH_ENV = ("MBRIDGE_OFFLOAD_NO_CACHE", "MBRIDGE_OFFLOAD_NO_WORKER")  # read as on unless empty or 0
 SECONDS_ENV = ("MBRIDGE_OFFLOAD_WORKER_IDLE_S",)
 FOLDER_ENV = ("MBRIDGE_OFFLOAD_CACHE_DIR",)  # empty: unset, as store.cache_root reads it
-OTHER_ENV = ("MBRIDGE_OFFLOAD_ENGINE", "MBRIDGE_OFFLOAD_RESERVE_RULE", "MBRIDGE_OFFLOAD_IN_WORKER",
-             "MBRIDGE_OFFLOAD_USER_OMP_NUM_THREADS")
+# warm_worker.py holds MBRIDGE_OFFLOAD_IN_WORKER's name, but importing it reads WORKER_IDLE_S, which this check judges
+OTHER_ENV = (ENGINE_ENV, RESERVE_RULE_ENV, "MBRIDGE_OFFLOAD_IN_WORKER", USER_OMP_ENV)
 ENV_PREFIX = "MBRIDGE_OFFLOAD_"
 
 
