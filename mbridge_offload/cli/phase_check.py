@@ -192,23 +192,42 @@ def _tools(folder: Path) -> dict[str, str]:
 def collect(source: Source, root: Path = ROOT, timeout_s: float = 120.0) -> Source:
     """Run ``source``'s script with the recorder as its python; its calls, in order, into ``source.calls``."""
     with tempfile.TemporaryDirectory(prefix="phase-check-") as tmp:
-        folder = Path(tmp)
-        env = _tools(folder)
-        log = folder / "calls.jsonl"
-        env.update(PHASE_CHECK_LOG=str(log), RUNS=str(folder / "runs"))
-        try:
-            done = subprocess.run(["bash", str(source.script), *source.args], cwd=root, env=env, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)
-            source.exit_code, source.stderr = done.returncode, done.stderr
-        except subprocess.TimeoutExpired as expired:
-            source.exit_code, source.stderr = None, f"did not finish in {timeout_s:g} s: {expired.stderr or ''}"
-        lines = log.read_text().splitlines() if log.exists() else []
+        return _collect_in(source, Path(tmp), _tools(Path(tmp)), root, timeout_s)
+
+
+def _collect_in(source: Source, folder: Path, env: dict[str, str], root: Path, timeout_s: float) -> Source:
+    """``collect`` with the recorder and tools already written in ``folder`` (``env`` from ``_tools``)."""
+    env = dict(env)
+    log = folder / "calls.jsonl"
+    env.update(PHASE_CHECK_LOG=str(log), RUNS=str(folder / "runs"))
+    try:
+        done = subprocess.run(["bash", str(source.script), *source.args], cwd=root, env=env, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+        source.exit_code, source.stderr = done.returncode, done.stderr
+    except subprocess.TimeoutExpired as expired:
+        source.exit_code, source.stderr = None, f"did not finish in {timeout_s:g} s: {expired.stderr or ''}"
+    lines = log.read_text().splitlines() if log.exists() else []
     runs = str(folder / "runs")  # shown as the scripts name it
     source.calls = [Call(argv=[a.replace(runs, "$RUNS") for a in d["argv"]], env=d["env"])
                     for d in map(json.loads, lines)]
     source.stderr = source.stderr.replace(runs, "$RUNS")
     return source
+
+
+def collect_all(found: list[Source], root: Path = ROOT, workers: int = 8) -> list[Source]:
+    """``collect`` on every source, side by side. Every recorder is written before any script starts: a recorder
+    written while another thread forks stays open for writing in that child until it execs, and running it then
+    fails with "Text file busy" (a phase lost its first command that way)."""
+    with tempfile.TemporaryDirectory(prefix="phase-check-") as tmp:
+        folders = [Path(tmp) / str(i) for i in range(len(found))]
+        envs = []
+        for folder in folders:
+            folder.mkdir()
+            envs.append(_tools(folder))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda i: _collect_in(found[i], folders[i], envs[i], root, 120.0), range(len(found))))
+    return found
 
 
 def sources(targets: list[str], gpus: list[int], root: Path = ROOT) -> list[Source]:
@@ -698,8 +717,7 @@ def check_sources(targets: list[str], gpus: list[int] = (4, 2), checker: Checker
     """Collect every source ``targets`` name (side by side), then check each call in order."""
     checker = checker or Checker()
     found = sources(list(targets), list(gpus), root)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda s: collect(s, root), found))
+    collect_all(found, root, workers)
     for source in found:
         made: set[str] = set()
         for call in source.calls:
