@@ -45,6 +45,7 @@ class NodeUsedPeak:
         self.interval_s = interval_s
         self._read = read
         self._peak: int | None = None
+        self.start_bytes: int | None = None  # the node's use at start(): other processes' memory and this one's so far
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -59,6 +60,7 @@ class NodeUsedPeak:
 
     def start(self) -> "NodeUsedPeak":
         self._sample()
+        self.start_bytes = self._peak
         self._thread = threading.Thread(target=self._run, name="node-memory-peak", daemon=True)
         self._thread.start()
         return self

@@ -115,6 +115,16 @@ def _gib_or_none(n: int | None) -> float | None:
     return None if n is None else n / GIB
 
 
+def node_before_run_record(node_used_at_start: int | None, rss_at_start: int) -> dict[str, float]:
+    """The node's memory in use when the sampler started, less this process's RSS then: what the node held before
+    this run (with several ranks on a node, the others' memory at that moment too). The node's peak less it is the
+    run's own share, which the plan's host peak per node is compared with; without it the comparison is off by
+    whatever else the node held (1-3 GiB beside a ballast process)."""
+    if node_used_at_start is None:
+        return {}
+    return {"node_host_used_before_run_gib": max(0, node_used_at_start - rss_at_start) / GIB}
+
+
 def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: float | None,
                 node_used_peak_bytes: int | None = None) -> dict[str, Any]:
     import torch
@@ -175,6 +185,7 @@ def make_callback(out_dir: Path, rank: int):
         def __init__(self) -> None:
             # from before the model and optimizer are built: their pinning counts towards the node's peak
             self.node_used = NodeUsedPeak().start()
+            self.rss_at_start = host_rss_bytes()
             out_dir.mkdir(parents=True, exist_ok=True)
             self.path = step_records_file(out_dir, rank)
             self.file = self.path.open("w")
@@ -219,6 +230,7 @@ def make_callback(out_dir: Path, rank: int):
                 record["engine_wait_s"] = engine_wait_s
                 record["engine_step_s"] = take_engine_step_s()  # and enqueued its work instead of the forward
             if self.step == 1:
+                record.update(node_before_run_record(self.node_used.start_bytes, self.rss_at_start))
                 record.update(allocator_layout())
                 record.update(_warm_up_record())
             if self.step <= 2:  # glibc walks its free lists for this: 0.16 s with 150k free blocks
@@ -251,6 +263,11 @@ def _slowest_rank(ranks: dict[int, list[dict]], step: int, field: str) -> float 
 def _steady_median(ranks: dict[int, list[dict]], steps: range, field: str) -> float | None:
     values = [v for v in (_slowest_rank(ranks, i, field) for i in steps) if v is not None]
     return statistics.median(values) if values else None
+
+
+def _first(ranks: dict[int, list[dict]], field: str) -> float | None:
+    """``field`` as the lowest rank that recorded it did (a value recorded once per run)."""
+    return next((s[field] for _, r in sorted(ranks.items()) for s in r if s.get(field) is not None), None)
 
 
 def summarize(out_dir: Path) -> dict[str, Any]:
@@ -289,6 +306,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "peak_pinned_host_gib": peak("pinned_host_gib"),
         "peak_host_rss_high_water_gib": peak("host_rss_high_water_gib"),
         "peak_node_host_used_gib": peak("node_host_used_peak_gib"),
+        "node_host_used_before_run_gib": _first(ranks, "node_host_used_before_run_gib"),
         "peak_device_used_gib": peak("device_used_gib"),
         "peak_device_process_used_gib": peak("device_process_used_gib"),
         # the device memory PyTorch's allocator does not hold (CUDA context, cuBLAS/TE workspaces, NCCL
@@ -336,7 +354,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     # inside-step host peaks (mbridge_offload/runtime/host_memory.py); summaries written before they existed lack them
     rows[6:6] = [(label, _gib(summary[key])) for key, label in (
         ("peak_host_rss_high_water_gib", "peak host RSS inside steps"),
-        ("peak_node_host_used_gib", "peak host used on the node")) if summary.get(key) is not None]
+        ("peak_node_host_used_gib", "peak host used on the node"),
+        ("node_host_used_before_run_gib", "  of which in use before the run")) if summary.get(key) is not None]
     breakdown = summary.get("offload_breakdown")
     if breakdown:
         rows += [(f"  {label}", f"{breakdown[key]:.3f} s") for key, label in BREAKDOWN_LABELS if key in breakdown]

@@ -81,3 +81,40 @@ def test_the_release_runs_after_setup_and_each_save_and_says_so(built, capsys):
     assert capsys.readouterr().out == ""
     make_heap_release_callback(rank=1).on_train_start(None)
     assert capsys.readouterr().out == ""
+
+
+def test_the_sampler_keeps_the_node_s_use_at_its_start_apart_from_its_peak():
+    readings = iter([3.0, 9.0, 30.0, 12.0])
+    done = threading.Event()
+
+    def read():
+        value = next(readings, None)
+        if value is None:
+            done.set()
+            return int(12.0 * GIB)
+        return int(value * GIB)
+
+    sampler = NodeUsedPeak(interval_s=0.001, read=read).start()
+    assert done.wait(5)
+    sampler.stop()
+    assert sampler.start_bytes == int(3.0 * GIB)
+    assert sampler.peak_bytes() == int(30.0 * GIB)
+
+
+def test_the_summary_says_what_the_node_held_before_the_run(tmp_path):
+    """The node's peak less what other processes held at the start is the run's share: the figure the plan's host
+    peak per node is compared with (planner-auto-moe/ had to bound it from MemAvailable at launch)."""
+    import json
+
+    from mbridge_offload.runtime.metrics import format_summary, node_before_run_record, step_records_file, summarize
+
+    before = node_before_run_record(int(5.5 * GIB), int(1.5 * GIB))
+    assert before == {"node_host_used_before_run_gib": 4.0}
+    assert node_before_run_record(None, int(1.5 * GIB)) == {}
+    steps = [{"step": 1, "step_time_s": 2.0, "loss": 11.0, "node_host_used_peak_gib": 30.0, **before},
+             {"step": 2, "step_time_s": 1.0, "loss": 10.9, "node_host_used_peak_gib": 31.0}]
+    step_records_file(tmp_path, 0).write_text("".join(json.dumps(s) + "\n" for s in steps))
+    summary = summarize(tmp_path)
+    assert summary["peak_node_host_used_gib"] == 31.0
+    assert summary["node_host_used_before_run_gib"] == 4.0
+    assert "of which in use before the run" in format_summary(summary)
