@@ -569,7 +569,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=full-device; auto_pair "$runs/planner-auto-6" "$case" "$args")
       done ;;
     planner-auto-moe)
-      # NOT RUN YET (issue #15, ~18 min; split by CASES over calls, in this order; every device fits an H100 too). auto
+      # Twenty-sixth session (planner-auto-moe/, one H100, three calls: 2 cases, then 2, then 1; 482 s for two cases).
+      # Issue #15, ~18 min; split by CASES over calls, in this order; every device fits an H100 too. auto
       # with the first-step reserve rule, the MoE default since the twenty-fifth session (reserve-snapshot/'s order of
       # events: the MoE proxy's step-2 communicators come before step 2's loss grows the segment), on four MoE proxy
       # configurations no auto check ran. Each device is the plan + auto's 2 % margin at fraction 0.5 + 0.05 GiB

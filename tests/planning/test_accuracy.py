@@ -130,7 +130,8 @@ def test_first_step_plans_no_moe_heldout_run_below_what_it_used(monkeypatch):
 
 def test_full_device_plans_the_moe_whole_device_within_2_percent_where_its_allowance_decides(monkeypatch):
     """The opt-in full-device rule on the held-out MoE runs with expandable segments, with the dense runs' criterion
-    (the test above): within 2 % where the allowance beside the steady peak set the reserve (-1.3 % to +0.6 %; the
+    (the test above): within 2 % where the allowance beside the steady peak set the reserve (-1.3 % to +0.6 % on the
+    11 runs before planner-auto-moe/, +0.0 % to +0.9 % on its 10, on devices sized for the default rule's plan; the
     least, alloc-conf/shell-env's 2-layer proxy, kept 1.09 GiB beyond its peak on a device with room and trained on
     one without it in alloc-tight/ with 0.21), and never under by more than 2 %."""
     from mbridge_offload.facts.reserve_rule import FULL_DEVICE, RESERVE_RULE_ENV, SUB_PAGE_GAPS_GIB
@@ -250,7 +251,7 @@ def test_host_between_steps_within_5_percent_on_heldout_runs():
 # The held-out runs alone on the node or beside a ballast process only (their node peak is theirs, the ballast's and
 # the system's; the others ran side by side).
 ALONE_OR_BESIDE_A_BALLAST = ("/planner-auto-2/", "/planner-auto-3/", "/planner-auto-4/", "/planner-auto-5/",
-                             "/heap-release/",
+                             "/planner-auto-moe/", "/heap-release/",
                              "/planner-heldout-3/8b-sl2048-overlap-off", "/planner-heldout-2/4b-sl2048")
 def _heldout_rows_with_cfg() -> list[tuple[dict, object]]:
     from overrides import apply_overrides
@@ -310,7 +311,7 @@ def test_the_first_step_transient_shows_on_the_moe_proxy_and_not_on_dense_runs()
             if any(a in r["run"] for a in ALONE_OR_BESIDE_A_BALLAST) and r["fraction"] > 0]
     dense = [r for r, cfg in rows if not cfg.model.num_moe_experts]
     moe = [r for r, cfg in rows if cfg.model.num_moe_experts]
-    assert len(dense) >= 26 + 14 and len(moe) >= 12
+    assert len(dense) >= 26 + 14 and len(moe) >= 12 + 10
     assert {r["overlap"] for r in dense} == {True, False}
     for r in dense:
         assert 1.5 <= r["measured_node_peak_gib"] - r["measured_host_high_water_gib"] <= 5.0, r

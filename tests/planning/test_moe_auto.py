@@ -1,0 +1,92 @@
+"""auto on MoE models against the GPU: planner-auto-moe/ (twenty-sixth session, one H100, each device a ballast's
+remainder, the overlap on, expandable segments). Four configurations of the MoE proxy (2, 3, 4 and 6 layers, 4096 to
+12288 tokens, micro batch 1 and 2) that no constant of the planner was set on, each run at auto's pick, one 0.05 step
+below and, where that trained, two steps below. The first-step reserve rule is the MoE default since the
+twenty-fifth session (reserve-snapshot/order/); these are its first auto checks on devices sized for its plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from overrides import apply_overrides
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV
+from mbridge_offload.planning import GIB, plan
+from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
+
+CHECKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "planner-auto-moe"
+STEP = 0.05
+
+
+def _checks(built) -> list[tuple[str, object, dict, dict]]:
+    """(case, config, check, {fraction: run}) of every committed auto check."""
+    found = []
+    for path in sorted(CHECKS.glob("*/auto_check.json")):
+        for check in json.loads(path.read_text()):
+            cfg = apply_overrides(built(check["recipe"]), check["overrides"])
+            runs = {check[k]["fraction"]: check[k] for k in ("at_auto", "below", "two_below") if check.get(k)}
+            found.append((path.parent.name, cfg, check, runs))
+    return found
+
+
+def _pick_and_plans(cfg, check: dict, runs: dict) -> tuple[float, object, dict[float, float]]:
+    picked, picked_plan = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
+    planned = {f: plan(cfg, 1, fraction=f, gpu_memory_gib=check["device_gib"], expandable=True).total_bytes_gpu / GIB
+               for f in runs}
+    return picked, picked_plan, planned
+
+
+def _plans_above_every_run(case: str, check: dict, runs: dict, planned: dict[float, float]) -> int:
+    """At every fraction that trained the plan is at or above the whole device the run used (NVML); at one that ran
+    out of memory it is above the device. The number of runs that ran out."""
+    out_of_memory = 0
+    for fraction, run in runs.items():
+        if run["outcome"] == "trained":
+            assert planned[fraction] >= run["device_used_gib"], (case, fraction, planned[fraction])
+        else:
+            assert run["outcome"] == "out of memory", (case, fraction, run["outcome"])
+            assert planned[fraction] > check["device_gib"], (case, fraction, planned[fraction])
+            out_of_memory += 1
+    return out_of_memory
+
+
+def test_the_default_rule_picks_a_fraction_that_trained_and_plans_above_every_moe_run(built, monkeypatch):
+    """auto (the first-step rule, a 2 % margin) picked 0.5 on each device and trained there; 0.45 trained on all
+    four with less free than the margin (the issue's bar); 0.4 ran out of memory on the 4- and 6-layer proxies
+    (the step goal met) and trained on the 2- and 3-layer ones (not met: two steps above)."""
+    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+    checks = _checks(built)
+    assert len(checks) == 4
+    out_of_memory = 0
+    for case, cfg, check, runs in checks:
+        picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
+        assert picked_plan.reserve_rule == FIRST_STEP, case
+        assert picked == check["auto"]["fraction"], case  # the planner that made the checks, unchanged since
+        assert runs[picked]["outcome"] == "trained", case
+        below = runs[round(picked - STEP, 2)]
+        assert below["outcome"] != "trained" or below["headroom_gib"] < picked_plan.margin_gib, case
+        out_of_memory += _plans_above_every_run(case, check, runs, planned)
+    assert out_of_memory == 2
+
+
+def test_full_device_replayed_on_the_moe_checks_picks_lower_fractions_that_trained(built, monkeypatch):
+    """The opt-in full-device rule (0.55 GiB for the sub-page gaps, a 0.1 % margin), on the same devices: it picks
+    0.4, 0.45, 0.45 and 0.45, each a fraction that trained; on the two configurations where a run ran out of memory
+    that is the smallest that trains (the step goal), on the other two it is below the default's two steps above.
+    Its plan is at or above every run that trained (the closest: the 2-layer proxy at 0.4, which trained with
+    0.11 GiB free)."""
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    picks = {}
+    for case, cfg, check, runs in _checks(built):
+        picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
+        assert picked_plan.reserve_rule == FULL_DEVICE, case
+        assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
+        assert picked < check["auto"]["fraction"], case
+        failed = [f for f, r in runs.items() if r["outcome"] != "trained"]
+        if failed:
+            assert picked == pytest.approx(max(failed) + STEP), case
+        _plans_above_every_run(case, check, runs, planned)
+        picks[case] = picked
+    assert len(picks) == 4
