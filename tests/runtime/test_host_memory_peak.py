@@ -30,22 +30,28 @@ def test_node_used_is_this_node_s_memory():
     assert 0 < node_used_bytes() / GIB < 100_000
 
 
-def test_node_peak_keeps_a_rise_that_lasted_between_step_ends():
-    # readings of MemTotal - MemAvailable as the H200's 7-layer run gave them, one per sample (GiB):
-    # the rise inside the first optimizer step, then back down before the step ends
-    readings = iter([79.3, 94.4, 116.0, 116.1, 95.6, 95.6])
+def _sampled(readings_gib: list[float]) -> NodeUsedPeak:
+    """A sampler run over ``readings_gib`` (one per sample; the last repeats once they are used up), stopped."""
+    readings = iter(readings_gib)
     done = threading.Event()
 
     def read():
         value = next(readings, None)
         if value is None:
             done.set()
-            return int(95.6 * GIB)
+            return int(readings_gib[-1] * GIB)
         return int(value * GIB)
 
     sampler = NodeUsedPeak(interval_s=0.001, read=read).start()
     assert done.wait(5)
     sampler.stop()
+    return sampler
+
+
+def test_node_peak_keeps_a_rise_that_lasted_between_step_ends():
+    # readings of MemTotal - MemAvailable as the H200's 7-layer run gave them, one per sample (GiB):
+    # the rise inside the first optimizer step, then back down before the step ends
+    sampler = _sampled([79.3, 94.4, 116.0, 116.1, 95.6, 95.6])
     assert sampler.peak_bytes() == int(116.1 * GIB)
 
 
@@ -84,19 +90,7 @@ def test_the_release_runs_after_setup_and_each_save_and_says_so(built, capsys):
 
 
 def test_the_sampler_keeps_the_node_s_use_at_its_start_apart_from_its_peak():
-    readings = iter([3.0, 9.0, 30.0, 12.0])
-    done = threading.Event()
-
-    def read():
-        value = next(readings, None)
-        if value is None:
-            done.set()
-            return int(12.0 * GIB)
-        return int(value * GIB)
-
-    sampler = NodeUsedPeak(interval_s=0.001, read=read).start()
-    assert done.wait(5)
-    sampler.stop()
+    sampler = _sampled([3.0, 9.0, 30.0, 12.0])
     assert sampler.start_bytes == int(3.0 * GIB)
     assert sampler.peak_bytes() == int(30.0 * GIB)
 
