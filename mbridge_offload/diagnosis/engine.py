@@ -57,6 +57,13 @@ _CONSEQUENCE_IDS = ("runtime/nccl-timeout", "runtime/nccl-error", "runtime/job-s
                     "runtime/rendezvous-timeout", _ABORT_ID, _NETWORK_ID)
 # what follows from a failed network link when nothing failed before it: NCCL's error, the watchdog, the abort
 _AFTER_NETWORK = ("runtime/nccl-error", "runtime/nccl-timeout", _ABORT_ID)
+# A rank's NCCL error that it lost a peer (the peer's process exited, its socket closed) is printed the moment the peer
+# is gone, while the peer's own end is printed later by someone else: torchrun's failure block, srun, Slurm's oom-kill
+# line, the kernel's log pasted below. So these follow a failure later in the log too, where that failure is another
+# rank's or one that ends a process which never prints it itself. (Not the watchdog's timeout: a rank still stuck after
+# it is killed by the launcher's stop, and that kill follows the timeout.)
+_PEER_LOST = ("runtime/nccl-error", _NETWORK_ID)
+_ENDS_UNSAID = ("runtime/host-memory-killed", "runtime/rank-crashed", "runtime/gpu-hardware-fault")
 ABORT_WHAT_LINES = 3  # how far below 'terminate called after throwing' its what() line stands
 # A Python traceback no rule names: reported only where no other error is, with its last frame
 _EXCEPTION_ID = "runtime/python-exception"
@@ -687,6 +694,7 @@ def _mark_consequences(findings: list[Finding]) -> None:
     # peers and the launcher's kills after it follow from
     causes = [f for f in findings if f.evidence and ((f.severity == "error" and f.rule_id not in _CONSEQUENCE_IDS
                                                       and not f.carries) or f.rule_id == _STOP_ID)]
+    roots: dict[int, Finding] = {}  # id() of a consequence: the failure it follows from
     for finding in findings:
         if finding.rule_id not in _CONSEQUENCE_IDS or not finding.evidence:
             continue
@@ -697,13 +705,35 @@ def _mark_consequences(findings: list[Finding]) -> None:
         if not earlier and finding.rule_id == _ABORT_ID:  # an error before the abort, or the one its what() names
             earlier = [f for f in findings if f is not finding and f.severity == "error" and f.evidence
                        and f.first_index <= at + ABORT_WHAT_LINES]
+        if not earlier and finding.rule_id in _PEER_LOST:
+            earlier = [f for f in causes if f.rule_id != _STOP_ID and _lost_peer(finding, f)]
         if earlier:
             cause = min(earlier, key=lambda f: f.first_index)
+            while id(cause) in roots:  # the cause is itself another's consequence: name the failure at the root
+                cause = roots[id(cause)]
+            roots[id(finding)] = cause
             where = _rank_words(cause.ranks)
             finding.consequence_of = (f"most likely a consequence of [{cause.label}]"
                                       + (f" on {where}" if where else "")
                                       + f", which failed first ({cause.evidence[0].path.name}:"
                                       f"{cause.evidence[0].number}): fix that one")
+    # a consequence of a failure printed after it stands right below that failure, so the report starts with the cause
+    def after_its_cause(f: Finding) -> bool:
+        return id(f) in roots and roots[id(f)].first_index > f.first_index
+
+    findings.sort(key=lambda f: (f.severity != "error",
+                                 roots[id(f)].first_index if after_its_cause(f) else f.first_index, after_its_cause(f)))
+
+
+def _lost_peer(finding: Finding, cause: Finding) -> bool:
+    """Whether ``cause``, printed after ``finding`` (a rank's NCCL error of a lost peer), may be the peer it lost:
+    another rank's failure, or a kill, crash or node failure, which the process that ended never prints itself."""
+    if cause.first_index <= finding.first_index:
+        return False
+    if cause.rule_id in _ENDS_UNSAID and not (cause.ranks and finding.ranks):
+        return True  # the kernel's or Slurm's kill, which names no rank, or a log of the lost peer's ranks alone
+    # a kill of the ranks that reported the lost peer too is the launcher's stop after it (srun's "tasks 0-7: Killed")
+    return bool(cause.ranks and finding.ranks and not cause.ranks & finding.ranks)
 
 
 def diagnose(paths: list[Path], build_config: bool = True) -> list[Diagnosis]:

@@ -29,11 +29,12 @@ from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 # a message follows it (a mention of the class, e.g. in a warning or an except clause, is no failure)
 _OOM = (r"CUDA out of memory\. Tried to allocate", r"\b(torch\.(cuda\.)?)?OutOfMemoryError: \S")
 # What shows a pinned (page-locked) host allocation near a failed CUDA allocation: the call in the traceback above
-# it (a tensor's .pin_memory(), the DataLoader's pinning thread), the allocator in the C++ trace below it, NCCL's
-# host-alloc warning. Not the settings a config dump or the run's header prints on every run (pin_memory=True,
-# pin_cpu_grads, "pinned grads/params").
-PINNED_ALLOCATION_NEAR = (r"\.pin_memory\(|_utils/pin_memory\.py|[Hh]ostAlloc|host alloc|CachingHostAllocator|"
-                          r"cudaHostRegister|pinned (host )?memory")
+# it (a tensor's .pin_memory(), a factory's pin_memory=<a variable> as the traceback quotes the source, e.g. Megatron's
+# hybrid optimizer's torch.empty(..., pin_memory=self.pin_cpu_grads), the DataLoader's pinning thread), the allocator in
+# the C++ trace below it, NCCL's host-alloc warning. Not the settings a config dump or the run's header prints on every
+# run (pin_memory=True, pin_cpu_grads, "pinned grads/params").
+PINNED_ALLOCATION_NEAR = (r"\.pin_memory\(|\bpin_memory=(?!True\b|False\b)[A-Za-z_]|_utils/pin_memory\.py|[Hh]ostAlloc|"
+                          r"host alloc|CachingHostAllocator|cudaHostRegister|pinned (host )?memory")
 # Messages that say a device allocation outside PyTorch failed: NCCL's allocation warnings (also what torch
 # prints under "Last error:" of an "unhandled cuda error"), NCCL's CUDA-call warning with the out-of-memory
 # error, cuBLAS's / cuDNN's allocation statuses, and the CUDA runtime's / driver's out-of-memory error as torch,
@@ -126,6 +127,11 @@ RESUME_TIME_LIMIT = "for a time limit: a longer --time, or fewer train.train_ite
 RESUME_FIX = (f"{RESUME_WORDS}<the checkpoint.save folder>; {RESUME_OFFLOAD}; without checkpoint.save nothing was "
               f"saved: {RESUME_SAVE_FIRST}; {RESUME_SIGNAL_AHEAD}; {RESUME_TIME_LIMIT}")
 LOG_NEAR_LINES = 40  # lines either side of a signature's match searched for what tells its causes apart
+# How to go on from the checkpoints a run wrote: the last save that finished, which the save folder's tracker file
+# names (a save that failed or was cut short leaves an iter_* folder the tracker does not name)
+CHECKPOINT_RESUME = ("resume from the last save that finished: checkpoint.load=<the checkpoint.save folder> (its "
+                     "latest_train_state.pt, or latest_checkpointed_iteration.txt, names that iteration; move away an "
+                     f"iter_* folder a failed save left past it); {RESUME_OFFLOAD}")
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
 
@@ -354,14 +360,18 @@ RULES: tuple[Rule, ...] = (
            r"srun: error: Node failure on ", r"CANCELLED AT \S+ DUE TO NODE FAIL")),
     _rule("runtime/cuda-illegal-address", "(kernel)",
           "a GPU kernel read or wrote memory outside what it was given (cudaErrorIllegalAddress, CUDA error 700; or a "
-          "misaligned address): a bug in a kernel or in the tensors handed to it (a stale pointer, a wrong size or "
-          "stride), not a lack of memory. CUDA reports it at a later call, so the traceback's line and the "
-          "allocation failures that follow it are not the cause, and the CUDA context is lost for the process",
+          "misaligned address), or a kernel failed to run (CUDA's 'unspecified launch failure', error 719; cuBLAS's "
+          "CUBLAS_STATUS_EXECUTION_FAILED, its GEMM kernel failing): a bug in a kernel or in the tensors handed to it "
+          "(a stale pointer, a wrong size or stride), not a lack of memory; a fault that only one node or GPU shows "
+          "again is its hardware (the driver's Xid in dmesg). CUDA reports it at a later call, so the traceback's line "
+          "and the allocation failures that follow it are not the cause, and the CUDA context is lost for the process",
           "rerun with CUDA_LAUNCH_BLOCKING=1 (the traceback then names the kernel), or under compute-sanitizer "
           "--tool memcheck (the kernel and the address)" + _BISECT,
           (r"an illegal memory access was encountered", r"cudaErrorIllegalAddress", r"CUDA_ERROR_ILLEGAL_ADDRESS",
            r"Cuda failure 700\b", r"\berr(or)? 700 != CUDA_SUCCESS",
-           r"CUDA (error|Error): misaligned address", r"cudaErrorMisalignedAddress")),
+           r"CUDA (error|Error): misaligned address", r"cudaErrorMisalignedAddress",
+           r"CUBLAS_STATUS_EXECUTION_FAILED", r"CUDA (error|Error): unspecified launch failure",
+           r"cudaErrorLaunchFailure", r"CUDA_ERROR_LAUNCH_FAILED")),
     _rule("runtime/device-side-assert", "(data)",
           "a GPU kernel's own check failed (a device-side assert): most often an index out of range, a token id at or "
           "above the model's vocabulary size (data tokenized with another tokenizer, or a tokenizer larger than the "
@@ -425,6 +435,17 @@ RULES: tuple[Rule, ...] = (
           (r"PytorchStreamReader failed reading (zip archive|file)", r"is not a distributed checkpoint",
            r"No such file or directory: '[^']*/(\.metadata|metadata\.json|common\.pt)'",
            r"CheckpointingException: .*([Cc]orrupt|[Tt]runcated|incomplete)")),
+    _rule("runtime/checkpoint-not-found", "checkpoint.load",
+          "the checkpoint to load is not there: checkpoint.load (or checkpoint.pretrained_checkpoint) names a folder "
+          "without a checkpoint, checkpoint.ckpt_step an iteration that was never saved, or the iter_* folder the "
+          "tracker file names is gone (moved, deleted by most_recent_k, another file system on this node)",
+          "checkpoint.load=<the folder checkpoint.save wrote: it holds latest_train_state.pt or "
+          "latest_checkpointed_iteration.txt, and iter_* folders> with checkpoint.ckpt_step=<an iteration ls "
+          "<dir>/iter_* lists> or without checkpoint.ckpt_step (the latest); or start from scratch without "
+          f"checkpoint.load; {RESUME_OFFLOAD}",
+          (r"(Error|Exception): No checkpoint found in load directory or pretrained directory",
+           r"ckpt_step=\d+ specified but checkpoint directory does not exist: ",
+           r"CheckpointingException: Checkpoint directory \S+ does not exist")),
     _rule("runtime/checkpoint-model-mismatch", "checkpoint.load",
           "the checkpoint holds another model than the one this run built: other layers or sizes (another recipe, "
           "num_layers, hidden or vocabulary size), or a checkpoint in the legacy torch format loaded with another "
@@ -531,8 +552,11 @@ RULES: tuple[Rule, ...] = (
     _rule("runtime/checkpoint-write-failed", "checkpoint.save",
           "writing the checkpoint failed: the file writer stopped mid-file ('unexpected pos'), what a full disk gives "
           "(with optimizer offload a checkpoint takes ~18 bytes per parameter)",
-          "free disk space, or checkpoint.save=<a folder on a larger disk> checkpoint.most_recent_k=1",
+          "free disk space, or checkpoint.save=<a folder on a larger disk> checkpoint.most_recent_k=1; then "
+          f"{CHECKPOINT_RESUME}",
           (r"No space left on device", r"unexpected pos \d+ vs \d+", r"Disk quota exceeded",
+           # the errno alone where the message is cut short or translated: ENOSPC, EDQUOT (Linux)
+           r"\[Errno (28|122)\]",
            # torch.save's writer when a write() fails (a full disk, a quota): the message names no errno
            r"PytorchStreamWriter failed writing file .*: file write failed")),
     _rule("runtime/stop-killed-data-loader-workers", "train.exit_signal_handler_for_dataloader",
@@ -637,6 +661,8 @@ CONFIRM: dict[str, str] = {
                                  "runs as); mount | grep ' ro,' for a read-only file system",
     "runtime/checkpoint-unreadable": "ls -la <checkpoint.load>/iter_*: the last folder lacks metadata.json or .metadata, "
                                      "or a file is smaller than the same file of the folder before",
+    "runtime/checkpoint-not-found": "ls <checkpoint.load> and ls <checkpoint.load>/iter_* on the node that failed: the "
+                                    "iteration the message names against those saved",
     "runtime/checkpoint-model-mismatch": "the run_config.yaml saved beside the checkpoint against this run's config "
                                          "(model sizes, TP/PP, checkpoint.ckpt_format)",
     "runtime/cuda-driver-too-old": "nvidia-smi ('CUDA Version', the newest the driver runs) against python -c 'import torch; "
@@ -668,7 +694,8 @@ CONFIRM: dict[str, str] = {
     "runtime/full-offload-slowdown": "summary.json step_time_s of this run against the run without offload; "
                                      "offload_breakdown shows D2H, CPU Adam and H2D",
     "runtime/fine-grained-warmup": "step_times_s in summary.json: only the first step(s) are slow",
-    "runtime/checkpoint-write-failed": "df -h on the checkpoint folder's disk",
+    "runtime/checkpoint-write-failed": "df -h and quota -s (lfs quota -h -u $USER <dir> on Lustre) for the checkpoint "
+                                       "folder's disk",
     "runtime/stop-killed-data-loader-workers": "the log shows the stop signal's arrival ('Received signal 15') "
                                                "or the job's preemption just before; no iter_* folder was written",
     "runtime/hf-hub-unreachable": "env | grep HF_; curl -sI https://huggingface.co from the node",

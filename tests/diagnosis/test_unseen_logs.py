@@ -859,3 +859,77 @@ def test_a_rank_that_ends_on_sigterm_after_another_failed_is_no_stop(diag):
 def test_libraries_not_built_for_each_other_are_named_before_their_tracebacks(diag, log, line, ranks):
     names_the_first_failure(diag(LOGS / log), ["runtime/library-version-mismatch"], line, ranks)
 
+
+
+# --- days-long offloaded runs: the failure a peer's NCCL error printed ahead of ------------------------------------
+
+@pytest.mark.parametrize("log, line, ranks", [
+    # torchrun: ranks 1, 3, 6 print that their peer exited; torchrun's failure block for rank 5's SIGKILL comes after
+    ("oom-kill-after-peer-errors.log", 104, {5}),
+    # srun: the peers' errors, then srun's 'Out Of Memory' for task 5 and slurmstepd's oom-kill event (CRLF)
+    ("oom-kill-slurm-after-peer-errors.out", 103, {5}),
+    # only the kernel's own words, pasted below the output: they name a PID, no rank
+    ("oom-kill-dmesg-pasted.log", 100, set()),
+])
+def test_a_kill_printed_after_the_peers_nccl_errors_is_the_failure_they_follow(diag, log, line, ranks):
+    """The killed rank prints nothing; the ranks that lost it print NCCL's 'remote process exited' at once, and the kill
+    shows only later (the launcher, Slurm, dmesg). The host's kill is the failure, the NCCL errors its consequence, and
+    the report starts with the kill."""
+    diagnosis = diag(LOGS / log)
+    names_the_first_failure(diagnosis, ["runtime/host-memory-killed", "runtime/nccl-error"], line, ranks)
+    assert "[runtime/host-memory-killed]" in diagnosis.findings[1].consequence_of
+
+
+def test_a_kill_of_the_ranks_that_reported_the_lost_peer_is_no_earlier_failure(diag):
+    """srun killing every task after rank 0 and 2 lost their peer includes those ranks: the launcher's stop after the
+    NCCL error, not the peer they lost, so the NCCL error stays the first failure."""
+    path = diag.write([line.replace("[rank1]", "[rank0]").replace("Rank 1", "Rank 0") for line in (
+        "[rank1]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+        "prematurely.",)] + ["[rank2]: ncclRemoteError: A call failed possibly due to a network error or a remote "
+                             "process exiting prematurely.", "srun: error: gpu-node-12: tasks 0-7: Killed"])
+    assert diag(path).first_failure.rule_id == "runtime/nccl-error"
+
+
+@pytest.mark.parametrize("log, found, line, ranks", [
+    # cuBLAS's GEMM kernel failed to run after 80 healthy steps; the copy's last line cut short
+    ("cublas-execution-failed.log", ["runtime/cuda-illegal-address", "runtime/nccl-error"], 98, {2}),
+    ("unspecified-launch-failure.log", ["runtime/cuda-illegal-address", "runtime/nccl-error"], 96, {4}),
+    # Megatron's hybrid optimizer allocating its pinned grads (torch.empty(..., pin_memory=self.pin_cpu_grads))
+    ("pinned-hybrid-optimizer-init.log", ["runtime/pinned-host-memory"], 16, {5}),
+    # a checkpoint to load that is not there: Megatron Bridge's and dist-checkpointing's words
+    ("ckpt-load-not-found.log", ["runtime/checkpoint-not-found"], 12, {0}),
+    ("ckpt-step-not-found.log", ["runtime/checkpoint-not-found"], 11, {0}),
+    ("ckpt-iter-dir-missing.log", ["runtime/checkpoint-not-found"], 11, {3}),
+    # a save that ran out of disk, the copy cut inside the message: the errno says it
+    ("disk-full-save-cut.log", ["runtime/checkpoint-write-failed"], 101, {0}),
+])
+def test_long_run_failures_are_named_not_read_as_a_python_exception(diag, log, found, line, ranks):
+    names_the_first_failure(diag(LOGS / log), found, line, ranks)
+
+
+def test_a_pinned_allocation_is_host_memory_not_the_gpus(diag):
+    """The CUDA runtime's 'out of memory' under the hybrid optimizer's pinned allocation asks for no more GPU offload."""
+    ids = diag.ids(LOGS / "pinned-hybrid-optimizer-init.log")
+    assert "runtime/oom-outside-pytorch" not in ids and "runtime/cuda-oom" not in ids
+
+
+def test_checkpoint_failures_say_how_to_resume(diag):
+    """A failed save resumes from the last save that finished, a load that found nothing names checkpoint.load; with
+    optimizer offload both keep its settings as saved."""
+    write = diag.only(LOGS / "disk-full-save-cut.log", "runtime/checkpoint-write-failed")
+    assert write.key == "checkpoint.save" and "checkpoint.load=<the checkpoint.save folder>" in write.fix
+    load = diag.only(LOGS / "ckpt-step-not-found.log", "runtime/checkpoint-not-found")
+    assert load.key == "checkpoint.load" and "checkpoint.ckpt_step=" in load.fix
+    assert all("optimizer.optimizer_offload_fraction" in f.fix for f in (write, load))
+
+
+def test_thousands_of_healthy_steps_before_a_kill_change_nothing_but_its_line(diag):
+    """5,000 more iteration lines (coloured, as Megatron's logger prints them) ahead of the failure: the same finding,
+    5,000 lines further down."""
+    lines = (LOGS / "oom-kill-after-peer-errors.log").read_bytes().decode().split("\n")  # tqdm's \r redraws stay one line
+    iteration = ("[rank0]: \x1b[32m [2026-12-03 02:11:{s:02d}] iteration {i:>8}/  200000 | consumed samples: {c:>12} | "
+                 "elapsed time per iteration (ms): 9211.{s} | lm loss: 2.31{s}E+00 | grad norm: 0.4{s} | number of "
+                 "skipped iterations:   0 | number of nan iterations:   0 |\x1b[0m")
+    extra = [iteration.format(i=i, c=i * 512, s=i % 60) for i in range(15001, 20001)]
+    path = diag.write(lines[:7] + extra + lines[7:])
+    names_the_first_failure(diag(path), ["runtime/host-memory-killed", "runtime/nccl-error"], 104 + 5000, {5})
