@@ -330,6 +330,17 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --out "$runs/stream-moe-bench${DETERMINISTIC:+-deterministic}" ${DETERMINISTIC:+--deterministic} --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
+    stream-fetch-ahead)
+      # NOT RUN YET (issue #16, ~18 min over two or three calls, --resume continues): the stream mode's fetch-ahead
+      # (runtime/fetch_ahead.py, opt-in, built in the twenty-sixth session) on the 4-layer MoE proxy at fraction 1,
+      # deterministic, against stream without it and the baseline, 3 rounds interleaved, 33 steps each (80-131 s a
+      # run before). Read: the step time against stream's (stream-moe-profile/ bounds the gain at ~0.15 s a step), the
+      # losses bit-identical to stream's, and each run's peak_allocated_gib (summary.json) equal to stream's: the rule
+      # keeps the buffers below the run's peak as the previous step measured it; a higher peak means it missed a rise.
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-fetch-ahead" \
+        --deterministic --resume --host-json "$(host_json)" --fractions 1 \
+        --configs engine-stream,engine-stream-fetch-ahead --repeats 3 --baseline-runs 3 model.num_layers=4 \
+        train.train_iters=33 ;;
     ring-pipeline)
       # Twenty-fifth session (issue #16, offload-engine/ring-pipeline/, one H100, 64 s in the call that shipped the
       # bundle's first part; torch only, it needs no install). The

@@ -48,6 +48,28 @@ def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
     return DEFAULT_ENGINE if value is None else value
 
 
+# The stream mode's fetch-ahead (mbridge_offload/runtime/fetch_ahead.py): the next update's chunks after the ring's come
+# up during the backward, into memory it has freed. Opt-in until a GPU run has measured its speed and its peak.
+FETCH_AHEAD_ENV = "MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD"
+FETCH_AHEAD_KEY = f"env_vars.{FETCH_AHEAD_ENV}"
+FETCH_AHEAD_VALUES = ("on", "off")
+# what the run's header says of it
+FETCH_AHEAD_SAYS = ("the chunks after the ring's come up during the backward into memory it has freed, kept below "
+                    "the run's peak allocated as the previous step measured it; the same update (bit-identical on "
+                    "the CPU stand-in); not yet run on a GPU: compare the step time and the peak with it off")
+
+
+def fetch_ahead_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
+    """MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD as a run sees it (the shell's, else the config's), or None where unset.
+    Values other than on/off come back as given (the validator names them)."""
+    value = run_env(FETCH_AHEAD_ENV, env_vars, environ)
+    return None if value is None else value.strip()
+
+
+def fetch_ahead_on(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> bool:
+    return fetch_ahead_setting(env_vars, environ) == "on"
+
+
 # The stream mode's ring (mbridge_offload/runtime/streamed_states.py): the GPU buffers Adam's moments pass through.
 STREAM_CHUNKS = 32  # chunks per step: the forward waits per chunk, so fewer means longer waits
 STREAM_RING_SLOTS = 3  # GPU buffers: one arriving, one updated, one leaving

@@ -129,6 +129,8 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
                 node_used_peak_bytes: int | None = None) -> dict[str, Any]:
     import torch
 
+    from mbridge_offload.runtime.allocator_peaks import run_peak_allocated, run_peak_reserved
+
     free, total = torch.cuda.mem_get_info()
     own = device_used_by_this_process()
     # outside PyTorch: this process's device memory when NVML sees it, else the whole device's use (which
@@ -141,8 +143,8 @@ def step_record(step: int, step_time_s: float, loss: float | None, grad_norm: fl
         "grad_norm": None if grad_norm is None else float(grad_norm),
         "allocated_gib": torch.cuda.memory_allocated() / GIB,
         "reserved_gib": torch.cuda.memory_reserved() / GIB,
-        "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+        "peak_allocated_gib": run_peak_allocated() / GIB,
+        "peak_reserved_gib": run_peak_reserved() / GIB,
         # every process's use of the device, this one's outside PyTorch too: what an OOM is measured against
         "device_used_gib": (total - free) / GIB,
         "device_total_gib": total / GIB,

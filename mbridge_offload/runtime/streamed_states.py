@@ -36,14 +36,15 @@ load that replaces them is copied back into the buffers before the next update (
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass
 
 from mbridge_offload.facts.engine_messages import (STREAM_FUSED_ADAM_IMPORT, STREAM_NO_HOST_EMPTY_CACHE,
                                                   STREAM_NOT_FP32, STREAM_NOT_FUSED_ADAM, STREAM_NOT_MAIN_WEIGHTS,
                                                   STREAM_PIN_FAILED, STREAM_STEP_COUNTS)
-from mbridge_offload.facts.offload_engine import (STREAM_RING_SLOTS, last_used_first, stream_chunk_numel,
-                                                  stream_pacing)
+from mbridge_offload.facts.offload_engine import (STREAM_MIN_CHUNK_NUMEL, STREAM_RING_SLOTS, fetch_ahead_on,
+                                                  last_used_first, stream_chunk_numel, stream_pacing)
 from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
                                                       _params_of, issue_deferred_zeros)
 
@@ -248,7 +249,15 @@ class StateStreamingEngine(StreamingEngine):
         self.h2d_stream = torch.cuda.Stream()
         self.update_stream = torch.cuda.Stream()
         self.d2h_stream = torch.cuda.Stream()
+        self.ahead: dict = {}  # chunk -> its moments fetched during a backward for the next update (fetch_ahead.py)
+        self.step_ahead: dict = {}  # the same, for the update being enqueued
         self._layout()
+        self.fetch_ahead = None
+        if fetch_ahead_on(None, os.environ) and len(self.chunks) > self.slots:
+            from mbridge_offload.runtime.fetch_ahead import process_fetch_ahead
+
+            self.fetch_ahead = process_fetch_ahead()
+            self.fetch_ahead.add(self, self._owner().model_chunks, STREAM_MIN_CHUNK_NUMEL)
 
     @property
     def zero_stream(self):
@@ -402,6 +411,66 @@ class StateStreamingEngine(StreamingEngine):
             buffer[:n].copy_(self.host_m[chunk.start:chunk.stop], non_blocking=True)
             buffer[self.numel:self.numel + n].copy_(self.host_v[chunk.start:chunk.stop], non_blocking=True)
 
+    # --- fetch-ahead (runtime/fetch_ahead.py decides when and how much) ---
+    def awaits_next_update(self) -> bool:
+        """Whether a backward's hook may fetch chunks for the next update: chunks after the ring's exist."""
+        return len(self.chunks) > self.slots
+
+    def next_ahead_bytes(self) -> int | None:
+        """The bytes of the next chunk to fetch ahead (its two moments, fp32), or None when none is left. None too
+        while the previous update is not all enqueued: its last copies down, which the fetch waits for, are not
+        issued yet, so the host's moments would be a step old."""
+        index = self.slots + len(self.ahead)
+        if index >= len(self.chunks) or self.unqueued():
+            return None
+        chunk = self.chunks[index]
+        return 2 * 4 * (chunk.stop - chunk.start)
+
+    def fetch_next_ahead(self) -> None:
+        """Copy the next chunk's moments up into a buffer of its own, allocated on the training stream (the backward's
+        freed blocks are in its pool), after the previous update's last copy down (the moments are then home)."""
+        import torch
+
+        index = self.slots + len(self.ahead)
+        chunk = self.chunks[index]
+        n = chunk.stop - chunk.start
+        current = torch.cuda.current_stream()
+        buffer = self.ring[0].new_empty(2 * n)  # on the ring's device, from the current (training) stream's pool
+        self.h2d_stream.wait_stream(current)  # the block may be one the backward's kernels still use
+        if self.moments_home_event is not None:
+            self.h2d_stream.wait_event(self.moments_home_event)
+        with torch.cuda.stream(self.h2d_stream):
+            buffer[:n].copy_(self.host_m[chunk.start:chunk.stop], non_blocking=True)
+            buffer[n:].copy_(self.host_v[chunk.start:chunk.stop], non_blocking=True)
+        buffer.record_stream(self.h2d_stream)
+        self.ahead[index] = buffer
+
+    def holds_ahead(self) -> bool:
+        return bool(self.ahead or self.step_ahead)
+
+    def _fill_from_ahead(self, index: int) -> None:
+        """Chunk ``index``'s moments into its ring slot from the buffer they were fetched into, a copy on the GPU
+        once the slot's last copy down is done; the buffer is then released."""
+        import torch
+
+        buffer = self.step_ahead.pop(index)
+        slot, n = index % self.slots, self.chunks[index].stop - self.chunks[index].start
+        ring = self.ring[slot]
+        if self.slot_free[slot] is not None:
+            self.h2d_stream.wait_event(self.slot_free[slot])
+        with torch.cuda.stream(self.h2d_stream):
+            ring[:n].copy_(buffer[:n], non_blocking=True)
+            ring[self.numel:self.numel + n].copy_(buffer[n:], non_blocking=True)
+        del buffer  # its block is reused once the copies above are done (record_stream at the fetch)
+        self.fetch_ahead.released(2 * 4 * n)
+
+    def _drop_ahead(self) -> None:
+        """Give up the buffers fetched ahead: the host's moments are replaced (a load) or may be (a drain)."""
+        dropped = sum(b.numel() * 4 for b in (*self.ahead.values(), *self.step_ahead.values()))
+        self.ahead, self.step_ahead = {}, {}
+        if dropped and self.fetch_ahead is not None:
+            self.fetch_ahead.dropped(dropped)
+
     def step(self, closure=None) -> None:
         """Set up this step's update of the offloaded chunks. Their copies and kernels are enqueued while the next
         forward runs (``advance``, from its modules' pre-hooks): enqueued here, they kept the training stream idle
@@ -412,6 +481,7 @@ class StateStreamingEngine(StreamingEngine):
         hdo = self.hdo
         if self._adopt_states():
             self.prefetched = False  # a load put new moments on the host
+            self._drop_ahead()
         hdo._sync_hdo_param_groups_to_sub_optimizers()  # the non-offloaded part's lr and weight decay
         current = torch.cuda.current_stream()
         grads_ready = current.record_event()  # clipped gradients: the library clipped them on this stream
@@ -427,6 +497,9 @@ class StateStreamingEngine(StreamingEngine):
         # enqueues the chunks: the update keeps this step's (the buffer itself is zeroed after the last chunk)
         self.step_grads = [main.grad for main in self.mains]
         self.step_prefetched, self.prefetched = self.prefetched, False
+        self.step_ahead, self.ahead = self.ahead, {}
+        if self.fetch_ahead is not None:
+            self.fetch_ahead.end_of_step()
         self.enqueued = self._calls = 0
         self.grads_free_event = None  # the gradient buffers are zeroed after the last chunk (issue_deferred_zeros)
         self.waited = set()
@@ -474,7 +547,9 @@ class StateStreamingEngine(StreamingEngine):
         chunk, (optimizer, pieces) = self.chunks[index], self.chunk_optimizers[index]
         slot, n = index % self.slots, chunk.stop - chunk.start
         buffer = self.ring[slot]
-        if not (self.step_prefetched and index < self.slots):
+        if index in self.step_ahead:
+            self._fill_from_ahead(index)
+        elif not (self.step_prefetched and index < self.slots):
             self._fetch(index)
         self.update_stream.wait_stream(self.h2d_stream)
         step = int(self.step_tensor)
@@ -571,6 +646,7 @@ class StateStreamingEngine(StreamingEngine):
             return
         self.moments_home_event.synchronize()
         self.prefetched = False  # the host's moments may be written next (a load): fetched again at the next step
+        self._drop_ahead()
         for main, cpu in self.hdo.gpu_params_map_cpu_copy.items():
             cpu.copy_(main)
         self.pending = False

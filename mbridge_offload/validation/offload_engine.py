@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT, LIBRARY,
-                                                 STREAM, engine_mode)
+from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
+                                                 FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, LIBRARY,
+                                                 STREAM, engine_mode, fetch_ahead_on, fetch_ahead_setting)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
@@ -122,6 +123,24 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=_stream_offload,
                  holds=lambda c: not getattr(c.cfg.checkpoint, "async_save", False),
                  fix=f"checkpoint.async_save=False  (or ++{ENGINE_KEY}=exact)"),
+    _engine_rule("fetch-ahead-known", f"the stream engine's fetch-ahead ({FETCH_AHEAD_ENV}) is on or off",
+                 key=FETCH_AHEAD_KEY, applies=lambda c: c.env(FETCH_AHEAD_ENV) is not None,
+                 holds=lambda c: fetch_ahead_setting(c.cfg.env_vars, c.environ) in FETCH_AHEAD_VALUES,
+                 observed=lambda c: fetch_ahead_setting(c.cfg.env_vars, c.environ),
+                 fix=f"++{FETCH_AHEAD_KEY}=on  (or off, the default; a value in the shell wins: set it there)"),
+    _engine_rule("fetch-ahead-needs-stream", "fetch-ahead brings the stream engine's chunks up during the backward: "
+                 "it runs only with the stream engine and optimizer offload on", key=FETCH_AHEAD_KEY,
+                 applies=lambda c: fetch_ahead_on(c.cfg.env_vars, c.environ),
+                 holds=lambda c: _stream_offload(c), observed=_mode,
+                 fix=f"++{ENGINE_KEY}=stream optimizer.optimizer_cpu_offload=True  (or ++{FETCH_AHEAD_KEY}=off)"),
+    Rule(id="offload-engine/fetch-ahead-unmeasured", mechanism=OPTIMIZER, key=FETCH_AHEAD_KEY,
+         text="fetch-ahead has not run on a GPU yet: its rule keeps the buffers below the run's peak allocated as the "
+              "previous step's backward measured it, with a guard for steps that differ (a MoE layer's token counts); "
+              "compare the step time and the run's peak allocated with it off (docs/benchmarks/h200.sh "
+              "stream-fetch-ahead)",
+         applies=lambda c: _stream_offload(c) and fetch_ahead_on(c.cfg.env_vars, c.environ), holds=lambda c: False,
+         observed=lambda c: "on", fix=fixed(f"++{FETCH_AHEAD_KEY}=off  (the run to compare with)"),
+         severity="warning"),
     _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
                  "is its own fp32 copy, which the delayed update would overwrite during the next step",
                  key="model.bf16", applies=_delayed_offload,

@@ -529,6 +529,40 @@ def ranks_case(rank: int, world: int, port: int, fraction: float, overlap_param_
     check_states(run, reference)
 
 
+class RoomyMemory:
+    """fetch_ahead.py's allocator figures where there is no GPU: every interval far below the run's peak, so the rule
+    lets every chunk after the ring's be fetched ahead (the arithmetic and the order are what these checks see)."""
+
+    @staticmethod
+    def interval_peak() -> int:
+        return 0
+
+    @staticmethod
+    def run_peak() -> int:
+        return 1 << 50
+
+
+def fetch_ahead_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
+                     overlap_d2h: bool) -> None:
+    """ranks_case with fetch-ahead on: from the third step's backward (the first two steps' windows are read, not
+    used) every chunk after the ring's comes up into a buffer of its own, and the next forward moves it into its ring
+    slot; every module still sees torch AdamW's weights, and the host's moments end as the reference's."""
+    from mbridge_offload.facts.offload_engine import FETCH_AHEAD_ENV
+    from mbridge_offload.runtime import fetch_ahead
+
+    os.environ[FETCH_AHEAD_ENV] = "on"
+    fetch_ahead._PROCESS[:] = [fetch_ahead.FetchAhead(memory=RoomyMemory())]
+    streamed_states.STREAM_MIN_CHUNK_NUMEL = 1  # a hook on every parameter of this small model
+    ranks_case(rank, world, port, fraction, overlap_param_gather, overlap_d2h)
+    coordinator = fetch_ahead._PROCESS[0]
+    engines = coordinator.engines
+    ahead = sum(len(e.chunks) - e.slots for e in engines)
+    check(ahead > 0 and coordinator.fetched == ahead, "fetch-ahead",
+          f"{coordinator.fetched} chunks fetched ahead, {ahead} expected (every chunk after the ring's, once)")
+    check(coordinator.held == 0 and not any(e.holds_ahead() for e in engines), "fetch-ahead",
+          f"{coordinator.held} bytes of buffers still held after the last forward and the drain")
+
+
 def check_exact_gather_gates(run: Run) -> None:
     """Each bucket group's all-gather waited for the exact engine's chunks holding this rank's offloaded shards of
     its parameters (and a group with none of them for none)."""
@@ -878,6 +912,13 @@ def _rank_main(target, rank, world, port, args, results):
             pass
 
 
+FETCH_AHEAD_SCENARIOS = [("2 ranks, fraction 1, fetch-ahead, overlapped all-gather", 2, (1.0, True, False), None, None),
+                         ("2 ranks, fraction 0.6, fetch-ahead, all-gather in the step", 2, (0.6, False, False), None,
+                          None),
+                         ("2 ranks, broken: fetch-ahead-no-fill", 2, (1.0, True, False), "fetch-ahead-no-fill",
+                          "forward-weights")]
+
+
 def run_ranks(target, world: int, args: tuple, timeout: float = 240) -> list:
     context = multiprocessing.get_context("fork")
     results = context.Queue()
@@ -935,6 +976,10 @@ BREAKS = {
     "no-gather-gate": lambda: setattr(streamed_states.StateStreamingEngine, "gate_param_gather",
                                       lambda self, bucket_group: None),
     "exact-no-gather-gate": _slow_worker_without_gather_gate,
+    # a chunk fetched ahead is released without going into its ring slot: the update reads the slot's old moments
+    "fetch-ahead-no-fill": lambda: setattr(streamed_states.StateStreamingEngine, "_fill_from_ahead",
+                                           lambda self, index: self.fetch_ahead.released(
+                                               self.step_ahead.pop(index).numel() * 4)),
 }
 
 
@@ -974,6 +1019,8 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+    if what in ("ranks", "fetch-ahead"):
+        ok &= run_scenarios(fetch_ahead_case, FETCH_AHEAD_SCENARIOS)
     if what == "exact-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),

@@ -53,5 +53,21 @@ def test_an_all_gather_that_does_not_wait_for_the_update_is_caught(stream_scenar
     stream_scenarios.assert_caught("ranks", "2 ranks, broken: no-gather-gate", "forward-weights")
 
 
+FETCH_AHEAD_SCENARIOS = ["2 ranks, fraction 1, fetch-ahead, overlapped all-gather",
+                         "2 ranks, fraction 0.6, fetch-ahead, all-gather in the step"]
+
+
+@pytest.mark.parametrize("label", FETCH_AHEAD_SCENARIOS)
+def test_chunks_fetched_ahead_during_the_backward_give_the_same_update(stream_scenarios, label):
+    """Fetch-ahead on (MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD=on), with a stand-in allocator that always has room: every
+    chunk after the ring's comes up during the third step's backward, once, and is moved into its ring slot by the
+    next forward; the weights every module uses and the host's moments are the reference's, and no buffer is left."""
+    stream_scenarios.assert_passed("ranks", label)
+
+
+def test_a_chunk_fetched_ahead_but_not_moved_into_its_slot_is_caught(stream_scenarios):
+    stream_scenarios.assert_caught("ranks", "2 ranks, broken: fetch-ahead-no-fill", "forward-weights")
+
+
 def test_every_scenario_ended_as_it_should(stream_scenarios):
     stream_scenarios.assert_all_ok("ranks")

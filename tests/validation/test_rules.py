@@ -56,6 +56,8 @@ SAVED_AT_HALF, SAVED_WITHOUT = _checkpoint(True, 0.5), _checkpoint(False, 0.0)
 
 EXACT = {"env_vars.MBRIDGE_OFFLOAD_ENGINE": "exact", "optimizer.overlap_cpu_optimizer_d2h_h2d": True}
 DELAYED = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "delayed"}
+STREAM = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}
+FETCH_AHEAD = "env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD"
 RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
@@ -91,6 +93,9 @@ CASES = {
     "offload-engine/stream-several-ranks": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                                 {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}, gpus=(1, 2)),
     "offload-engine/exact-several-ranks": case(DENSE_OPT, EXACT, EXACT, gpus=(1, 2)),
+    "offload-engine/fetch-ahead-known": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "off"}, {**STREAM, FETCH_AHEAD: "yes"}),
+    "offload-engine/fetch-ahead-needs-stream": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "on"}, {**EXACT, FETCH_AHEAD: "on"}),
+    "offload-engine/fetch-ahead-unmeasured": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "off"}, {**STREAM, FETCH_AHEAD: "on"}),
     "offload-engine/stream-sync-save": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                             {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream",
                                              "checkpoint.async_save": True, "checkpoint.save": "/tmp/ckpt"}),
@@ -336,6 +341,7 @@ PASS_BY_NOT_APPLYING = {
     "optimizer-offload/fraction-ignored", "optimizer-offload/overlap-ignored",
     "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
     "planner/reserve-rule-full-device",  # a warning that holds nowhere it applies: the opt-in rule is unchecked
+    "offload-engine/fetch-ahead-unmeasured",  # the same: fetch-ahead has not run on a GPU
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
 
