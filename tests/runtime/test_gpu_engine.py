@@ -1,6 +1,6 @@
 """On a GPU: the streaming offload engine's exact mode trains the same steps as the library's offloaded path,
 bit for bit in deterministic mode, its delayed mode trains, and its stream mode trains the same steps as no
-offload at all, bit for bit (a 4-layer dense proxy, 8 steps).
+offload at all, bit for bit, with and without fetch-ahead (a 4-layer dense proxy, 8 steps).
 Skipped without CUDA; the recorded runs are in docs/benchmarks/offload-engine/."""
 
 from __future__ import annotations
@@ -57,3 +57,20 @@ def test_stream_engine_is_bit_identical_to_no_offload(tmp_path):
     for name in ("stream", "stream-quarter"):
         row = parity(f"{name} vs no offload", tmp_path / "baseline", tmp_path / name)
         assert row["iterations"] == 8 and row["bit_identical"], row
+
+
+@pytest.mark.gpu
+def test_stream_with_fetch_ahead_is_bit_identical_and_keeps_the_peak(tmp_path):
+    """Fetch-ahead (runtime/fetch_ahead.py): the same update as stream without it, bit for bit, and the run's peak
+    allocated where stream's is (the rule keeps the buffers below it). 8 steps: it fetches from the third."""
+    from mbridge_offload.bench.engine_parity import parity
+
+    _train(tmp_path / "stream", "--offload-engine", "stream")
+    header = _train(tmp_path / "ahead", "--offload-engine", "stream",
+                    "++env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD=on")
+    assert "fetch-ahead: on " in header
+    row = parity("fetch-ahead vs stream", tmp_path / "stream", tmp_path / "ahead")
+    assert row["iterations"] == 8 and row["bit_identical"], row
+    peaks = [json.loads((tmp_path / name / "summary.json").read_text())["peak_allocated_gib"]
+             for name in ("stream", "ahead")]
+    assert peaks[1] <= peaks[0] + 1e-3, peaks
