@@ -180,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     num_gpus, gpus_from = _num_gpus(parser, args, recipe)
     if not args.dry_run:  # a dry run writes nothing; a launch writes its run folder
         check_writable(parser, "--out", args.out or Path("runs") / recipe.name)
+        if args.gpu_memory_gib is not None:
+            from mbridge_offload.planning.arguments import launch_gpu_memory_problem
+            from mbridge_offload.planning.capacity import gpu_memory_gib_here
+
+            problem = launch_gpu_memory_problem(args.gpu_memory_gib, gpu_memory_gib_here())
+            if problem:
+                parser.error(problem)
     overrides = list(args.overrides) + to_overrides(vars(args), list(args.overrides))
     from mbridge_offload.planning import plan_kwargs
 

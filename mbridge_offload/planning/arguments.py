@@ -79,6 +79,19 @@ def add_plan_arguments(parser) -> None:
                             "per step")
 
 
+def launch_gpu_memory_problem(given_gib: float | None, here_gib: float | None) -> str | None:
+    """What is wrong with --gpu-memory-gib for a launch on this machine, or None. A launch trains on the GPU it
+    runs on, so a plan against more memory than that GPU has lets auto pick a fraction that cannot fit it (an
+    "80GB" H100 holds 79.18 GiB: "--gpu-memory-gib 80" is 0.82 GiB short). Less is allowed: a plan as if part of
+    the GPU were taken (scripts/check_auto.py's runs beside a ballast)."""
+    if given_gib is None or here_gib is None or given_gib <= here_gib + 0.005:
+        return None
+    return (f"--gpu-memory-gib {given_gib:g} is more than this GPU's {here_gib:.2f} GiB: a launch here trains on "
+            "this GPU, and a plan against more memory than it has can pick an offload fraction that runs out of "
+            f"memory (GPU makers' GB are 10^9 bytes: an 80GB H100 holds 79.18 GiB). Fix: leave --gpu-memory-gib out "
+            f"(this GPU's), or give at most {here_gib:.2f}; plan_offload.py or --dry-run plans for another GPU")
+
+
 def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
     """Planner options from the command line. The host is only checked against this machine's
     memory when launching here; a plan for another node checks it when --host-memory-gib is given."""
