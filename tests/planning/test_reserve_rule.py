@@ -240,9 +240,11 @@ def _check_cfg(built, check: dict):
 
 def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(built, monkeypatch):
     """Every run of a committed auto check that ran out of memory alone beside its ballast (planner-auto-5/: Qwen3-4B
-    at 0.4 on 92.5 GiB of an H200; planner-auto-6/: the 1.1B proxy at 12288 tokens at 0.4 on 42.59 GiB of an H100) is
-    one whose planned whole device, without auto's margin, is more than that device, with the allocator the run had. planner-auto/ (the seventh session) is left out: its one out-of-memory run was
-    beside another process (its README and log), which its check could not yet tell apart."""
+    at 0.4 on 92.5 GiB of an H200; planner-auto-6/: the 1.1B proxy at 12288 tokens at 0.4 on 42.59 GiB of an H100;
+    planner-auto-moe/: the 4- and 6-layer MoE proxies at 0.4 on 53.34 and 68.72 GiB of an H100) is one whose planned
+    whole device, without auto's margin, is more than that device, with the allocator the run had. planner-auto/ (the
+    seventh session) is left out: its one out-of-memory run was beside another process (its README and log), which
+    its check could not yet tell apart."""
     from mbridge_offload.facts.run_records import recorded_expandable_segments
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
@@ -250,7 +252,7 @@ def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(bu
               if case_dir.parent.name != "planner-auto"]
     out_of_memory = [(check, fraction, case_dir / Path(run["run_dir"]).name) for case_dir, check in checks
                      for fraction, run in _runs(check).items() if run["outcome"] == "out of memory"]
-    assert len(out_of_memory) == 2
+    assert len(out_of_memory) == 4
     for check, fraction, run_dir in out_of_memory:
         p = plan(_check_cfg(built, check), 1, fraction=fraction, gpu_memory_gib=check["device_gib"],
                  expandable=recorded_expandable_segments(run_dir) is True)
