@@ -15,12 +15,18 @@ def interval_peak_allocated() -> int:
     """The allocator's peak allocated bytes since the previous call (or the run's start), and start a new interval."""
     import torch
 
-    stats = torch.cuda.memory_stats()
-    allocated, reserved = stats.get("allocated_bytes.all.peak", 0), stats.get("reserved_bytes.all.peak", 0)
+    # the nested form: memory_stats() flattens and sorts some 150 keys in Python, and this runs at every point of a
+    # backward (runtime/fetch_ahead.py)
+    stats = torch.cuda.memory_stats_as_nested_dict()
+    allocated, reserved = _peak(stats, "allocated_bytes"), _peak(stats, "reserved_bytes")
     _RUN_PEAK["allocated"] = max(_RUN_PEAK["allocated"], allocated)
     _RUN_PEAK["reserved"] = max(_RUN_PEAK["reserved"], reserved)
     torch.cuda.reset_peak_memory_stats()
     return allocated
+
+
+def _peak(stats: dict, name: str) -> int:
+    return stats.get(name, {}).get("all", {}).get("peak", 0)
 
 
 def run_peak_allocated() -> int:

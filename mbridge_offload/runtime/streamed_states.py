@@ -498,8 +498,6 @@ class StateStreamingEngine(StreamingEngine):
         self.step_grads = [main.grad for main in self.mains]
         self.step_prefetched, self.prefetched = self.prefetched, False
         self.step_ahead, self.ahead = self.ahead, {}
-        if self.fetch_ahead is not None:
-            self.fetch_ahead.end_of_step()
         self.enqueued = self._calls = 0
         self.grads_free_event = None  # the gradient buffers are zeroed after the last chunk (issue_deferred_zeros)
         self.waited = set()
@@ -585,6 +583,8 @@ class StateStreamingEngine(StreamingEngine):
         self.prefetched = True
         self.step_grads = []
         issue_deferred_zeros()
+        if self.fetch_ahead is not None:  # the buffers fetched ahead for this update are all released
+            self.fetch_ahead.update_enqueued()
 
     def pace(self, modules_before_first_gate: int) -> None:
         """Spread the enqueueing over the ``modules_before_first_gate`` module pre-hooks the forward calls before

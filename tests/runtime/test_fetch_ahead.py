@@ -1,11 +1,16 @@
 """Fetch-ahead's rule (mbridge_offload/runtime/fetch_ahead.py): how much the backward's hooks may fetch, from the
-previous step's intervals, the run's peak and the guard. The engines and the allocator are stand-ins that count:
+previous window's intervals, the run's peak and the guard. The engines and the allocator are stand-ins that count:
 the rule is arithmetic on what they report (the engine's own part runs in stream_cpu_scenarios.py's fetch-ahead
 scenarios; the GPU's allocator only in the h200.sh phase stream-fetch-ahead)."""
 
 from __future__ import annotations
 
-from mbridge_offload.runtime.fetch_ahead import GUARD_FLOOR_BYTES, FetchAhead, Window, allowed_held, guard_bytes
+import gc
+
+import torch
+
+from mbridge_offload.runtime.fetch_ahead import (GUARD_FLOOR_BYTES, MAX_POINTS, FetchAhead, Window, allowed_held,
+                                                 guard_bytes)
 
 MIB = 1024**2
 
@@ -16,8 +21,10 @@ class Allocator:
     def __init__(self, run_peak: int) -> None:
         self.peak = 0
         self.run = run_peak
+        self.readings = 0
 
     def interval_peak(self) -> int:
+        self.readings += 1
         peak, self.peak = self.peak, 0
         return peak
 
@@ -45,11 +52,23 @@ class Engine:
     def holds_ahead(self) -> bool:
         return bool(self.ahead or self.step_ahead)
 
+    def unqueued(self) -> bool:
+        return False  # the next forward enqueues the whole update before the next backward (see _step)
 
-def _step(coordinator: FetchAhead, allocator: Allocator, engines: list[Engine], bases: list[int]) -> list[int]:
+
+def _coordinator(allocator: Allocator, *engines: Engine) -> FetchAhead:
+    coordinator = FetchAhead(memory=allocator)
+    for engine in engines:
+        coordinator.add(engine, [], minimum_numel=1)
+    return coordinator
+
+
+def _step(coordinator: FetchAhead, allocator: Allocator, engines: list[Engine], bases: list[int],
+          forward: int = 0) -> list[int]:
     """One step: a backward hook per interval base in ``bases`` (the base is the allocator's peak of the interval
     that hook opens, the buffers held then added), the optimizer's step, and the next forward, which moves every
-    buffer into its ring slot. The bytes held after each hook."""
+    buffer into its ring slot and then, its allocator's peak ``forward`` plus what is still held, enqueues the
+    update's last chunk. The bytes held after each hook."""
     held_after = []
     for base in bases:
         coordinator.on_backward_hook()
@@ -57,18 +76,18 @@ def _step(coordinator: FetchAhead, allocator: Allocator, engines: list[Engine], 
         allocator.peak = base + coordinator.held
     for engine in engines:
         engine.step_ahead, engine.ahead = engine.ahead, []
-    coordinator.end_of_step()
     for engine in engines:
         while engine.step_ahead:
             coordinator.released(engine.step_ahead.pop())
+    allocator.peak = max(allocator.peak, forward + coordinator.held)
+    coordinator.update_enqueued()
     return held_after
 
 
 def test_nothing_is_fetched_until_a_step_after_the_first_has_been_measured():
     allocator = Allocator(run_peak=1000 * MIB)
-    coordinator = FetchAhead(memory=allocator)
     engine = Engine(chunks=8, size=50 * MIB)
-    coordinator.engines.append(engine)
+    coordinator = _coordinator(allocator, engine)
     bases = [900 * MIB, 700 * MIB, 500 * MIB, 300 * MIB, 200 * MIB]
     assert _step(coordinator, allocator, [engine], bases) == [0] * 5  # step 1: the GPU's own Adam states are new
     assert _step(coordinator, allocator, [engine], bases) == [0] * 5  # step 2: measured, read by step 3
@@ -85,9 +104,8 @@ def test_nothing_is_fetched_until_a_step_after_the_first_has_been_measured():
 
 def test_a_step_whose_intervals_rise_widens_the_guard_and_fetches_less():
     allocator = Allocator(run_peak=1000 * MIB)
-    coordinator = FetchAhead(memory=allocator)
     engine = Engine(chunks=20, size=10 * MIB)
-    coordinator.engines.append(engine)
+    coordinator = _coordinator(allocator, engine)
     steady = [900 * MIB, 600 * MIB, 400 * MIB, 300 * MIB]
     for _ in range(2):
         _step(coordinator, allocator, [engine], steady)
@@ -100,9 +118,8 @@ def test_a_step_whose_intervals_rise_widens_the_guard_and_fetches_less():
 
 def test_a_load_voids_the_windows():
     allocator = Allocator(run_peak=1000 * MIB)
-    coordinator = FetchAhead(memory=allocator)
     engine = Engine(chunks=4, size=10 * MIB)
-    coordinator.engines.append(engine)
+    coordinator = _coordinator(allocator, engine)
     bases = [900 * MIB, 500 * MIB, 200 * MIB]
     for _ in range(2):
         _step(coordinator, allocator, [engine], bases)
@@ -117,9 +134,8 @@ def test_a_load_voids_the_windows():
 
 def test_two_engines_take_turns_within_one_room():
     allocator = Allocator(run_peak=1000 * MIB)
-    coordinator = FetchAhead(memory=allocator)
     dense, experts = Engine(chunks=10, size=30 * MIB), Engine(chunks=10, size=30 * MIB)
-    coordinator.engines += [dense, experts]
+    coordinator = _coordinator(allocator, dense, experts)
     bases = [950 * MIB, 700 * MIB, 700 * MIB]
     for _ in range(2):
         _step(coordinator, allocator, [dense, experts], bases)
@@ -136,6 +152,64 @@ def test_the_rule_on_numbers():
     assert allowed_held(previous, 1, run_peak=100, guard=5) == 100 - 5 - 70  # the tail's interval counts too
     assert allowed_held(previous, 4, run_peak=100, guard=5) == 0
     assert allowed_held(previous, 0, run_peak=80, guard=5) == 0  # never negative
-    guard, largest = guard_bytes(previous, Window(bases=[90, 60 + 100 * MIB]), 0)
-    assert largest == 100 * MIB and guard == 200 * MIB
-    assert guard_bytes(previous, Window(bases=[90]), 0) == (GUARD_FLOOR_BYTES, 0)
+    assert guard_bytes(100 * MIB) == 200 * MIB
+    assert guard_bytes(0) == GUARD_FLOOR_BYTES
+
+
+def test_the_next_forward_counts_before_the_buffers_are_released_even_in_a_window_that_held_none():
+    """A step's buffers are held into the next forward, whose activations grow until the update's last chunk is
+    enqueued (at fraction < 1 the offloaded modules are the forward's last). The window measured by the step before
+    must cover that stretch even when that step held no buffer, or the next step fetches as if the forward were
+    free."""
+    allocator = Allocator(run_peak=1000 * MIB)
+    engine = Engine(chunks=20, size=10 * MIB)
+    coordinator = _coordinator(allocator, engine)
+    bases = [900 * MIB, 700 * MIB, 500 * MIB, 300 * MIB]
+    forward = 980 * MIB  # the next forward's peak before the update's last chunk is enqueued
+    for _ in range(2):
+        assert _step(coordinator, allocator, [engine], bases, forward=forward) == [0] * 4
+    assert coordinator.previous.bases[-1] == forward  # the window reaches into the next forward
+    # step 3: the forward after it leaves no room, at any hook
+    assert _step(coordinator, allocator, [engine], bases, forward=forward) == [0] * 4
+    # a forward with room lets the later hooks fetch, below it
+    _step(coordinator, allocator, [engine], bases, forward=600 * MIB)
+    held = _step(coordinator, allocator, [engine], bases, forward=600 * MIB)
+    assert held[0] == 0 and held[-1] > 0
+    for hook in range(1, 4):
+        assert held[hook] + max(*bases[hook:], 600 * MIB) <= 1000 * MIB - GUARD_FLOOR_BYTES
+
+
+def test_a_backward_of_thousands_of_hooks_reads_the_allocator_at_most_max_points_times_a_window():
+    """A MoE's backward has a hook per expert weight and micro batch: each point reads and resets the allocator's
+    peak, so a window keeps to MAX_POINTS points (every stride-th hook), and the rule still fetches at them."""
+    allocator = Allocator(run_peak=1000 * MIB)
+    engine = Engine(chunks=40, size=10 * MIB)
+    coordinator = _coordinator(allocator, engine)
+    hooks = 20 * MAX_POINTS
+    bases = [900 * MIB - i * (600 * MIB // hooks) for i in range(hooks)]  # the backward frees as it goes
+    readings = []
+    for _ in range(3):
+        before, fetched = allocator.readings, coordinator.fetched
+        held = _step(coordinator, allocator, [engine], bases)
+        releases = coordinator.fetched - fetched  # each release closes an interval too
+        readings.append(allocator.readings - before - releases)
+    assert readings[0] == hooks + 1  # the first window: a point at every hook (its hook count is not known yet)
+    assert all(r <= MAX_POINTS + 1 for r in readings[1:]), readings  # the points and the window's end
+    assert coordinator.previous.raw_hooks == hooks and coordinator.previous.stride == 20
+    assert 0 < held[-1] <= 1000 * MIB - GUARD_FLOOR_BYTES - bases[-1]
+
+
+def test_a_rebuilt_model_gets_the_hooks_and_a_dropped_engine_is_forgotten():
+    """An in-process restart builds a new model and new engines: the new model's parameters get the hook, and the
+    old engine (with its ring) is not kept alive or asked for chunks."""
+    allocator = Allocator(run_peak=1000 * MIB)
+    coordinator = FetchAhead(memory=allocator)
+    old_model, old_engine = torch.nn.Linear(4, 4), Engine(chunks=4, size=MIB)
+    coordinator.add(old_engine, [old_model], minimum_numel=1)
+    del old_engine
+    gc.collect()
+    model, engine = torch.nn.Linear(4, 4), Engine(chunks=4, size=MIB)
+    coordinator.add(engine, [model], minimum_numel=1)
+    assert coordinator.engines == [engine]
+    model(torch.ones(2, 4)).sum().backward()
+    assert coordinator.current is not None and coordinator.current.raw_hooks == 2  # weight and bias
