@@ -542,25 +542,58 @@ class RoomyMemory:
         return 1 << 50
 
 
-def fetch_ahead_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
-                     overlap_d2h: bool) -> None:
-    """ranks_case with fetch-ahead on: from the third step's backward (the first two steps' windows are read, not
-    used) every chunk after the ring's comes up into a buffer of its own, and the next forward moves it into its ring
-    slot; every module still sees torch AdamW's weights, and the host's moments end as the reference's."""
-    from mbridge_offload.facts.offload_engine import FETCH_AHEAD_ENV
-    from mbridge_offload.runtime import fetch_ahead
+def _with_fetch_ahead(case, fetching_steps: int = 1):
+    """``case`` with fetch-ahead on: from the third step's backward (the first two steps' windows are read, not
+    used) every chunk after the ring's comes up into a buffer of its own, and the next forward (or a drain) moves it
+    into its ring slot; ``case`` checks that every module still sees torch AdamW's weights and that the host's
+    moments end as the reference's. Then: each of the ``fetching_steps`` steps fetched every chunk after the ring's
+    of every engine, once, on some rank, and no buffer is left."""
+    def run(rank: int, world: int, port: int, *args) -> None:
+        from mbridge_offload.facts.offload_engine import FETCH_AHEAD_ENV
+        from mbridge_offload.runtime import fetch_ahead
 
-    os.environ[FETCH_AHEAD_ENV] = "on"
-    fetch_ahead._PROCESS[:] = [fetch_ahead.FetchAhead(memory=RoomyMemory())]
-    streamed_states.STREAM_MIN_CHUNK_NUMEL = 1  # a hook on every parameter of this small model
-    ranks_case(rank, world, port, fraction, overlap_param_gather, overlap_d2h)
-    coordinator = fetch_ahead._PROCESS[0]
-    engines = coordinator.engines
-    ahead = sum(len(e.chunks) - e.slots for e in engines)
-    check(ahead > 0 and coordinator.fetched == ahead, "fetch-ahead",
-          f"{coordinator.fetched} chunks fetched ahead, {ahead} expected (every chunk after the ring's, once)")
-    check(coordinator.held == 0 and not any(e.holds_ahead() for e in engines), "fetch-ahead",
-          f"{coordinator.held} bytes of buffers still held after the last forward and the drain")
+        os.environ[FETCH_AHEAD_ENV] = "on"
+        fetch_ahead._PROCESS[:] = [fetch_ahead.FetchAhead(memory=RoomyMemory())]
+        streamed_states.STREAM_MIN_CHUNK_NUMEL = 1  # a hook on every parameter of this small model
+        case(rank, world, port, *args)
+        coordinator = fetch_ahead._PROCESS[0]
+        engines = coordinator.engines
+        ahead = sum(len(e.chunks) - e.slots for e in engines)
+        check(coordinator.fetched == ahead * fetching_steps, "fetch-ahead",
+              f"rank {rank}: {coordinator.fetched} chunks fetched ahead, {ahead} x {fetching_steps} expected (every "
+              f"chunk after the ring's of {len(engines)} engine(s), once a step from the third)")
+        everyone = [None] * world
+        dist.all_gather_object(everyone, ahead)
+        check(sum(everyone) > 0, "fetch-ahead", f"no rank has chunks after the ring's: {everyone}")
+        check(coordinator.held == 0 and not any(e.holds_ahead() for e in engines), "fetch-ahead",
+              f"rank {rank}: {coordinator.held} bytes of buffers still held after the last forward and the drain")
+    run.__name__ = f"fetch_ahead_{case.__name__}"
+    return run
+
+
+def evaluations_between_steps_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
+                                   overlap_d2h: bool) -> None:
+    """Five steps with an evaluation (the drain of apply_delayed, then a forward without backward) after the second
+    and the third: each forward uses the weights after every earlier update, and after the last drain the shards,
+    host copies and moments are the reference's."""
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h)
+    reference = Reference(run.weights(), run.hyper(), world)
+    steps = 5
+    for step in range(1, steps + 1):
+        run.train_step(step)
+        check_seen_weights(run, reference, step - 1)
+        reference.step(step)
+        if step in (2, 3):
+            streaming_engine.drain_all(apply_delayed=True)  # what Megatron Bridge's evaluate_and_print_results does
+            run.forward_only()
+            check_seen_weights(run, reference, step)
+    run.forward_only()
+    check_seen_weights(run, reference, steps)
+    streaming_engine.drain_all(apply_delayed=True)
+    check_states(run, reference)
+
+
+fetch_ahead_case = _with_fetch_ahead(ranks_case)
 
 
 def check_exact_gather_gates(run: Run) -> None:
@@ -917,6 +950,17 @@ FETCH_AHEAD_SCENARIOS = [("2 ranks, fraction 1, fetch-ahead, overlapped all-gath
                           None),
                          ("2 ranks, broken: fetch-ahead-no-fill", 2, (1.0, True, False), "fetch-ahead-no-fill",
                           "forward-weights")]
+# the dense and the experts' engines share one room; two pipeline stages of 4 micro batches (a hook per parameter per
+# micro batch); evaluations between steps (their drains end a window and release its buffers)
+FETCH_AHEAD_MORE = [
+    (lambda: _with_fetch_ahead(experts_case), [
+        ("2 ranks, EP 2, fraction 1, fetch-ahead, overlapped all-gather", 2, (1.0, True, 2), None, None)]),
+    (lambda: _with_fetch_ahead(pipeline_case), [
+        ("4 ranks, 2 pipeline stages x DP 2, fraction 1, fetch-ahead, overlapped all-gather", 4, (1.0, True), None,
+         None)]),
+    (lambda: _with_fetch_ahead(evaluations_between_steps_case, fetching_steps=3), [
+        ("2 ranks, fraction 1, fetch-ahead, evaluations between steps", 2, (1.0, True, False), None, None)]),
+]
 
 
 def run_ranks(target, world: int, args: tuple, timeout: float = 240) -> list:
@@ -1021,6 +1065,8 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
     if what in ("ranks", "fetch-ahead"):
         ok &= run_scenarios(fetch_ahead_case, FETCH_AHEAD_SCENARIOS)
+        for case, scenarios in FETCH_AHEAD_MORE:
+            ok &= run_scenarios(case(), scenarios)
     if what == "exact-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),

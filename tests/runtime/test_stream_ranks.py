@@ -54,14 +54,19 @@ def test_an_all_gather_that_does_not_wait_for_the_update_is_caught(stream_scenar
 
 
 FETCH_AHEAD_SCENARIOS = ["2 ranks, fraction 1, fetch-ahead, overlapped all-gather",
-                         "2 ranks, fraction 0.6, fetch-ahead, all-gather in the step"]
+                         "2 ranks, fraction 0.6, fetch-ahead, all-gather in the step",
+                         "2 ranks, EP 2, fraction 1, fetch-ahead, overlapped all-gather",
+                         "4 ranks, 2 pipeline stages x DP 2, fraction 1, fetch-ahead, overlapped all-gather",
+                         "2 ranks, fraction 1, fetch-ahead, evaluations between steps"]
 
 
 @pytest.mark.parametrize("label", FETCH_AHEAD_SCENARIOS)
 def test_chunks_fetched_ahead_during_the_backward_give_the_same_update(stream_scenarios, label):
     """Fetch-ahead on (MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD=on), with a stand-in allocator that always has room: every
-    chunk after the ring's comes up during the third step's backward, once, and is moved into its ring slot by the
-    next forward; the weights every module uses and the host's moments are the reference's, and no buffer is left."""
+    chunk after the ring's comes up during each backward from the third step's, once, and is moved into its ring slot
+    by the next forward or an evaluation's drain; the weights every module uses and the host's moments are the
+    reference's, and no buffer is left. Also with the dense and the experts' engines sharing the room, with two
+    pipeline stages of 4 micro batches (a hook per parameter per micro batch), and with evaluations between steps."""
     stream_scenarios.assert_passed("ranks", label)
 
 
