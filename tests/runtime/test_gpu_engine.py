@@ -6,6 +6,7 @@ Skipped without CUDA; the recorded runs are in docs/benchmarks/offload-engine/."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,9 @@ def test_stream_with_fetch_ahead_is_bit_identical_and_keeps_the_peak(tmp_path):
     header = _train(tmp_path / "ahead", "--offload-engine", "stream",
                     "++env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD=on")
     assert "fetch-ahead: on " in header
+    # rank 0 says how many chunks came up during the backward (fetch_ahead.py): it must have fetched at all
+    said = re.findall(r"^stream fetch-ahead: (\d+) chunks", header, flags=re.MULTILINE)
+    assert said and max(map(int, said)) > 0, header[-3000:]
     row = parity("fetch-ahead vs stream", tmp_path / "stream", tmp_path / "ahead")
     assert row["iterations"] == 8 and row["bit_identical"], row
     peaks = [json.loads((tmp_path / name / "summary.json").read_text())["peak_allocated_gib"]
