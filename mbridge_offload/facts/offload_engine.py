@@ -56,7 +56,10 @@ FETCH_AHEAD_VALUES = ("on", "off")
 # what the run's header says of it
 FETCH_AHEAD_SAYS = ("the chunks after the ring's come up during the backward into memory it has freed, kept below "
                     "the run's peak allocated as the previous step measured it; the same update (bit-identical on "
-                    "the CPU stand-in); not yet run on a GPU: compare the step time and the peak with it off")
+                    "the CPU stand-in); not yet run on a GPU: compare the step time and the peak with it off. It "
+                    "resets PyTorch's peak counters at points of the backward, so Megatron Bridge's own memory log "
+                    "shows the peak since the last point; the run's peak is the plugin's (summary.json, "
+                    "peak_allocated_gib)")
 
 
 def fetch_ahead_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
