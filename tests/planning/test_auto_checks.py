@@ -1,8 +1,14 @@
-"""auto on MoE models against the GPU: planner-auto-moe/ (twenty-sixth session, one H100, each device a ballast's
-remainder, the overlap on, expandable segments). Four configurations of the MoE proxy (2, 3, 4 and 6 layers, 4096 to
-12288 tokens, micro batch 1 and 2) that no constant of the planner was set on, each run at auto's pick, one 0.05 step
-below and, where that trained, two steps below. The first-step reserve rule is the MoE default since the
-twenty-fifth session (reserve-snapshot/order/); these are its first auto checks on devices sized for its plan."""
+"""auto's checks on the GPU that no constant of the planner was set on, replayed with today's planner: at each
+device, the fraction it picks was run there and trained, and the plan at every run's fraction is at or above the
+whole device the run used (NVML), or above the device where the run ran out of memory. Each device is a ballast's
+remainder of one H100; the overlap on, expandable segments; runs at auto's pick, one 0.05 step below and, where that
+trained, two steps below.
+
+- planner-auto-6/ (twenty-fifth session): three dense configurations, none of them the 4B whose gaps set the opt-in
+  full-device rule's 0.55 GiB allowance (smallest-trains/), run with that rule.
+- planner-auto-moe/ (twenty-sixth session): four configurations of the MoE proxy (2, 3, 4 and 6 layers, 4096 to 12288
+  tokens, micro batch 1 and 2), run with the first-step rule, the MoE default since the twenty-fifth session
+  (reserve-snapshot/order/): its first auto checks on devices sized for its plan."""
 
 from __future__ import annotations
 
@@ -16,14 +22,14 @@ from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_
 from mbridge_offload.planning import GIB, plan
 from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
-CHECKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "planner-auto-moe"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 STEP = 0.05
 
 
-def _checks(built) -> list[tuple[str, object, dict, dict]]:
-    """(case, config, check, {fraction: run}) of every committed auto check."""
+def _checks(built, folder: str) -> list[tuple[str, object, dict, dict]]:
+    """(case, config, check, {fraction: run}) of every auto check committed under ``folder``."""
     found = []
-    for path in sorted(CHECKS.glob("*/auto_check.json")):
+    for path in sorted((BENCHMARKS / folder).glob("*/auto_check.json")):
         for check in json.loads(path.read_text()):
             cfg = apply_overrides(built(check["recipe"]), check["overrides"])
             runs = {check[k]["fraction"]: check[k] for k in ("at_auto", "below", "two_below") if check.get(k)}
@@ -52,12 +58,27 @@ def _plans_above_every_run(case: str, check: dict, runs: dict, planned: dict[flo
     return out_of_memory
 
 
+def test_full_device_picks_a_fraction_that_trained_and_plans_above_every_dense_run(built, monkeypatch):
+    """planner-auto-6/: with the full-device rule each pick trained, and the plan is above the device where the
+    1.1B proxy at 12288 tokens ran out of memory at 0.4."""
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    checks = _checks(built, "planner-auto-6")
+    assert len(checks) == 3
+    out_of_memory = 0
+    for case, cfg, check, runs in checks:
+        picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
+        assert picked_plan.reserve_rule == FULL_DEVICE, case
+        assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
+        out_of_memory += _plans_above_every_run(case, check, runs, planned)
+    assert out_of_memory == 1
+
+
 def test_the_default_rule_picks_a_fraction_that_trained_and_plans_above_every_moe_run(built, monkeypatch):
     """auto (the first-step rule, a 2 % margin) picked 0.5 on each device and trained there; 0.45 trained on all
     four with less free than the margin (the issue's bar); 0.4 ran out of memory on the 4- and 6-layer proxies
     (the step goal met) and trained on the 2- and 3-layer ones (not met: two steps above)."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    checks = _checks(built)
+    checks = _checks(built, "planner-auto-moe")
     assert len(checks) == 4
     out_of_memory = 0
     for case, cfg, check, runs in checks:
@@ -79,7 +100,7 @@ def test_full_device_replayed_on_the_moe_checks_picks_lower_fractions_that_train
     0.11 GiB free)."""
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
     picks = {}
-    for case, cfg, check, runs in _checks(built):
+    for case, cfg, check, runs in _checks(built, "planner-auto-moe"):
         picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
         assert picked_plan.reserve_rule == FULL_DEVICE, case
         assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
