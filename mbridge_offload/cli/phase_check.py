@@ -173,6 +173,9 @@ def not_run_yet(root: Path = ROOT) -> list[str]:
     return [p for p in known if p in named]
 
 
+COLLECT_TIMEOUT_S = 120.0  # a phase script's own run with the recorder standing in for python: seconds at most
+
+
 def _tools(folder: Path) -> dict[str, str]:
     """The recorder and the no-op tools in ``folder``; the environment a phase runs with."""
     recorder = folder / "python-recorder"
@@ -189,14 +192,13 @@ def _tools(folder: Path) -> dict[str, str]:
     return env
 
 
-def collect(source: Source, root: Path = ROOT, timeout_s: float = 120.0) -> Source:
+def collect(source: Source, root: Path = ROOT, timeout_s: float = COLLECT_TIMEOUT_S) -> Source:
     """Run ``source``'s script with the recorder as its python; its calls, in order, into ``source.calls``."""
-    with tempfile.TemporaryDirectory(prefix="phase-check-") as tmp:
-        return _collect_in(source, Path(tmp), _tools(Path(tmp)), root, timeout_s)
+    return collect_all([source], root, workers=1, timeout_s=timeout_s)[0]
 
 
 def _collect_in(source: Source, folder: Path, env: dict[str, str], root: Path, timeout_s: float) -> Source:
-    """``collect`` with the recorder and tools already written in ``folder`` (``env`` from ``_tools``)."""
+    """One source's run, with its recorder and tools already written in ``folder`` (``env`` from ``_tools``)."""
     env = dict(env)
     log = folder / "calls.jsonl"
     env.update(PHASE_CHECK_LOG=str(log), RUNS=str(folder / "runs"))
@@ -215,7 +217,8 @@ def _collect_in(source: Source, folder: Path, env: dict[str, str], root: Path, t
     return source
 
 
-def collect_all(found: list[Source], root: Path = ROOT, workers: int = 8) -> list[Source]:
+def collect_all(found: list[Source], root: Path = ROOT, workers: int = 8,
+                timeout_s: float = COLLECT_TIMEOUT_S) -> list[Source]:
     """``collect`` on every source, side by side. Every recorder is written before any script starts: a recorder
     written while another thread forks stays open for writing in that child until it execs, and running it then
     fails with "Text file busy" (a phase lost its first command that way)."""
@@ -226,7 +229,7 @@ def collect_all(found: list[Source], root: Path = ROOT, workers: int = 8) -> lis
             folder.mkdir()
             envs.append(_tools(folder))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(lambda i: _collect_in(found[i], folders[i], envs[i], root, 120.0), range(len(found))))
+            list(pool.map(lambda i: _collect_in(found[i], folders[i], envs[i], root, timeout_s), range(len(found))))
     return found
 
 
