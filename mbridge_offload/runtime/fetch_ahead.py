@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
+from functools import cached_property
 
 GUARD_FLOOR_BYTES = 64 * 1024**2  # one chunk of a 1.1B model's moments is ~0.28 GB: the floor is below any chunk
 # points per window at most: each reads and resets the allocator's peak (torch.cuda.memory_stats_as_nested_dict), and
@@ -43,7 +44,11 @@ class Window:
     stride: int = 1  # a point every ``stride`` hooks
     fetched: int = 0  # chunks fetched ahead in the window
     fetched_bytes: int = 0
-    later: list[int] = field(default_factory=list)  # later[i]: the largest of bases[i:] (set when the window ends)
+
+    @cached_property
+    def later(self) -> list[int]:
+        """later[i]: the largest of bases[i:] (read only once the window is complete)."""
+        return suffix_max(self.bases)
 
 
 def suffix_max(values: list[int]) -> list[int]:
@@ -58,7 +63,7 @@ def suffix_max(values: list[int]) -> list[int]:
 def allowed_held(previous: Window, hook: int, run_peak: int, guard: int) -> int:
     """Bytes of buffers that may be held from point ``hook`` on (the ``hook``-th of the backward, 0 first): the
     run's peak less the guard less the largest base of the previous window's intervals from that point on."""
-    later = previous.later if len(previous.later) == len(previous.bases) else suffix_max(previous.bases)
+    later = previous.later
     if hook >= len(later):
         return 0
     return max(0, run_peak - guard - later[hook])
@@ -197,7 +202,6 @@ class FetchAhead:
         """The window is complete: the next step's rule reads it. The run's first is not read: in step 1 the GPU's
         own optimizer states do not exist yet, so its intervals are lower than the next steps' by their size."""
         window = self.current
-        window.later = suffix_max(window.bases)
         self.windows += 1
         self.previous = window if self.windows >= 2 else None
         self.current = None
