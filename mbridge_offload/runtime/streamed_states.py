@@ -399,17 +399,19 @@ class StateStreamingEngine(StreamingEngine):
         return copied
 
     # --- the step ---
-    def _fetch(self, index: int) -> None:
-        """Copy chunk ``index``'s moments from the host into its ring slot, once the slot's last copy down is done."""
+    def _fetch(self, index: int, moments=None) -> None:
+        """Copy chunk ``index``'s moments into its ring slot, once the slot's last copy down is done: from the host,
+        or from ``moments`` (its m and v, fetched ahead onto the GPU)."""
         import torch
 
         chunk, slot = self.chunks[index], index % self.slots
         buffer, n = self.ring[slot], chunk.stop - chunk.start
+        m, v = moments or (self.host_m[chunk.start:chunk.stop], self.host_v[chunk.start:chunk.stop])
         if self.slot_free[slot] is not None:
             self.h2d_stream.wait_event(self.slot_free[slot])
         with torch.cuda.stream(self.h2d_stream):
-            buffer[:n].copy_(self.host_m[chunk.start:chunk.stop], non_blocking=True)
-            buffer[self.numel:self.numel + n].copy_(self.host_v[chunk.start:chunk.stop], non_blocking=True)
+            buffer[:n].copy_(m, non_blocking=True)
+            buffer[self.numel:self.numel + n].copy_(v, non_blocking=True)
 
     # --- fetch-ahead (runtime/fetch_ahead.py decides when and how much) ---
     def awaits_next_update(self) -> bool:
@@ -449,18 +451,11 @@ class StateStreamingEngine(StreamingEngine):
         return bool(self.ahead or self.step_ahead)
 
     def _fill_from_ahead(self, index: int) -> None:
-        """Chunk ``index``'s moments into its ring slot from the buffer they were fetched into, a copy on the GPU
-        once the slot's last copy down is done; the buffer is then released."""
-        import torch
-
+        """Chunk ``index``'s moments into its ring slot from the buffer they were fetched into (a copy on the GPU);
+        the buffer is then released."""
         buffer = self.step_ahead.pop(index)
-        slot, n = index % self.slots, self.chunks[index].stop - self.chunks[index].start
-        ring = self.ring[slot]
-        if self.slot_free[slot] is not None:
-            self.h2d_stream.wait_event(self.slot_free[slot])
-        with torch.cuda.stream(self.h2d_stream):
-            ring[:n].copy_(buffer[:n], non_blocking=True)
-            ring[self.numel:self.numel + n].copy_(buffer[n:], non_blocking=True)
+        n = buffer.numel() // 2
+        self._fetch(index, (buffer[:n], buffer[n:]))
         del buffer  # its block is reused once the copies above are done (record_stream at the fetch)
         self.fetch_ahead.released(2 * 4 * n)
 
