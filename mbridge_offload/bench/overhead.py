@@ -46,6 +46,11 @@ def configurations(cores: int) -> dict[str, dict]:
         return {OVERLAP_KEY: overlap, "optimizer.pin_cpu_grads": True, "optimizer.pin_cpu_params": True,
                 "threads": threads, "overlap_chunks": overlap_chunks}
 
+    engines = {f"engine-{mode}": {"config": f"engine-{mode}",
+                                  "args": ["--offload-tuning", "tuned", "--offload-engine", mode], "overrides": [],
+                                  "means": f"tuned, with the streaming offload engine's {mode} mode "
+                                           "(mbridge_offload/runtime/streaming_engine.py)"}
+               for mode in ("exact", "stream", "delayed")}
     return {
         "stock-all-cores": {"config": "stock", "args": [*stock, "--cpu-threads", str(cores)],
                             "overrides": [f"{OVERLAP_KEY}=False"], "settings": fixed(cores, False),
@@ -64,12 +69,8 @@ def configurations(cores: int) -> dict[str, dict]:
         "tuned": {"config": "tuned", "args": ["--offload-tuning", "tuned"], "overrides": [],
                   "means": f"run_recipe.py's offload tuning (threads per rank, overlap in {chunks} chunks, "
                            "pinned buffers)"},
-        **{f"engine-{mode}": {"config": f"engine-{mode}", "args": ["--offload-tuning", "tuned", "--offload-engine", mode],
-                              "overrides": [], "means": f"tuned, with the streaming offload engine's {mode} mode "
-                                                        "(mbridge_offload/runtime/streaming_engine.py)"}
-           for mode in ("exact", "stream", "delayed")},
-        "engine-stream-fetch-ahead": {"config": "engine-stream-fetch-ahead",
-                                      "args": ["--offload-tuning", "tuned", "--offload-engine", "stream"],
+        **engines,
+        "engine-stream-fetch-ahead": {**engines["engine-stream"], "config": "engine-stream-fetch-ahead",
                                       "overrides": [f"++{FETCH_AHEAD_KEY}=on"],
                                       "means": "engine-stream with fetch-ahead on (mbridge_offload/runtime/"
                                                "fetch_ahead.py): the chunks after the ring's come up during the "
