@@ -593,9 +593,6 @@ def evaluations_between_steps_case(rank: int, world: int, port: int, fraction: f
     check_states(run, reference)
 
 
-fetch_ahead_case = _with_fetch_ahead(ranks_case)
-
-
 def check_exact_gather_gates(run: Run) -> None:
     """Each bucket group's all-gather waited for the exact engine's chunks holding this rank's offloaded shards of
     its parameters (and a group with none of them for none)."""
@@ -945,20 +942,20 @@ def _rank_main(target, rank, world, port, args, results):
             pass
 
 
-FETCH_AHEAD_SCENARIOS = [("2 ranks, fraction 1, fetch-ahead, overlapped all-gather", 2, (1.0, True, False), None, None),
-                         ("2 ranks, fraction 0.6, fetch-ahead, all-gather in the step", 2, (0.6, False, False), None,
-                          None),
-                         ("2 ranks, broken: fetch-ahead-no-fill", 2, (1.0, True, False), "fetch-ahead-no-fill",
-                          "forward-weights")]
-# the dense and the experts' engines share one room; two pipeline stages of 4 micro batches (a hook per parameter per
-# micro batch); evaluations between steps (their drains end a window and release its buffers)
-FETCH_AHEAD_MORE = [
-    (lambda: _with_fetch_ahead(experts_case), [
+# (case, its scenarios) with fetch-ahead on: the ranks' scenarios and a broken one; the dense and the experts' engines
+# sharing one room; two pipeline stages of 4 micro batches (a hook per parameter per micro batch); evaluations between
+# steps (their drains end a window and release its buffers)
+FETCH_AHEAD_SCENARIOS = [
+    (_with_fetch_ahead(ranks_case), [
+        ("2 ranks, fraction 1, fetch-ahead, overlapped all-gather", 2, (1.0, True, False), None, None),
+        ("2 ranks, fraction 0.6, fetch-ahead, all-gather in the step", 2, (0.6, False, False), None, None),
+        ("2 ranks, broken: fetch-ahead-no-fill", 2, (1.0, True, False), "fetch-ahead-no-fill", "forward-weights")]),
+    (_with_fetch_ahead(experts_case), [
         ("2 ranks, EP 2, fraction 1, fetch-ahead, overlapped all-gather", 2, (1.0, True, 2), None, None)]),
-    (lambda: _with_fetch_ahead(pipeline_case), [
+    (_with_fetch_ahead(pipeline_case), [
         ("4 ranks, 2 pipeline stages x DP 2, fraction 1, fetch-ahead, overlapped all-gather", 4, (1.0, True), None,
          None)]),
-    (lambda: _with_fetch_ahead(evaluations_between_steps_case, fetching_steps=3), [
+    (_with_fetch_ahead(evaluations_between_steps_case, fetching_steps=3), [
         ("2 ranks, fraction 1, fetch-ahead, evaluations between steps", 2, (1.0, True, False), None, None)]),
 ]
 
@@ -1064,9 +1061,8 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
     if what in ("ranks", "fetch-ahead"):
-        ok &= run_scenarios(fetch_ahead_case, FETCH_AHEAD_SCENARIOS)
-        for case, scenarios in FETCH_AHEAD_MORE:
-            ok &= run_scenarios(case(), scenarios)
+        for case, scenarios in FETCH_AHEAD_SCENARIOS:
+            ok &= run_scenarios(case, scenarios)
     if what == "exact-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False), None, None),
