@@ -331,12 +331,11 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --host-json "$(host_json)" --fractions 1 --configs engine-stream --repeats 3 --baseline-runs 3 \
         model.num_layers=${LAYERS:-4} train.train_iters=33 ;;
     stream-fetch-ahead)
-      # NOT RUN YET (issue #16, ~18 min over two or three calls, --resume continues): the stream mode's fetch-ahead
-      # (runtime/fetch_ahead.py, opt-in, built in the twenty-sixth session) on the 4-layer MoE proxy at fraction 1,
-      # deterministic, against stream without it and the baseline, 3 rounds interleaved, 33 steps each (80-131 s a
-      # run before). Read: the step time against stream's (stream-moe-profile/ bounds the gain at ~0.15 s a step), the
-      # losses bit-identical to stream's, and each run's peak_allocated_gib (summary.json) equal to stream's: the rule
-      # keeps the buffers below the run's peak as the previous step measured it; a higher peak means it missed a rise.
+      # Twenty-seventh session (issue #16, offload-engine/stream-fetch-ahead/, one H100, three calls, 85-132 s a run,
+      # from the tree of commit d3600d3): the stream mode's fetch-ahead (runtime/fetch_ahead.py, opt-in) on the 4-layer
+      # MoE proxy at fraction 1, deterministic, against stream without it and the baseline, 3 rounds interleaved, 33
+      # steps each. It read: losses bit-identical, peak_allocated_gib equal to stream's, peak_reserved_gib 2.9 GiB
+      # above it (the buffers), no step-time gain resolved (1.44x against 1.41x).
       $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-fetch-ahead" \
         --deterministic --resume --host-json "$(host_json)" --fractions 1 \
         --configs engine-stream,engine-stream-fetch-ahead --repeats 3 --baseline-runs 3 model.num_layers=4 \

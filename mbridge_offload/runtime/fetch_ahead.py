@@ -16,8 +16,10 @@ later interval's base in the previous window, plus them, stays below the run's p
 largest change of a backward interval's base from one window to the next seen so far, and at least
 ``GUARD_FLOOR_BYTES``. A window whose hooks or stride differ from the previous window's fetches nothing past the
 previous one's points. What this cannot see: a step whose memory rises beyond the previous step's by more than the
-guard (a MoE layer's experts receive other token counts every step). The GPU run that measures it compares the
-run's peak with fetch-ahead on and off (phase ``stream-fetch-ahead`` of docs/benchmarks/h200.sh).
+guard (a MoE layer's experts receive other token counts every step), and the reserved memory: the rule bounds
+the bytes allocated, and where the freed memory is in ranges smaller than a buffer the allocator maps more. On one
+H100 and the 4-layer MoE proxy (docs/benchmarks/offload-engine/stream-fetch-ahead/) the peak allocated stayed put,
+the reserved memory rose by the 2.9 GiB of buffers, and no step-time gain was resolved: it stays opt-in.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Fetch-ahead's rule (mbridge_offload/runtime/fetch_ahead.py): how much the backward's hooks may fetch, from the
 previous window's intervals, the run's peak and the guard. The engines and the allocator are stand-ins that count:
 the rule is arithmetic on what they report (the engine's own part runs in stream_cpu_scenarios.py's fetch-ahead
-scenarios; the GPU's allocator only in the h200.sh phase stream-fetch-ahead)."""
+scenarios; the GPU's allocator in the h200.sh phase stream-fetch-ahead, docs/benchmarks/offload-engine/
+stream-fetch-ahead/)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ def test_stream_engine_is_bit_identical_to_no_offload(tmp_path):
 @pytest.mark.gpu
 def test_stream_with_fetch_ahead_is_bit_identical_and_keeps_the_peak(tmp_path):
     """Fetch-ahead (runtime/fetch_ahead.py): the same update as stream without it, bit for bit, and the run's peak
-    allocated where stream's is (the rule keeps the buffers below it). 8 steps: it fetches from the third."""
+    allocated where stream's is (the rule keeps the buffers below it; the reserved memory it does not bound:
+    docs/benchmarks/offload-engine/stream-fetch-ahead/). 8 steps: it fetches from the third."""
     from mbridge_offload.bench.engine_parity import parity
 
     _train(tmp_path / "stream", "--offload-engine", "stream")
