@@ -142,10 +142,16 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
 
 def cpu_thread_warning(cfg, threads: int, ranks_on_node: int, cores: int | None) -> str | None:
     """Optimizer offload runs Adam on the CPU: one thread per rank (torchrun's default when a node
-    runs several ranks) made 100% offload 4.3x slower than no offload on the H200, 16 threads 1.85x."""
+    runs several ranks) made 100% offload 4.3x slower than no offload on the H200, 16 threads 1.85x. More threads
+    than the node's cores make the ranks' CPU Adam threads take turns on them instead."""
     if not cfg.optimizer.optimizer_cpu_offload or not cores:
         return None
-    fair_share = max(1, cores // max(1, ranks_on_node))
+    ranks_on_node = max(1, ranks_on_node)
+    fair_share = max(1, cores // ranks_on_node)
+    if threads * ranks_on_node > cores:
+        return (f"the CPU optimizer runs on {threads} thread(s) per rank x {ranks_on_node} rank(s) = "
+                f"{threads * ranks_on_node} threads on this node's {cores} cores: the ranks' threads contend for "
+                f"the cores during every CPU Adam step; use --cpu-threads auto or {fair_share}")
     if threads * 2 > fair_share or fair_share == 1:
         return None
     return (f"the CPU optimizer runs on {threads} thread(s) per rank while this node has {cores} cores for "

@@ -154,6 +154,11 @@ def test_cpu_thread_warning(built):
     assert cpu_thread_warning(offload, threads=16, ranks_on_node=1, cores=16) is None
     assert cpu_thread_warning(offload, threads=1, ranks_on_node=16, cores=16) is None  # 1 is the fair share
     assert cpu_thread_warning(plain, threads=1, ranks_on_node=1, cores=16) is None
+    # more threads than the node's cores: the ranks contend for them
+    assert "= 32 threads on this node's 16 cores" in cpu_thread_warning(offload, threads=4, ranks_on_node=8, cores=16)
+    assert "--cpu-threads auto or 1" in cpu_thread_warning(offload, threads=64, ranks_on_node=16, cores=16)
+    assert cpu_thread_warning(offload, threads=2, ranks_on_node=8, cores=16) is None
+    assert cpu_thread_warning(plain, threads=64, ranks_on_node=1, cores=16) is None
 
 
 def test_recorded_results_and_no_stale_reuse(tmp_path):
