@@ -21,6 +21,7 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
+from mbridge_offload.facts.offload_engine import STREAM, engine_mode, fetch_ahead_on
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
                                                          CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
@@ -35,9 +36,12 @@ SLOWDOWN_LIMIT = 4.0  # the seed's ">4x at full optimizer offload"
 WARMUP_LIMIT = 3.0  # a first step this many times the steady step is the warm-up the rule describes
 MAX_EVIDENCE = 3
 # torch's own out-of-memory message: one signature, the variant told by the run's offload settings
-_TORCH_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
-# the rules whose fix is the planner's OOM fix: torch's, and a device allocation outside PyTorch that failed
-_OOM_FIX_IDS = (*_TORCH_OOM_IDS, "runtime/oom-outside-pytorch")
+_FETCH_AHEAD_OOM_ID = "runtime/oom-with-fetch-ahead"
+_PLANNED_OOM_IDS = ("runtime/cuda-oom", "runtime/oom-partial-offload", "runtime/oom-with-activation-offload")
+_TORCH_OOM_IDS = (*_PLANNED_OOM_IDS, _FETCH_AHEAD_OOM_ID)
+# the rules whose fix is the planner's OOM fix: torch's, and a device allocation outside PyTorch that failed (not
+# fetch-ahead's: its buffers are outside the plan, so the fix is to turn it off)
+_OOM_FIX_IDS = (*_PLANNED_OOM_IDS, "runtime/oom-outside-pytorch")
 # the rules whose fix is the planner's host fix: the node's memory ran out, by a kill or a failed allocation
 _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
 # the crashes inside the run whose fix bisects the offload settings the run had on
@@ -213,6 +217,10 @@ class _Run:
             facts.activation_offload = bool(cfg.model.cpu_offloading)
         if facts.fine_grained is None:
             facts.fine_grained = bool(getattr(cfg.model, "fine_grained_activation_offloading", False))
+        if facts.fetch_ahead is None:  # the config's env_vars (the launch shell's, which win, are not known here)
+            env_vars = getattr(cfg, "env_vars", None)
+            facts.fetch_ahead = bool(facts.optimizer_offload and engine_mode(env_vars, {}) == STREAM
+                                     and fetch_ahead_on(env_vars, {}))
 
     def knows(self, name: str) -> Any:
         """A fact from the output, else from the run's config (read on first need)."""
@@ -233,6 +241,8 @@ class _Run:
 
 
 def _oom_variant(run: _Run) -> str:
+    if run.knows("fetch_ahead"):  # the one share of the device the plan does not count comes first
+        return _FETCH_AHEAD_OOM_ID
     if run.knows("activation_offload"):
         return "runtime/oom-with-activation-offload"
     fraction = run.knows("fraction")
@@ -453,6 +463,23 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; {allocator}; config: {config.source}"
 
 
+def _fetch_ahead_basis(facts: RunFacts, oom: OutOfMemory | None) -> str:
+    """What fetch-ahead's buffers held against what the failed allocation lacked."""
+    if facts.fetch_ahead_gib is None:
+        held = ("the log has no rank-0 'stream fetch-ahead: N chunks (X GiB)' line, so how much its buffers held is "
+                "not known (the line comes once a step's window is complete: the run failed before)")
+    else:
+        held = (f"fetch-ahead's buffers held up to {facts.fetch_ahead_gib:.2f} GiB in a step (rank 0's 'stream "
+                "fetch-ahead' lines), reserved memory the plan does not count")
+    shortfall = oom.shortfall_gib if oom is not None else None
+    if shortfall is None or facts.fetch_ahead_gib is None:
+        return held
+    if shortfall <= facts.fetch_ahead_gib:
+        return f"{held}; the failed allocation lacked {shortfall:.2f} GiB, less than that"
+    return (f"{held}; the failed allocation lacked {shortfall:.2f} GiB, more than that: with it off, plan the "
+            "fraction too (plan_offload.py ... optimizer.optimizer_offload_fraction=auto)")
+
+
 def _bisect_fix(run: _Run, finding: Finding) -> None:
     """A crash inside the run: the rule's fix, its bisection narrowed to the offload settings the run had on (from
     its header, else its config), where the run says which."""
@@ -555,6 +582,8 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     for finding in findings:
         if finding.rule_id in _TORCH_OOM_IDS and oom is not None:
             finding.measured = oom.words()
+        if finding.rule_id == _FETCH_AHEAD_OOM_ID:
+            finding.fix_basis = _fetch_ahead_basis(run.facts, oom)
         _compute_fix(run, finding, oom)
     _engine_details(run, by_rule, at_line, first_match)
     findings.sort(key=lambda f: (f.severity != "error", f.first_index))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
 from mbridge_offload.facts.environment import ALLOCATOR_LINE, expandable_in_allocator_line
+from mbridge_offload.facts.offload_engine import FETCH_AHEAD_HEADER, FETCH_AHEAD_HELD
 from mbridge_offload.facts.run_records import recorded_expandable_segments, step_records_file
 
 # torch's sizes (c10's format_size): "512 bytes", "12.50 KiB", "896.00 MiB", "2.32 GiB"; older releases "B"
@@ -22,10 +23,13 @@ _GPUS_IN_HEADER = re.compile(r"^(?:Recipe|Training) \S+ \((\d+) GPUs?: ")
 _THREADS = re.compile(r"CPU threads per rank: (\d+)")
 _GPU_PLAN = re.compile(r"GPU: (?:fit|total) .* of ([\d.]+) GiB")
 _HOST_PLAN = re.compile(r"host: per node .* rank(?:s|\(s\))? of ([\d.]+) GiB")
+# rank 0's line of the GiB fetch-ahead's buffers held in a step (FETCH_AHEAD_HELD with its fields as patterns)
+_FETCH_AHEAD_HELD = re.compile(re.escape(FETCH_AHEAD_HELD).replace(r"\{chunks\}", r"\d+")
+                               .replace(r"\{gib:\.2f\}", r"([\d.]+)"))
 # what a line that states one of the facts below holds (the header's and the plan's first words, an iteration line's)
 _FACT_WORDS = re.compile(r"^\s*(?:Recipe |Training |optimizer offload: |activation offload \(layer-level\): |"
-                         r"fine-grained activation offload: |CPU threads per rank: |GPU: |host: per node )|"
-                         r"elapsed time per iteration \(ms\)")
+                         r"fine-grained activation offload: |CPU threads per rank: |GPU: |host: per node |"
+                         + re.escape(FETCH_AHEAD_HEADER) + r"|stream fetch-ahead: )|elapsed time per iteration \(ms\)")
 _COMMAND = re.compile(r"(?:run_recipe(?:\.py)?|mbridge-run-recipe)\s+(.*)$")
 
 
@@ -163,6 +167,8 @@ class RunFacts:
     host_memory_gib: float | None = None
     expandable_segments: bool | None = None  # whether the run's allocator had expandable segments
     expandable_segments_from: str = ""  # what says so: the run's step records, else the header's line
+    fetch_ahead: bool | None = None  # the stream engine's fetch-ahead on (its header line, else the run's config)
+    fetch_ahead_gib: float | None = None  # the most its buffers held in a step, as rank 0's lines say
 
     @property
     def steady_step_s(self) -> float | None:
@@ -209,6 +215,11 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.gpu_memory_gib = float(match.group(1))
         elif match := _HOST_PLAN.match(text):  # "rank(s)": today's plan
             facts.host_memory_gib = float(match.group(1))
+        elif text.startswith(FETCH_AHEAD_HEADER):
+            facts.fetch_ahead = True
+        elif match := _FETCH_AHEAD_HELD.search(text):
+            facts.fetch_ahead = True
+            facts.fetch_ahead_gib = max(facts.fetch_ahead_gib or 0.0, float(match.group(1)))
         elif (expandable := expandable_in_allocator_line(text)) is not None:
             facts.expandable_segments, facts.expandable_segments_from = expandable, "as the log's header says"
         elif match := _ITERATION.search(text):

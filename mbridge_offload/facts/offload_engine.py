@@ -55,7 +55,11 @@ def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
 FETCH_AHEAD_ENV = "MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD"
 FETCH_AHEAD_KEY = f"env_vars.{FETCH_AHEAD_ENV}"
 FETCH_AHEAD_VALUES = ("on", "off")
-# what the run's header says of it
+# the run's header line that says it is on (diagnose reads it), and what the line says of it
+FETCH_AHEAD_HEADER = f"fetch-ahead: on ({FETCH_AHEAD_ENV})"
+# what rank 0 prints once a step's window is complete, whenever the count changes (diagnose reads the GiB its buffers
+# held: memory beyond the plan)
+FETCH_AHEAD_HELD = "stream fetch-ahead: {chunks} chunks ({gib:.2f} GiB) came up during the backward"
 FETCH_AHEAD_SAYS = ("the chunks after the ring's come up during the backward into memory it has freed, kept below "
                     "the run's peak allocated as the previous step measured it; the same update (bit-identical). "
                     "Measured on the 4-layer MoE proxy (one H100): the buffers added 2.9 GiB of reserved memory "

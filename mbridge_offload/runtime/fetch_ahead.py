@@ -29,6 +29,8 @@ import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from mbridge_offload.facts.offload_engine import FETCH_AHEAD_HELD
+
 GUARD_FLOOR_BYTES = 64 * 1024**2  # one chunk of a 1.1B model's moments is ~0.28 GB: the floor is below any chunk
 # points per window at most: each reads and resets the allocator's peak (torch.cuda.memory_stats_as_nested_dict), and
 # a MoE's backward has a hook per expert weight per micro batch (thousands); the intervals' peaks stay exact, only
@@ -211,8 +213,8 @@ class FetchAhead:
         said = (window.fetched, window.fetched_bytes)
         if self.windows >= 2 and said != self._said:
             self._said = said
-            _say(f"stream fetch-ahead: {window.fetched} chunks ({window.fetched_bytes / 2**30:.2f} GiB) came up during "
-                 f"the backward (window {self.windows}: {window.raw_hooks} hooks, {window.hooks} points, "
+            _say(FETCH_AHEAD_HELD.format(chunks=window.fetched, gib=window.fetched_bytes / 2**30)
+                 + f" (window {self.windows}: {window.raw_hooks} hooks, {window.hooks} points, "
                  f"{len(window.bases)} intervals, largest base {max(window.bases, default=0) / 2**30:.2f} GiB, guard "
                  f"{guard_bytes(self.largest_change) / 2**20:.0f} MiB); said again when it changes")
 

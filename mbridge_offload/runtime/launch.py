@@ -26,8 +26,8 @@ from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
-from mbridge_offload.facts.offload_engine import (ENGINE_MODES, FETCH_AHEAD_ENV, FETCH_AHEAD_SAYS, STREAM, engine_mode,
-                                                  fetch_ahead_on)
+from mbridge_offload.facts.offload_engine import (ENGINE_MODES, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
+                                                  engine_mode, fetch_ahead_on)
 from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
 from mbridge_offload.runtime.memory_history import write_on_failure  # a no-op unless it records
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
@@ -122,7 +122,7 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
         mode = offload_engine(cfg)
         lines.append(f"  offload engine: {mode}: {ENGINE_MODES[mode]}")
         if mode == STREAM and fetch_ahead_on(cfg.env_vars, os.environ):
-            lines.append(f"  fetch-ahead: on ({FETCH_AHEAD_ENV}): {FETCH_AHEAD_SAYS}")
+            lines.append(f"  {FETCH_AHEAD_HEADER}: {FETCH_AHEAD_SAYS}")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     lines.append(f"  {allocator_line(allocator_conf(cfg.env_vars, os.environ))}")
     if settings.warm_communicators:

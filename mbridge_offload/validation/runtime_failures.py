@@ -22,7 +22,7 @@ from functools import cached_property
 
 from mbridge_offload.facts import engine_messages as messages
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import ENGINE_KEY
+from mbridge_offload.facts.offload_engine import ENGINE_KEY, FETCH_AHEAD_KEY
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
 # torch's caching allocator's out-of-memory: its message (every torch release), and the exception's name where
@@ -269,6 +269,12 @@ RULES: tuple[Rule, ...] = (
           "the weights, gradients and optimizer states fill the GPU",
           "optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<what fits>  (add optimizer "
           "offload; or more GPUs / TP / PP)", _OOM),
+    _rule("runtime/oom-with-fetch-ahead", FETCH_AHEAD_KEY,
+          "out of GPU memory with the stream engine's fetch-ahead on: its buffers come up during the backward and are "
+          "reserved memory the plan does not count (the allocator maps new memory for them where the freed memory "
+          "is in smaller ranges: +2.9 GiB on the 4-layer MoE proxy, docs/benchmarks/offload-engine/"
+          "stream-fetch-ahead)",
+          f"++{FETCH_AHEAD_KEY}=off  (the default; a value in the launch shell wins: unset it there)", _OOM),
     _rule("runtime/oom-outside-pytorch", "optimizer.optimizer_offload_fraction",
           "a CUDA allocation outside PyTorch found the GPU full: NCCL's communicator buffers (made at a process "
           "group's first collective, often inside the first step) or a cuBLAS / cuDNN workspace. PyTorch's caching "
@@ -624,6 +630,10 @@ CONFIRM: dict[str, str] = {
                                    "prints the smallest fraction the GPU fits",
     "runtime/oom-with-activation-offload": "uv run scripts/plan_offload.py ... shows weights + grads + optimizer "
                                            "against activations: activation offload only reduces the latter",
+    "runtime/oom-with-fetch-ahead": "the run's header line 'fetch-ahead: on (MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD)' "
+                                    "and rank 0's 'stream fetch-ahead: N chunks (X GiB)' lines; a run that got past "
+                                    "step 3 records peak_reserved_gib in metrics.rank0.jsonl: compare it with the "
+                                    "same run with fetch-ahead off",
     "runtime/oom-outside-pytorch": "nvidia-smi for other processes on the GPU; rerun with NCCL_DEBUG=INFO: NCCL's "
                                    "WARN lines name the allocation that failed. A run that got past step 1 records "
                                    "device_outside_pytorch_gib and peak_reserved_gib - peak_allocated_gib (the "

@@ -455,3 +455,52 @@ def test_a_shared_expert_with_a_bias_names_the_validators_rule(diag):
     ])
     finding = diag.only(path, "moe/shared-expert-bias")
     assert "model.add_bias_linear=False" in finding.fix
+
+
+FETCH_AHEAD_RUNS = BENCH / "offload-engine" / "stream-fetch-ahead"
+
+
+def _log_head_with_oom(run: Path, tmp_path: Path, through: str) -> Path:
+    """A GPU run's own log (docs/benchmarks/offload-engine/stream-fetch-ahead/) up to its first line holding
+    ``through``, then torch's out-of-memory message on rank 0."""
+    lines = (FETCH_AHEAD_RUNS / run / "log.txt").read_text().splitlines(keepends=True)
+    end = next(i for i, line in enumerate(lines) if through in line) + 1
+    log = tmp_path / run / "log.txt"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(lines[:end]) + f"[rank0]: {TORCH_OOM}\n")
+    return log
+
+
+def test_an_oom_with_fetch_ahead_on_turns_it_off_first(tmp_path, diag):
+    """The H100 run with fetch-ahead on, cut after rank 0 said its buffers held 2.90 GiB, then an OOM: the finding is
+    fetch-ahead's (its buffers are reserved memory outside the plan), its fix turns it off, and its basis sets what
+    they held against what the allocation lacked (3.50 GiB asked, 812 MiB free: 2.71 GiB)."""
+    log = _log_head_with_oom("fraction-1-engine-stream-fetch-ahead", tmp_path, "stream fetch-ahead: 4 chunks")
+    finding = diag.only(log, "runtime/oom-with-fetch-ahead")
+    assert finding.fix.startswith("++env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD=off")
+    assert "fetch-ahead's buffers held up to 2.90 GiB in a step" in finding.fix_basis
+    assert "lacked 2.71 GiB, less than that" in finding.fix_basis
+    assert "tried to allocate 3.50 GiB" in finding.measured
+    # cut before rank 0's first count: on, but how much its buffers held is not known
+    log = _log_head_with_oom("fraction-1-engine-stream-fetch-ahead", tmp_path / "early", "iteration        1/")
+    finding = diag.only(log, "runtime/oom-with-fetch-ahead")
+    assert "how much its buffers held is not known" in finding.fix_basis
+
+
+def test_an_oom_of_the_stream_run_without_fetch_ahead_is_not_blamed_on_it(tmp_path, diag):
+    """The same phase's stream run with fetch-ahead off, cut at the same step: torch's OOM at fraction 1."""
+    log = _log_head_with_oom("fraction-1-engine-stream", tmp_path, "iteration        3/")
+    finding = diag.only(log, "runtime/cuda-oom")
+    assert "FETCH_AHEAD" not in finding.fix
+
+
+def test_fetch_ahead_in_the_saved_config_tells_the_oom_where_the_log_does_not(tmp_path, diag):
+    """A log with no header (not launched by run_recipe.py): the run's saved config says the stream engine and
+    fetch-ahead were on. With the stream engine alone it is torch's OOM at fraction 1."""
+    engine = "  MBRIDGE_OFFLOAD_ENGINE: stream"
+    for name, extra, expected in (("on", "\n  MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD: 'on'", "runtime/oom-with-fetch-ahead"),
+                                  ("off", "", "runtime/cuda-oom")):
+        (tmp_path / name).mkdir()
+        run = _run_with_saved_config(tmp_path / name, 1.0, f"[rank0]: {TORCH_OOM}\n",
+                                     **{"NCCL_ALGO: Ring": f"NCCL_ALGO: Ring\n{engine}{extra}"})
+        assert diag.only(run / "log.txt", expected).rule_id == expected
