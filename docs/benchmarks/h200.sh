@@ -351,6 +351,16 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
       d="$runs/ring-pipeline"; mkdir -p "$d"
       $py docs/benchmarks/offload-engine/ring-pipeline/ring_bench.py --params 3.1e9 --layers 4 --layer-ms 100 \
         --slots 3,8 --repeats 2 --out "$d/results.json" 2>&1 | tee "$d/ring_bench.log" ;;
+    ring-half-bytes)
+      # Twenty-seventh session (issue #16, offload-engine/ring-pipeline/half-bytes/, one H100, 27 s + 35 s, torch only,
+      # from the tree of commit b4d2f19): the same ring and stand-in forward with half the bytes each way (12.4 GB:
+      # the 4-layer MoE proxy's moments in bf16, 4 B a parameter instead of 8) against the full 24.8 GB in the same
+      # call. It says how much of the stream step's cost fewer bytes on the ring would remove (design section 9.3).
+      d="$runs/ring-half-bytes"; mkdir -p "$d"
+      for bytes in half:1.55e9 full:3.1e9; do
+        $py docs/benchmarks/offload-engine/ring-pipeline/ring_bench.py --params "${bytes#*:}" --layers 4 --layer-ms 100 \
+          --slots 3 --repeats 2 --out "$d/results-${bytes%%:*}-bytes.json" 2>&1 | tee "$d/ring_bench-${bytes%%:*}-bytes.log"
+      done ;;
     stream-moe-profile)
       # Twenty-fifth session (issue #16, offload-engine/stream-moe-profile/, one H100, 250 s): where the MoE proxy's
       # stream step loses ~0.6 s (bench-stream-moe-deterministic/:
