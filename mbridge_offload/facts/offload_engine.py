@@ -61,9 +61,10 @@ FETCH_AHEAD_HEADER = f"fetch-ahead: on ({FETCH_AHEAD_ENV})"
 # held: memory beyond the plan)
 FETCH_AHEAD_HELD = "stream fetch-ahead: {chunks} chunks ({gib:.2f} GiB) came up during the backward"
 FETCH_AHEAD_SAYS = ("the chunks after the ring's come up during the backward into memory it has freed, kept below "
-                    "the run's peak allocated as the previous step measured it; the same update (bit-identical). "
-                    "Measured on the 4-layer MoE proxy (one H100): the buffers added 2.9 GiB of reserved memory "
-                    "and no step-time gain was resolved; compare both with it off on your model. It "
+                    "the run's peak allocated as the previous step measured it; the same update (bit-identical to "
+                    "stream without it, on the CPU stand-in and on one H100). Measured on the 4-layer MoE proxy (one "
+                    "H100): the buffers added 2.9 GiB of reserved memory and no step-time gain was resolved; compare "
+                    "both with it off on your model. It "
                     "resets PyTorch's peak counters at points of the backward, so Megatron Bridge's own memory log "
                     "shows the peak since the last point; the run's peak is the plugin's (summary.json, "
                     "peak_allocated_gib)")

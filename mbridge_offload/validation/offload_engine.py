@@ -134,10 +134,10 @@ RULES: tuple[Rule, ...] = guarded(
                  holds=lambda c: _stream_offload(c), observed=_mode,
                  fix=f"++{ENGINE_KEY}=stream optimizer.optimizer_cpu_offload=True  (or ++{FETCH_AHEAD_KEY}=off)"),
     Rule(id="offload-engine/fetch-ahead-measured", mechanism=OPTIMIZER, key=FETCH_AHEAD_KEY,
-         text="fetch-ahead keeps the update and the run's peak allocated, but not its reserved memory: on the 4-layer "
-              "MoE proxy (one H100, docs/benchmarks/offload-engine/stream-fetch-ahead) its buffers added 2.9 GiB "
-              "of reserved device memory, which the plan does not count, and no step-time gain was resolved "
-              "(1.44x against stream's 1.41x); compare the step time and peak_reserved_gib with it off",
+         text="on the 4-layer MoE proxy (one H100, docs/benchmarks/offload-engine/stream-fetch-ahead) fetch-ahead "
+              "kept the update and the run's peak allocated, but its buffers added 2.9 GiB of reserved device "
+              "memory, which the plan does not count, and no step-time gain was resolved (1.44x against stream's "
+              "1.41x); compare the step time and peak_reserved_gib with it off",
          applies=lambda c: _stream_offload(c) and fetch_ahead_on(c.cfg.env_vars, c.environ), holds=lambda c: False,
          observed=lambda c: "on", fix=fixed(f"++{FETCH_AHEAD_KEY}=off  (the run to compare with)"),
          severity="warning"),

@@ -271,9 +271,8 @@ RULES: tuple[Rule, ...] = (
           "offload; or more GPUs / TP / PP)", _OOM),
     _rule("runtime/oom-with-fetch-ahead", FETCH_AHEAD_KEY,
           "out of GPU memory with the stream engine's fetch-ahead on: its buffers come up during the backward and are "
-          "reserved memory the plan does not count (the allocator maps new memory for them where the freed memory "
-          "is in smaller ranges: +2.9 GiB on the 4-layer MoE proxy, docs/benchmarks/offload-engine/"
-          "stream-fetch-ahead)",
+          "memory the plan does not count (on the 4-layer MoE proxy the peak allocated stayed put but the reserved "
+          "memory grew by the 2.9 GiB they held, docs/benchmarks/offload-engine/stream-fetch-ahead)",
           f"++{FETCH_AHEAD_KEY}=off  (the default; a value in the launch shell wins: unset it there)", _OOM),
     _rule("runtime/oom-outside-pytorch", "optimizer.optimizer_offload_fraction",
           "a CUDA allocation outside PyTorch found the GPU full: NCCL's communicator buffers (made at a process "
