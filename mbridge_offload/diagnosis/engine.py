@@ -241,7 +241,9 @@ class _Run:
 
 
 def _oom_variant(run: _Run) -> str:
-    if run.knows("fetch_ahead"):  # the one share of the device the plan does not count comes first
+    # the one share of the device the plan does not count comes first; it runs inside the stream engine, which only
+    # optimizer offload starts, so an output that says both (two runs' lines, an edited log) is not blamed on it
+    if run.knows("fetch_ahead") and run.knows("optimizer_offload") is not False:
         return _FETCH_AHEAD_OOM_ID
     if run.knows("activation_offload"):
         return "runtime/oom-with-activation-offload"
@@ -465,17 +467,25 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
 
 def _fetch_ahead_basis(facts: RunFacts, oom: OutOfMemory | None) -> str:
     """What fetch-ahead's buffers held against what the failed allocation lacked."""
-    if facts.fetch_ahead_gib is None:
+    gib, unread = facts.fetch_ahead_gib, facts.fetch_ahead_unread
+    garbled = f"rank 0's 'stream fetch-ahead' line gives its buffers' size as '{unread}', not a number (a garbled line)"
+    if gib is None and unread:
+        held = f"{garbled}, so how much they held is not known"
+    elif gib is None:
         held = ("the log has no rank-0 'stream fetch-ahead: N chunks (X GiB)' line, so how much its buffers held is "
                 "not known (the line comes once a step's window is complete: the run failed before)")
     else:
-        held = (f"fetch-ahead's buffers held up to {facts.fetch_ahead_gib:.2f} GiB in a step (rank 0's 'stream "
-                "fetch-ahead' lines), reserved memory the plan does not count")
+        held = (f"fetch-ahead's buffers held up to {gib:.2f} GiB in a step (rank 0's 'stream fetch-ahead' lines), "
+                "reserved memory the plan does not count")
+        if unread:  # the most the readable lines show is only a floor
+            held = held.replace("held up to", "held at least") + f"; {garbled}"
     shortfall = oom.shortfall_gib if oom is not None else None
-    if shortfall is None or facts.fetch_ahead_gib is None:
+    if shortfall is None or gib is None:
         return held
-    if shortfall <= facts.fetch_ahead_gib:
+    if shortfall <= gib:
         return f"{held}; the failed allocation lacked {shortfall:.2f} GiB, less than that"
+    if unread:
+        return f"{held}; the failed allocation lacked {shortfall:.2f} GiB, more than the lines it could read show"
     return (f"{held}; the failed allocation lacked {shortfall:.2f} GiB, more than that: with it off, plan the "
             "fraction too (plan_offload.py ... optimizer.optimizer_offload_fraction=auto)")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,19 +16,32 @@ from mbridge_offload.facts.environment import ALLOCATOR_LINE, expandable_in_allo
 from mbridge_offload.facts.offload_engine import FETCH_AHEAD_HEADER, FETCH_AHEAD_HELD
 from mbridge_offload.facts.run_records import recorded_expandable_segments, step_records_file
 
+# a decimal number standing alone: a garbled one ("2.9.0", ".", digits run into others) matches nowhere in it, so it
+# reads as not stated rather than as part of itself or as an error
+_NUMBER = r"(?<![\d.])\d+(?:\.\d+)?(?!\.?\d)"
 # torch's sizes (c10's format_size): "512 bytes", "12.50 KiB", "896.00 MiB", "2.32 GiB"; older releases "B"
-_SIZE = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)\b"
+_SIZE = f"({_NUMBER}) ?(GiB|MiB|KiB|bytes|B)\\b"
 _UNIT = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2, "bytes": 1 / 1024 ** 3, "B": 1 / 1024 ** 3}
-_ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+)")
+_ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): (" + _NUMBER + ")")
 _GPUS_IN_HEADER = re.compile(r"^(?:Recipe|Training) \S+ \((\d+) GPUs?: ")
 _THREADS = re.compile(r"CPU threads per rank: (\d+)")
-_GPU_PLAN = re.compile(r"GPU: (?:fit|total) .* of ([\d.]+) GiB")
-_HOST_PLAN = re.compile(r"host: per node .* rank(?:s|\(s\))? of ([\d.]+) GiB")
-# rank 0's line of the GiB fetch-ahead's buffers held in a step (FETCH_AHEAD_HELD with its fields as patterns)
-_FETCH_AHEAD_HELD = re.compile(re.escape(FETCH_AHEAD_HELD).replace(r"\{chunks\}", r"\d+")
-                               .replace(r"\{gib:\.2f\}", r"([\d.]+)"))
+_GPU_PLAN = re.compile(r"GPU: (?:fit|total) .* of (" + _NUMBER + ") GiB")
+_HOST_PLAN = re.compile(r"host: per node .* rank(?:s|\(s\))? of (" + _NUMBER + ") GiB")
+
+
+def _template_pattern(template: str, fields: dict[str, str]) -> re.Pattern:
+    """A str.format template as a pattern: its text literal, each field the pattern ``fields`` gives it (a field
+    the template gains and ``fields`` lacks raises KeyError at import, rather than a pattern that never matches)."""
+    return re.compile("".join(re.escape(literal) + ("" if name is None else fields[name])
+                              for literal, name, _, _ in string.Formatter().parse(template)))
+
+
+# rank 0's line of the GiB fetch-ahead's buffers held in a step; its GiB taken whatever it reads, so that a garbled one
+# still says fetch-ahead ran
+_FETCH_AHEAD_HELD = _template_pattern(FETCH_AHEAD_HELD, {"chunks": r"\S+", "gib": r"(\S+)"})
 # what a line that states one of the facts below holds (the header's and the plan's first words, an iteration line's)
-_FACT_WORDS = re.compile(r"^\s*(?:Recipe |Training |optimizer offload: |activation offload \(layer-level\): |"
+_FACT_WORDS = re.compile(r"^\s*(?:Recipe |Training |optimizer offload: |offload engine: |"
+                         r"activation offload \(layer-level\): |"
                          r"fine-grained activation offload: |CPU threads per rank: |GPU: |host: per node |"
                          + re.escape(FETCH_AHEAD_HEADER) + r"|stream fetch-ahead: )|elapsed time per iteration \(ms\)")
 _COMMAND = re.compile(r"(?:run_recipe(?:\.py)?|mbridge-run-recipe)\s+(.*)$")
@@ -169,6 +183,7 @@ class RunFacts:
     expandable_segments_from: str = ""  # what says so: the run's step records, else the header's line
     fetch_ahead: bool | None = None  # the stream engine's fetch-ahead on (its header line, else the run's config)
     fetch_ahead_gib: float | None = None  # the most its buffers held in a step, as rank 0's lines say
+    fetch_ahead_unread: str = ""  # the first GiB of those lines that is not a number (a garbled line)
 
     @property
     def steady_step_s(self) -> float | None:
@@ -203,8 +218,15 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
         if text.startswith("optimizer offload: "):
             on = text.startswith("optimizer offload: ON")
             facts.optimizer_offload = on
-            share = re.search(r"ON, ([\d.]+)% of optimizer states", text)
+            share = re.search(f"ON, ({_NUMBER})% of optimizer states", text)
             facts.fraction = float(share.group(1)) / 100 if share else (None if on else 0.0)
+            # a header starts (a log may hold several runs): fetch-ahead is this run's only from here on, and with
+            # optimizer offload off it does not run
+            facts.fetch_ahead, facts.fetch_ahead_gib, facts.fetch_ahead_unread = (None if on else False), None, ""
+        elif text.startswith("offload engine: "):
+            # the header names the engine where optimizer offload is on, and says on the next line if fetch-ahead
+            # is on (the launch shell's value included, which the saved config does not know)
+            facts.fetch_ahead = False
         elif text.startswith("activation offload (layer-level): "):
             facts.activation_offload = text.endswith(": off") is False
         elif text.startswith("fine-grained activation offload: "):
@@ -219,7 +241,10 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.fetch_ahead = True
         elif match := _FETCH_AHEAD_HELD.search(text):
             facts.fetch_ahead = True
-            facts.fetch_ahead_gib = max(facts.fetch_ahead_gib or 0.0, float(match.group(1)))
+            if re.fullmatch(_NUMBER, match.group(1)):
+                facts.fetch_ahead_gib = max(facts.fetch_ahead_gib or 0.0, float(match.group(1)))
+            else:
+                facts.fetch_ahead_unread = facts.fetch_ahead_unread or match.group(1)
         elif (expandable := expandable_in_allocator_line(text)) is not None:
             facts.expandable_segments, facts.expandable_segments_from = expandable, "as the log's header says"
         elif match := _ITERATION.search(text):

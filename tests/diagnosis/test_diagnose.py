@@ -504,3 +504,48 @@ def test_fetch_ahead_in_the_saved_config_tells_the_oom_where_the_log_does_not(tm
         run = _run_with_saved_config(tmp_path / name, 1.0, f"[rank0]: {TORCH_OOM}\n",
                                      **{"NCCL_ALGO: Ring": f"NCCL_ALGO: Ring\n{engine}{extra}"})
         assert diag.only(run / "log.txt", expected).rule_id == expected
+
+
+def test_a_header_without_fetch_ahead_outranks_the_saved_config_and_an_earlier_run(tmp_path, diag):
+    """The header says fetch-ahead whenever it is on, the launch shell's value included, which the saved config does not
+    know: the H100 stream run's header (engine stream, no fetch-ahead line) in a folder whose config says on, and the
+    fetch-ahead run's log followed by that run's in one file (a log appended to), both end in torch's OOM at fraction 1."""
+    stream = _log_head_with_oom("fraction-1-engine-stream", tmp_path / "head", "iteration        3/").read_text()
+    engine = "  MBRIDGE_OFFLOAD_ENGINE: stream"
+    run = _run_with_saved_config(tmp_path, 1.0, stream, **{
+        "NCCL_ALGO: Ring": f"NCCL_ALGO: Ring\n{engine}\n  MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD: 'on'"})
+    assert "  offload engine: stream: " in stream and "fetch-ahead: on" not in stream
+    diag.only(run / "log.txt", "runtime/cuda-oom")
+    ahead = (FETCH_AHEAD_RUNS / "fraction-1-engine-stream-fetch-ahead" / "log.txt").read_text()
+    assert "stream fetch-ahead: 4 chunks" in ahead
+    finding = diag.only(diag.write([ahead + stream], "appended.txt"), "runtime/cuda-oom")
+    assert "FETCH_AHEAD" not in finding.fix
+
+
+def test_a_fetch_ahead_line_with_optimizer_offload_off_is_not_blamed(diag):
+    """Fetch-ahead runs inside the stream engine, which only optimizer offload starts: a header that says optimizer
+    offload off and fetch-ahead on (lines of two runs, an edited log) gets torch's OOM without offload."""
+    log = diag.write(["Training x (1 GPU: TP1 PP1 CP1 DP1 EP1 ETP1), 33 steps, global batch 8, micro batch 1, seq 4096",
+                      "  optimizer offload: off", "  activation offload (layer-level): off",
+                      "  fine-grained activation offload: off",
+                      "  fetch-ahead: on (MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD): the chunks ...",
+                      f"[rank0]: {TORCH_OOM}"])
+    finding = diag.only(log, "runtime/cuda-oom")
+    assert finding.fix.startswith("optimizer.optimizer_cpu_offload=True")
+
+
+def test_garbled_numbers_in_the_fetch_ahead_and_iteration_lines_read_as_not_stated(tmp_path, diag):
+    """Interleaved output can garble a number ("2.9.0"): diagnose names what it could not read instead of failing
+    on it, and still reads the line as fetch-ahead having run."""
+    log = _log_head_with_oom("fraction-1-engine-stream-fetch-ahead", tmp_path, "stream fetch-ahead: 4 chunks")
+    text = log.read_text()
+    assert text.count("(2.90 GiB)") == 1 and text.count("elapsed time per iteration (ms): 2041.1") == 1
+    log.write_text(text.replace("(2.90 GiB)", "(2.9.0 GiB)").replace("(ms): 2041.1", "(ms): 20.41.1"))
+    finding = diag.only(log, "runtime/oom-with-fetch-ahead")
+    # the window-2 line's 0.00 GiB is only a floor of what the buffers held, not the most
+    assert "held at least 0.00 GiB" in finding.fix_basis and "'2.9.0', not a number" in finding.fix_basis
+    assert "more than the lines it could read show" in finding.fix_basis
+    # only the garbled line: not known
+    log.write_text(log.read_text().replace("0 chunks (0.00 GiB)", "0 chunks (0.0.0 GiB)"))
+    finding = diag.only(log, "runtime/oom-with-fetch-ahead")
+    assert "'0.0.0', not a number (a garbled line), so how much they held is not known" in finding.fix_basis
