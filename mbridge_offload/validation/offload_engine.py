@@ -127,7 +127,8 @@ RULES: tuple[Rule, ...] = guarded(
                  key=FETCH_AHEAD_KEY, applies=lambda c: c.env(FETCH_AHEAD_ENV) is not None,
                  holds=lambda c: fetch_ahead_setting(c.cfg.env_vars, c.environ) in FETCH_AHEAD_VALUES,
                  observed=lambda c: fetch_ahead_setting(c.cfg.env_vars, c.environ),
-                 fix=f"++{FETCH_AHEAD_KEY}=on  (or off, the default; a value in the shell wins: set it there)"),
+                 fix=f"++{FETCH_AHEAD_KEY}=on  (or off, the default; a value in the shell wins: set it there; in a "
+                     "YAML file quote it, 'on': YAML reads a bare on or off as true or false)"),
     _engine_rule("fetch-ahead-needs-stream", "fetch-ahead brings the stream engine's chunks up during the backward: "
                  "it runs only with the stream engine and optimizer offload on", key=FETCH_AHEAD_KEY,
                  applies=lambda c: fetch_ahead_on(c.cfg.env_vars, c.environ),
