@@ -23,9 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a rank's log, torchrun/Slurm output (plain, .gz, .bz2 or .xz), a failure.json, a run "
                              "folder (DIR with log.txt / failure.json / summary.json), or - for a log pasted on "
                              "standard input; several: one report each, and a run without offload among them is "
-                             "the baseline of the slowdown check")
+                             "the baseline of the slowdown check. A log that holds several runs one after another "
+                             "(a job that appends to it across restarts) gets one report per run")
     parser.add_argument("--json", action="store_true",
-                        help='print the findings as JSON (a list, one report per LOG); when it exits 2, '
+                        help='print the findings as JSON (a list, one report per LOG, or per run of a LOG that '
+                             'holds several: "run_in_log" says which); when it exits 2, '
                              '{"ok": false, "refused": true, "error": ..., "problems": []}')
     parser.add_argument("--no-build", action="store_true",
                         help="never build the recipe of the log's command (no Megatron import): fixes then come "

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
-from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts
+from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts, run_segments
 from mbridge_offload.facts.offload_engine import STREAM, engine_mode, fetch_ahead_on
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
@@ -127,6 +127,15 @@ class Diagnosis:
     lines: int
     findings: list[Finding]
     config_source: str = ""
+    part: tuple[int, int] | None = None  # (this run, the runs in the log) where the log holds several
+    first_line: int | None = None  # where this run's lines begin, where the log holds several
+
+    @property
+    def where(self) -> str:
+        """The log, and which of its runs where it holds several."""
+        if self.part is None:
+            return f"{self.log} ({self.lines} lines)"
+        return f"{self.log} (run {self.part[0]} of {self.part[1]} in it: lines {self.first_line}-{self.lines})"
 
     @property
     def first_failure(self) -> Finding | None:
@@ -141,6 +150,8 @@ class Diagnosis:
     def to_json(self) -> dict[str, Any]:
         first = self.first_failure
         return {"log": str(self.log), "lines": self.lines, "config": self.config_source or None,
+                "run_in_log": None if self.part is None else {"run": self.part[0], "of": self.part[1],
+                                                               "first_line": self.first_line},
                 "recognised": bool(self.findings), "first_failure": first.rule_id or first.key if first else None,
                 "findings": [f.to_json() for f in self.findings]}
 
@@ -151,13 +162,17 @@ def _raised(lines: list[Line], index: int) -> bool:
 
 
 class _Run:
-    """One LOG argument: its lines, facts, and its config once a finding asks for it."""
+    """One run of a LOG argument (a log that holds several runs, one after another, gives one each): its lines,
+    facts, and its config once a finding asks for it. ``part`` is (this run, the runs in the log) where there are
+    several; only the last has the run folder (its summary, step records and saved config are the last run's)."""
 
-    def __init__(self, path: Path, build_config: bool):
+    def __init__(self, path: Path, build_config: bool, lines: list[Line], run_dir: Path | None,
+                 part: tuple[int, int] | None = None):
         self.path = path
-        self.lines = read_lines(path)
+        self.part = part
+        self.lines = lines
         self.texts = [line.text for line in self.lines]
-        self.facts: RunFacts = run_facts(self.lines, run_folder(path))
+        self.facts: RunFacts = run_facts(self.lines, run_dir)
         self.search = LineSearch(self.texts, _SEARCHED)
         self._near: dict[str, dict[int, bool]] = {}  # a pattern: whether each line read so far matches it
         self._agent_stops: list[tuple[int, str]] | None = None
@@ -518,10 +533,10 @@ def _steady(facts: RunFacts) -> float | None:
     return (facts.summary or {}).get("step_time_s") or facts.steady_step_s
 
 
-def _baseline_step(runs: list[_Run]) -> dict[Path, float | None]:
+def _baseline_step(runs: list[_Run]) -> list[float | None]:
     """Each run's step time without offload: a sibling baseline run folder (a sweep's fraction-0, a
     benchmark's baseline), else a run of the same recipe without offload given alongside it."""
-    result = {}
+    result = []
     for run in runs:
         baseline = None
         if run.facts.run_dir is not None:
@@ -535,7 +550,7 @@ def _baseline_step(runs: list[_Run]) -> dict[Path, float | None]:
                              and other.facts.optimizer_offload is False and _steady(other.facts)
                              and _recipe(other.facts) is not None and _recipe(other.facts) == _recipe(run.facts)),
                             None)
-        result[run.path] = baseline
+        result.append(baseline)
     return result
 
 
@@ -600,7 +615,8 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     _mark_consequences(findings)
     config = run._config if isinstance(run._config, RunConfig) else None
     return Diagnosis(log=run.path, lines=max((line.number for line in run.lines), default=0), findings=findings,
-                     config_source=config.source if config else "")
+                     config_source=config.source if config else "", part=run.part,
+                     first_line=run.lines[0].number if run.part and run.lines else None)
 
 
 def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, list[str]],
@@ -778,13 +794,23 @@ def _lost_peer(finding: Finding, cause: Finding) -> bool:
 def diagnose(paths: list[Path], build_config: bool = True) -> list[Diagnosis]:
     """Every failure each LOG shows. LogError (naming the file) when a LOG cannot be read; ``build_config``
     False never loads Megatron (fixes then come from a saved run_config.yaml or stay generic)."""
-    runs = [_Run(Path(path), build_config) for path in paths]
-    baselines = _baseline_step(runs)
-    return [diagnose_run(run, baselines[run.path]) for run in runs]
+    runs = [run for path in paths for run in _runs_of(Path(path), build_config)]
+    return [diagnose_run(run, baseline) for run, baseline in zip(runs, _baseline_step(runs))]
+
+
+def _runs_of(path: Path, build_config: bool) -> list[_Run]:
+    """The runs LOG holds (run_segments): each diagnosed on its own lines and facts, so that a restart's header does
+    not describe the run before it, nor a stop end the runs after it."""
+    lines = read_lines(path)
+    segments = run_segments(lines)
+    last = len(segments) - 1
+    return [_Run(path, build_config, lines[segment.start:segment.stop], run_folder(path) if k == last else None,
+                 part=(k + 1, len(segments)) if last else None)
+            for k, segment in enumerate(segments)]
 
 
 def format_diagnosis(diagnosis: Diagnosis) -> str:
-    head = f"{diagnosis.log} ({diagnosis.lines} lines)"
+    head = diagnosis.where
     if not diagnosis.findings:
         return (f"{head}: nothing recognised. No line matches a failure of the rule table; nothing is guessed. "
                 "(diagnose.py --list shows what it recognises.)")

@@ -202,6 +202,33 @@ def read_summary(run_dir: Path | None) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+# what shows that a run got under way: after one of these, run_recipe.py's header begins the next run in the log
+_RUN_PROGRESS = re.compile(r"elapsed time per iteration \(ms\)|^Traceback \(most recent call last\)|^Run summary \(")
+
+
+def run_segments(lines: list[Line]) -> list[range]:
+    """The runs one log holds, one after another: a job that appends to its log across restarts (a preemption's
+    requeue, torchrun's --max-restarts, a relaunch by hand) writes each run's header, steps and end in turn. A run
+    begins at run_recipe.py's header, or at the command line just before it, once the run before it has trained a
+    step, raised or summarised: the header each rank's run_recipe.py prints at the start of one run stays in that
+    run. The lines of several files (a run folder's per-rank logs) are one run."""
+    if len({line.path for line in lines}) > 1:
+        return [range(len(lines))]
+    starts, progressed, command = [0], False, None
+    for i, line in enumerate(lines):
+        text = line.text.strip()
+        if _GPUS_IN_HEADER.match(text):
+            if progressed:
+                starts.append(i if command is None else command)
+                progressed = False
+            command = None
+        elif progressed and "--recipe" in text and _COMMAND.search(text):
+            command = i if command is None else command
+        elif _RUN_PROGRESS.search(text):
+            progressed = True
+    return [range(start, stop) for start, stop in zip(starts, [*starts[1:], len(lines)])]
+
+
 def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
     facts = RunFacts(run_dir=run_dir)
     iterations: dict[int, float] = {}

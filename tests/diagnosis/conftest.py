@@ -23,8 +23,12 @@ class LogDiagnoser:
         return path
 
     def __call__(self, path: Path, build_config: bool = False) -> Diagnosis:
-        [diagnosis] = diagnose([path], build_config=build_config)
+        [diagnosis] = self.runs(path, build_config)
         return diagnosis
+
+    def runs(self, path: Path, build_config: bool = False) -> list[Diagnosis]:
+        """One Diagnosis per run the log holds (a log appended to across restarts holds several)."""
+        return diagnose([path], build_config=build_config)
 
     def findings(self, path: Path, build_config: bool = False) -> list[Finding]:
         return self(path, build_config).findings

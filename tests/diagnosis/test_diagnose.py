@@ -518,8 +518,11 @@ def test_a_header_without_fetch_ahead_outranks_the_saved_config_and_an_earlier_r
     diag.only(run / "log.txt", "runtime/cuda-oom")
     ahead = (FETCH_AHEAD_RUNS / "fraction-1-engine-stream-fetch-ahead" / "log.txt").read_text()
     assert "stream fetch-ahead: 4 chunks" in ahead
-    finding = diag.only(diag.write([ahead + stream], "appended.txt"), "runtime/cuda-oom")
-    assert "FETCH_AHEAD" not in finding.fix
+    earlier, last = diag.runs(diag.write([ahead + stream], "appended.txt"))
+    assert earlier.part == (1, 2) and last.part == (2, 2)
+    assert not any("oom" in finding.rule_id for finding in earlier.findings)
+    [finding] = last.findings
+    assert finding.rule_id == "runtime/cuda-oom" and "FETCH_AHEAD" not in finding.fix
 
 
 def test_a_fetch_ahead_line_with_optimizer_offload_off_is_not_blamed(diag):
@@ -549,3 +552,55 @@ def test_garbled_numbers_in_the_fetch_ahead_and_iteration_lines_read_as_not_stat
     log.write_text(log.read_text().replace("0 chunks (0.00 GiB)", "0 chunks (0.0.0 GiB)"))
     finding = diag.only(log, "runtime/oom-with-fetch-ahead")
     assert "'0.0.0', not a number (a garbled line), so how much they held is not known" in finding.fix_basis
+
+
+def _header(fraction_percent: int, gpus: int = 1) -> list[str]:
+    """run_recipe.py's header lines for the dense proxy at an optimizer offload fraction (as launch.py prints them)."""
+    plural = "s" if gpus > 1 else ""
+    return [f"Recipe qwen3_1b_proxy_pretrain_config ({gpus} GPU{plural}: TP1 PP1 CP1 DP{gpus} EP1 ETP1; GPU count from "
+            "--num-gpus)",
+            "Offload settings:",
+            f"  optimizer offload: ON, {fraction_percent}% of optimizer states on the CPU, D2H/H2D overlap on",
+            "  activation offload (layer-level): off", "  fine-grained activation offload: off"]
+
+
+def _iteration(n: int) -> str:
+    return (f" [2026-12-05 16:21:12] iteration {n:>8}/      33 | consumed samples: {8 * n:>12} | elapsed time per "
+            "iteration (ms): 2041.1 | learning rate: 9.000000E-05 | global batch size:     8 | lm loss: 1.223031E+01 |")
+
+
+PREEMPTED = "slurmstepd: error: *** JOB 4242 ON node7 CANCELLED AT 2026-12-05T03:14:15 DUE TO PREEMPTION ***"
+
+
+def test_a_log_appended_across_a_restart_is_diagnosed_run_by_run(tmp_path, diag):
+    """A job requeued after a preemption appends its second run to the same log: the H100 stream run (stopped by
+    the preemption after step 3), then the fetch-ahead run from its command line on (an OOM after rank 0's count).
+    Each run is its own diagnosis: the first was stopped from outside, the second ran out of memory with fetch-ahead
+    on; the stop does not make the second run's OOM its consequence, nor does the first run's header describe it."""
+    stream = (FETCH_AHEAD_RUNS / "fraction-1-engine-stream" / "log.txt").read_text().splitlines()
+    end = next(i for i, line in enumerate(stream) if "iteration        3/" in line) + 1
+    ahead = _log_head_with_oom("fraction-1-engine-stream-fetch-ahead", tmp_path, "stream fetch-ahead: 4 chunks")
+    log = diag.write([*stream[:end], PREEMPTED, *ahead.read_text().splitlines()], "appended.txt")
+    first, second = diag.runs(log)
+    assert [f.rule_id for f in first.findings] == ["runtime/job-stopped"]
+    [oom] = second.findings
+    assert oom.rule_id == "runtime/oom-with-fetch-ahead" and not oom.consequence_of
+    # the second run begins at its command line, the line before its own header
+    assert second.first_line == end + 2 and "--recipe" in log.read_text().splitlines()[end + 1]
+    assert "run 2 of 2 in it: lines" in second.where and second.to_json()["run_in_log"]["run"] == 2
+
+
+def test_each_run_of_an_appended_log_has_its_own_offload_settings(diag):
+    """An OOM at 50 % offload, then a relaunch at 100 % that trains: the OOM is the partial-offload one (its own
+    run's header), not torch's OOM at the fraction the log's last header states."""
+    log = diag.write([*_header(50), _iteration(1), f"[rank0]: {TORCH_OOM}",
+                      *_header(100), _iteration(1), _iteration(2)])
+    first, second = diag.runs(log)
+    assert [f.rule_id for f in first.findings] == ["runtime/oom-partial-offload"] and second.findings == []
+
+
+def test_the_headers_every_rank_prints_at_the_start_of_one_run_stay_one_run(diag):
+    """Under torchrun each rank's run_recipe.py prints its header before training starts: that is one run."""
+    log = diag.write([*_header(50, gpus=2), *_header(50, gpus=2), _iteration(1), f"[rank1]: {TORCH_OOM}"])
+    [diagnosis] = diag.runs(log)
+    assert diagnosis.part is None and [f.rule_id for f in diagnosis.findings] == ["runtime/oom-partial-offload"]

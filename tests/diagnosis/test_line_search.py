@@ -48,12 +48,12 @@ def test_a_long_log_is_searched_only_on_the_lines_a_pattern_may_match(tmp_path):
     with every pattern makes them len(PATTERNS) per line. Finding the candidate lines is one pass over the log's
     distinct lines for all patterns together: a pass per required string (~170 over the whole text) took half of the
     ~12 s of 200,000 lines."""
-    from mbridge_offload.diagnosis.engine import _Run, diagnose_run
+    from mbridge_offload.diagnosis.engine import _runs_of, diagnose_run
 
     lines = 50_000
     path = tmp_path / "long.log"
     path.write_text("\n".join(ITERATION.format(n=n, s=64 * n) for n in range(1, lines + 1)) + "\n" + OOM + "\n")
-    run = _Run(path, build_config=False)
+    [run] = _runs_of(path, build_config=False)
     diagnosis = diagnose_run(run, None)
     assert [f.rule_id for f in diagnosis.findings] == ["runtime/cuda-oom"]
     assert diagnosis.findings[0].evidence[0].number == lines + 1 and diagnosis.findings[0].ranks == {5}
