@@ -25,7 +25,8 @@ from mbridge_offload.facts.offload_engine import STREAM, engine_mode, fetch_ahea
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
                                                          CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
-                                                         JOB_STOPPED, OFFLOAD_BISECT, OOM_KILLER, RANK_FAILED,
+                                                         JOB_STOPPED, OFFLOAD_BISECT, OOM_FIX_AT_FULL_OFFLOAD,
+                                                         OOM_KILLER, RANK_FAILED,
                                                          RESUME_OFFLOAD, RESUME_SAVE_FIRST, RESUME_SIGNAL_AHEAD,
                                                          RESUME_TIME_LIMIT, RESUME_WORDS, SIGNAL_NAMES,
                                                          STOP_KINDS, STOP_SIGNAL_EXITS, PINNED_ALLOCATION_NEAR,
@@ -446,6 +447,12 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
     config = run.config
     if config is None:
         finding.fix_basis = f"generic: no config of this run was found; {PRECISE_HINT}"
+        # torch's own OOM (a communicator's failed allocation says nothing of activations)
+        if (finding.rule_id == "runtime/cuda-oom" and run.knows("optimizer_offload")
+                and run.knows("fraction") is not None and run.knows("fraction") >= 1.0):
+            finding.fix = OOM_FIX_AT_FULL_OFFLOAD
+            finding.fix_basis = ("optimizer offload was at fraction 1 already (the log's header, else the run's "
+                                 f"summary); {finding.fix_basis}")
         return
     cfg, gpus = config.cfg, run.num_gpus
     # The allocator setting the run had, as its step records or its header say. A run with neither was not

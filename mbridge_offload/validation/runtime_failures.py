@@ -134,6 +134,13 @@ CHECKPOINT_RESUME = ("resume from the last save that finished: checkpoint.load=<
                      f"iter_* folder a failed save left past it); {RESUME_OFFLOAD}")
 _OOM_FIX = ("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>  (diagnose.py computes "
             "it from the run's config; or activation offload, train.micro_batch_size=1, more GPUs)")
+# the same, for a run whose optimizer states were all on the host already (no larger fraction exists), where no config
+# lets the planner compute the change that fits
+OOM_FIX_AT_FULL_OFFLOAD = ("fewer activations or more GPUs: train.micro_batch_size=1, model.recompute_granularity=full "
+                           "model.recompute_method=uniform model.recompute_num_layers=1, activation offload "
+                           "(model.cpu_offloading=True, PP 1), model.context_parallel_size=2 or more GPUs (--num-gpus)  "
+                           "(optimizer offload is at fraction 1 already; plan_offload.py with the run's overrides "
+                           "names the cheapest that fits)")
 
 
 def never(ctx: Context) -> bool:

@@ -604,3 +604,17 @@ def test_the_headers_every_rank_prints_at_the_start_of_one_run_stay_one_run(diag
     log = diag.write([*_header(50, gpus=2), *_header(50, gpus=2), _iteration(1), f"[rank1]: {TORCH_OOM}"])
     [diagnosis] = diag.runs(log)
     assert diagnosis.part is None and [f.rule_id for f in diagnosis.findings] == ["runtime/oom-partial-offload"]
+
+
+def test_an_oom_at_full_offload_without_a_config_asks_for_fewer_activations(diag):
+    """No config to plan with: at fraction 1 (the header says so) no larger fraction exists, so the generic fix names
+    what reduces the rest; below it, and without offload, the fix is the rule table's."""
+    at_full = diag.only(diag.write([*_header(100), _iteration(1), f"[rank0]: {TORCH_OOM}"]), "runtime/cuda-oom")
+    assert at_full.fix.startswith("fewer activations or more GPUs: train.micro_batch_size=1")
+    assert "optimizer_offload_fraction=<larger>" not in at_full.fix
+    assert at_full.fix_basis.startswith("optimizer offload was at fraction 1 already")
+    partial = diag.only(diag.write([*_header(50), _iteration(1), f"[rank0]: {TORCH_OOM}"]), "runtime/oom-partial-offload")
+    assert partial.fix.startswith("optimizer.optimizer_offload_fraction=<the next fraction that fits>")
+    header_off = [line.replace("ON, 100% of optimizer states on the CPU, D2H/H2D overlap on", "off") for line in _header(100)]
+    without = diag.only(diag.write([*header_off, _iteration(1), f"[rank0]: {TORCH_OOM}"]), "runtime/cuda-oom")
+    assert without.fix.startswith("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>")
