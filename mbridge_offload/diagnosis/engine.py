@@ -449,7 +449,7 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         finding.fix_basis = f"generic: no config of this run was found; {PRECISE_HINT}"
         # torch's own OOM (a communicator's failed allocation says nothing of activations)
         if (finding.rule_id == "runtime/cuda-oom" and run.knows("optimizer_offload")
-                and run.knows("fraction") is not None and run.knows("fraction") >= 1.0):
+                and (run.knows("fraction") or 0.0) >= 1.0):
             finding.fix = OOM_FIX_AT_FULL_OFFLOAD
             finding.fix_basis = ("optimizer offload was at fraction 1 already (the log's header, else the run's "
                                  f"summary); {finding.fix_basis}")

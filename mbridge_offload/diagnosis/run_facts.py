@@ -247,9 +247,8 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.optimizer_offload = on
             share = re.search(f"ON, ({_NUMBER})% of optimizer states", text)
             facts.fraction = float(share.group(1)) / 100 if share else (None if on else 0.0)
-            # a header starts (a log may hold several runs): fetch-ahead is this run's only from here on, and with
-            # optimizer offload off it does not run
-            facts.fetch_ahead, facts.fetch_ahead_gib, facts.fetch_ahead_unread = (None if on else False), None, ""
+            if not on:  # fetch-ahead runs only inside the stream engine, which optimizer offload starts
+                facts.fetch_ahead = False
         elif text.startswith("offload engine: "):
             # the header names the engine where optimizer offload is on, and says on the next line if fetch-ahead
             # is on (the launch shell's value included, which the saved config does not know)
