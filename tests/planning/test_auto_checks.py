@@ -12,36 +12,27 @@ trained, two steps below.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from overrides import apply_overrides
 from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV
 from mbridge_offload.planning import GIB, plan
 from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 STEP = 0.05
 
 
-def _checks(built, folder: str) -> list[tuple[str, object, dict, dict]]:
-    """(case, config, check, {fraction: run}) of every auto check committed under ``folder``."""
-    found = []
-    for path in sorted((BENCHMARKS / folder).glob("*/auto_check.json")):
-        for check in json.loads(path.read_text()):
-            cfg = apply_overrides(built(check["recipe"]), check["overrides"])
-            runs = {check[k]["fraction"]: check[k] for k in ("at_auto", "below", "two_below") if check.get(k)}
-            found.append((path.parent.name, cfg, check, runs))
-    return found
-
-
-def _pick_and_plans(cfg, check: dict, runs: dict) -> tuple[float, object, dict[float, float]]:
-    picked, picked_plan = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
-    planned = {f: plan(cfg, 1, fraction=f, gpu_memory_gib=check["device_gib"], expandable=True).total_bytes_gpu / GIB
-               for f in runs}
-    return picked, picked_plan, planned
+def _replayed(built, checks, rule: str) -> list[tuple[str, dict, dict, float, object, dict[float, float]]]:
+    """(case, check, {fraction: run}, today's pick, its plan, {fraction: planned GiB}) of each auto check, replayed
+    on its device; the pick's plan must come from ``rule`` (the reserve rule the test set)."""
+    replayed = []
+    for c in checks:
+        cfg, check, case = c.cfg(built), c.check, c.case_dir.name
+        picked, picked_plan = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
+        assert picked_plan.reserve_rule == rule, case
+        planned = {f: plan(cfg, 1, fraction=f, gpu_memory_gib=check["device_gib"], expandable=True).total_bytes_gpu
+                   / GIB for f in c.runs}
+        replayed.append((case, check, c.runs, picked, picked_plan, planned))
+    return replayed
 
 
 def _plans_above_every_run(case: str, check: dict, runs: dict, planned: dict[float, float]) -> int:
@@ -58,32 +49,29 @@ def _plans_above_every_run(case: str, check: dict, runs: dict, planned: dict[flo
     return out_of_memory
 
 
-def test_full_device_picks_a_fraction_that_trained_and_plans_above_every_dense_run(built, monkeypatch):
+def test_full_device_picks_a_fraction_that_trained_and_plans_above_every_dense_run(built, auto_checks, monkeypatch):
     """planner-auto-6/: with the full-device rule each pick trained, and the plan is above the device where the
     1.1B proxy at 12288 tokens ran out of memory at 0.4."""
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
-    checks = _checks(built, "planner-auto-6")
-    assert len(checks) == 3
+    replayed = _replayed(built, auto_checks("planner-auto-6"), FULL_DEVICE)
+    assert len(replayed) == 3
     out_of_memory = 0
-    for case, cfg, check, runs in checks:
-        picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
-        assert picked_plan.reserve_rule == FULL_DEVICE, case
+    for case, check, runs, picked, picked_plan, planned in replayed:
         assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
         out_of_memory += _plans_above_every_run(case, check, runs, planned)
     assert out_of_memory == 1
 
 
-def test_the_default_rule_picks_a_fraction_that_trained_and_plans_above_every_moe_run(built, monkeypatch):
+def test_the_default_rule_picks_a_fraction_that_trained_and_plans_above_every_moe_run(built, auto_checks,
+                                                                                       monkeypatch):
     """auto (the first-step rule, a 2 % margin) picked 0.5 on each device and trained there; 0.45 trained on all
     four with less free than the margin (the issue's bar); 0.4 ran out of memory on the 4- and 6-layer proxies
     (the step goal met) and trained on the 2- and 3-layer ones (not met: two steps above)."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    checks = _checks(built, "planner-auto-moe")
-    assert len(checks) == 4
+    replayed = _replayed(built, auto_checks("planner-auto-moe"), FIRST_STEP)
+    assert len(replayed) == 4
     out_of_memory = 0
-    for case, cfg, check, runs in checks:
-        picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
-        assert picked_plan.reserve_rule == FIRST_STEP, case
+    for case, check, runs, picked, picked_plan, planned in replayed:
         assert picked == check["auto"]["fraction"], case  # the planner that made the checks, unchanged since
         assert runs[picked]["outcome"] == "trained", case
         below = runs[round(picked - STEP, 2)]
@@ -92,7 +80,7 @@ def test_the_default_rule_picks_a_fraction_that_trained_and_plans_above_every_mo
     assert out_of_memory == 2
 
 
-def test_full_device_replayed_on_the_moe_checks_picks_lower_fractions_that_trained(built, monkeypatch):
+def test_full_device_replayed_on_the_moe_checks_picks_lower_fractions_that_trained(built, auto_checks, monkeypatch):
     """The opt-in full-device rule (0.55 GiB for the sub-page gaps, a 0.1 % margin), on the same devices: it picks
     0.4, 0.45, 0.45 and 0.45, each a fraction that trained; on the two configurations where a run ran out of memory
     that is the smallest that trains (the step goal), on the other two it is below the default's two steps above.
@@ -100,9 +88,8 @@ def test_full_device_replayed_on_the_moe_checks_picks_lower_fractions_that_train
     0.11 GiB free)."""
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
     picks = {}
-    for case, cfg, check, runs in _checks(built, "planner-auto-moe"):
-        picked, picked_plan, planned = _pick_and_plans(cfg, check, runs)
-        assert picked_plan.reserve_rule == FULL_DEVICE, case
+    for case, check, runs, picked, picked_plan, planned in _replayed(built, auto_checks("planner-auto-moe"),
+                                                                     FULL_DEVICE):
         assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
         assert picked < check["auto"]["fraction"], case
         failed = [f for f, r in runs.items() if r["outcome"] != "trained"]

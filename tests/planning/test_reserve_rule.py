@@ -221,24 +221,7 @@ def test_the_block_beside_step_ones_memory_covers_what_the_communicators_found_r
     assert first.total_bytes_gpu / GIB >= max(s["device_process_used_gib"] for s in steps)
 
 
-BENCHMARKS = SNAPSHOTS.parent
-
-
-def _auto_checks(folder_glob: str) -> list[tuple[Path, dict]]:
-    return [(path.parent, check) for path in sorted(BENCHMARKS.glob(f"{folder_glob}/*/auto_check.json"))
-            for check in json.loads(path.read_text())]
-
-
-def _runs(check: dict) -> dict[float, dict]:
-    """fraction -> the check's record of its run there (outcome, NVML's used, run_dir), as they ran on the H200."""
-    return {check[k]["fraction"]: check[k] for k in ("at_auto", "below", "two_below") if check.get(k)}
-
-
-def _check_cfg(built, check: dict):
-    return apply_overrides(built(check["recipe"]), check["overrides"])
-
-
-def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(built, monkeypatch):
+def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(built, auto_checks, monkeypatch):
     """Every run of a committed auto check that ran out of memory alone beside its ballast (planner-auto-5/: Qwen3-4B
     at 0.4 on 92.5 GiB of an H200; planner-auto-6/: the 1.1B proxy at 12288 tokens at 0.4 on 42.59 GiB of an H100;
     planner-auto-moe/: the 4- and 6-layer MoE proxies at 0.4 on 53.34 and 68.72 GiB of an H100) is one whose planned
@@ -248,29 +231,28 @@ def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(bu
     from mbridge_offload.facts.run_records import recorded_expandable_segments
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    checks = [(case_dir, check) for case_dir, check in _auto_checks("planner-auto*")
-              if case_dir.parent.name != "planner-auto"]
-    out_of_memory = [(check, fraction, case_dir / Path(run["run_dir"]).name) for case_dir, check in checks
-                     for fraction, run in _runs(check).items() if run["outcome"] == "out of memory"]
+    checks = [c for c in auto_checks("planner-auto*") if c.case_dir.parent.name != "planner-auto"]
+    out_of_memory = [(c, fraction, c.case_dir / Path(run["run_dir"]).name) for c in checks
+                     for fraction, run in c.runs.items() if run["outcome"] == "out of memory"]
     assert len(out_of_memory) == 4
-    for check, fraction, run_dir in out_of_memory:
-        p = plan(_check_cfg(built, check), 1, fraction=fraction, gpu_memory_gib=check["device_gib"],
+    for c, fraction, run_dir in out_of_memory:
+        p = plan(c.cfg(built), 1, fraction=fraction, gpu_memory_gib=c.check["device_gib"],
                  expandable=recorded_expandable_segments(run_dir) is True)
-        assert p.total_bytes_gpu > check["device_gib"] * GIB, (run_dir, p.total_bytes_gpu / GIB)
+        assert p.total_bytes_gpu > c.check["device_gib"] * GIB, (run_dir, p.total_bytes_gpu / GIB)
 
 
-def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_new_configuration(built, monkeypatch):
+def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_new_configuration(built, auto_checks,
+                                                                                          monkeypatch):
     """planner-auto-5/ (nineteenth session): auto with the first-step rule on five dense configurations no constant
     was set on, each at the device size given. The fraction today's planner picks for each was run there, and trained;
     the plan at each run's fraction is at or above the whole device the run used (NVML)."""
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    checks = _auto_checks("planner-auto-5")
+    checks = auto_checks("planner-auto-5")
     assert len(checks) == 5
-    for case_dir, check in checks:
-        cfg = _check_cfg(built, check)
-        runs = _runs(check)
+    for c in checks:
+        case_dir, check, cfg, runs = c.case_dir, c.check, c.cfg(built), c.runs
         picked, picked_plan = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
         assert picked_plan.reserve_rule == FIRST_STEP
         assert picked in runs, f"{case_dir.name}: today's planner picks {picked}, which was not run there"
@@ -281,7 +263,8 @@ def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_new_co
                 assert planned >= run["device_used_gib"], (case_dir.name, fraction, planned)
 
 
-def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_moe_configuration(built, monkeypatch):
+def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_moe_configuration(built, auto_checks,
+                                                                                          monkeypatch):
     """The MoE proxies' auto checks (planner-auto-2/ to planner-auto-4/, each on the device size given, run when MoE
     plans counted the loss's block beside the steady peak): the fraction today's planner picks, with first-step, was
     run there and trained, with the allocator each run had; on at least one it is below steady-peak's pick (the
@@ -290,12 +273,12 @@ def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_moe_co
     from mbridge_offload.facts.run_records import recorded_expandable_segments
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
-    checks = [(case_dir, check) for case_dir, check in _auto_checks("planner-auto*")
-              if case_dir.parent.name != "planner-auto" and _check_cfg(built, check).model.num_moe_experts]
+    checks = [c for c in auto_checks("planner-auto*")
+              if c.case_dir.parent.name != "planner-auto" and c.cfg(built).model.num_moe_experts]
     assert len(checks) >= 5
     lower = 0
-    for case_dir, check in checks:
-        cfg, runs = _check_cfg(built, check), _runs(check)
+    for c in checks:
+        case_dir, check, cfg, runs = c.case_dir, c.check, c.cfg(built), c.runs
         expandable = {recorded_expandable_segments(case_dir / Path(run["run_dir"]).name) is True
                       for run in runs.values()}
         assert len(expandable) == 1, case_dir

@@ -22,15 +22,13 @@ WALKS = BENCHMARKS / "smallest-trains"
 UNALLOCATED = re.compile(r"([0-9.]+) MiB is reserved by PyTorch but unallocated")
 
 
-def _configurations() -> dict[str, tuple[dict, dict[float, dict]]]:
+def _configurations(auto_checks) -> dict[str, tuple[dict, dict[float, dict]]]:
     """case -> (planner-auto-5's check: recipe, overrides, device; fraction -> the run there: outcome, NVML's used,
     its folder), the check's runs and the walk's together, as they ran on the H200."""
     found = {}
-    for path in sorted((BENCHMARKS / "planner-auto-5").glob("*/auto_check.json")):
-        check = json.loads(path.read_text())[0]
-        runs = {check[k]["fraction"]: {**check[k], "folder": path.parent / Path(check[k]["run_dir"]).name}
-                for k in ("at_auto", "below", "two_below") if check.get(k)}
-        found[path.parent.name] = (check, runs)
+    for c in auto_checks("planner-auto-5"):
+        runs = {f: {**run, "folder": c.case_dir / Path(run["run_dir"]).name} for f, run in c.runs.items()}
+        found[c.case_dir.name] = (c.check, runs)
     for line in (WALKS / "results.jsonl").read_text().splitlines():
         walked = json.loads(line)
         check, runs = found[walked["case"]]
@@ -47,32 +45,33 @@ def _smallest_that_trains(runs: dict[float, dict]) -> float:
     return smallest
 
 
-def test_every_configuration_was_walked_down_to_a_failure():
-    configurations = _configurations()
+def test_every_configuration_was_walked_down_to_a_failure(auto_checks):
+    configurations = _configurations(auto_checks)
     assert len(configurations) == 5
     for _, runs in configurations.values():
         _smallest_that_trains(runs)  # asserts it
 
 
-def test_auto_never_picks_a_fraction_below_the_smallest_that_trains(built, monkeypatch):
+def test_auto_never_picks_a_fraction_below_the_smallest_that_trains(built, auto_checks, monkeypatch):
     """With the default rule, which was set before these runs."""
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    for case, (check, runs) in _configurations().items():
+    for case, (check, runs) in _configurations(auto_checks).items():
         cfg = apply_overrides(built(check["recipe"]), check["overrides"])
         picked, _ = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
         assert picked >= _smallest_that_trains(runs), case
         assert runs[picked]["outcome"] == "trained", case
 
 
-def test_each_failure_is_planned_above_its_device_and_explained_by_its_unreleased_gaps(built, monkeypatch):
+def test_each_failure_is_planned_above_its_device_and_explained_by_its_unreleased_gaps(built, auto_checks,
+                                                                                        monkeypatch):
     """At each run that ran out of memory, the plan without auto's margin does not fit the device. And PyTorch's
     planned peak + the memory outside PyTorch + what the run still held reserved and unallocated when it failed
     (after PyTorch had released what it could: the sub-page gaps) is more than the device: the two planned parts are
     not too low to explain the failure."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    failures = [(check, f, run) for check, runs in _configurations().values() for f, run in runs.items()
+    failures = [(check, f, run) for check, runs in _configurations(auto_checks).values() for f, run in runs.items()
                 if run["outcome"] == "out of memory"]
     assert len(failures) == 5
     for check, fraction, run in failures:
@@ -85,14 +84,15 @@ def test_each_failure_is_planned_above_its_device_and_explained_by_its_unrelease
         assert needed > check["device_gib"], (run["folder"], needed)
 
 
-def test_at_the_smallest_fraction_a_run_used_its_planned_peak_and_outside_memory_and_little_more(built, monkeypatch):
+def test_at_the_smallest_fraction_a_run_used_its_planned_peak_and_outside_memory_and_little_more(built, auto_checks,
+                                                                                                   monkeypatch):
     """At the smallest fraction that trains (0.21-0.69 GiB free; the 4B's 1.14) NVML's whole device for the run is
     PyTorch's planned peak + the memory outside PyTorch, less at most the PyTorch peak's largest held-out
     over-prediction (0.3 %), plus at most the sub-page gaps of the 4B's history at its steady peak (another run of its
     configuration, reserve-snapshot-steady: 0.52 GiB, rounded up to the full-device rule's allowance): the 1.17 GiB
     envelope the default plan counts beside the steady peak is not what such a run needs."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    for case, (check, runs) in _configurations().items():
+    for case, (check, runs) in _configurations(auto_checks).items():
         fraction = _smallest_that_trains(runs)
         cfg = apply_overrides(built(check["recipe"]), check["overrides"])
         p = plan(cfg, 1, fraction=fraction, expandable=True)
