@@ -81,6 +81,46 @@ def fetch_ahead_on(env_vars: Mapping[str, object] | None, environ: Mapping[str, 
     return fetch_ahead_setting(env_vars, environ) == "on"
 
 
+# The stream mode's moments (mbridge_offload/runtime/streamed_states.py): fp32, or bf16 on the host and in the ring.
+# bf16 is opt-in: half the bytes cross the host link each way (on one H100 the ring's stand-in with half the bytes
+# added 0.085-0.093 s to a forward instead of 0.219-0.270 s, docs/benchmarks/offload-engine/ring-pipeline/) and the
+# host holds 8 bytes per offloaded parameter instead of 12; Transformer Engine's FusedAdam reads and writes the
+# moments in bf16 and computes in fp32, so the moments are rounded at each step and the update is not the one without
+# offload.
+STREAM_MOMENTS_ENV = "MBRIDGE_OFFLOAD_STREAM_MOMENTS"
+STREAM_MOMENTS_KEY = f"env_vars.{STREAM_MOMENTS_ENV}"
+FP32_MOMENTS = "fp32"
+BF16_MOMENTS = "bf16"
+MOMENT_BYTES = {FP32_MOMENTS: 4, BF16_MOMENTS: 2}  # bytes of one moment's element
+DEFAULT_STREAM_MOMENTS = FP32_MOMENTS
+MASTER_WEIGHT_BYTES = 4  # the library's fp32 host copy of an offloaded weight, which the checkpoint saves
+# the run's header line that says bf16 moments are on (diagnose reads it), and what the line says of them
+STREAM_MOMENTS_HEADER = f"moments: bf16 on the host and in the ring ({STREAM_MOMENTS_ENV})"
+STREAM_MOMENTS_SAYS = ("8 bytes per offloaded parameter on the host instead of 12, and half the bytes each way "
+                       "between host and GPU; Adam computes in fp32 but its moments are rounded to bf16 at every step, "
+                       "so the training is NOT bit-identical to no offload: compare the loss of the first steps with "
+                       "the fp32 moments' (the default)")
+
+
+def stream_moments(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:
+    """MBRIDGE_OFFLOAD_STREAM_MOMENTS as a run sees it (the shell's, else the config's), else the default. Other
+    values come back as given (the validator names them; the engine refuses them)."""
+    value = run_env(STREAM_MOMENTS_ENV, env_vars, environ)
+    return DEFAULT_STREAM_MOMENTS if value is None else value.strip()
+
+
+def moment_bytes(moments: str) -> int:
+    """Bytes of one moment's element for the setting ``moments`` (fp32 or bf16)."""
+    if moments not in MOMENT_BYTES:
+        raise ValueError(f"{STREAM_MOMENTS_ENV}={moments!r}: the moments are one of {', '.join(MOMENT_BYTES)}")
+    return MOMENT_BYTES[moments]
+
+
+def stream_host_bytes_per_param(moments: str = DEFAULT_STREAM_MOMENTS) -> int:
+    """Host bytes the stream engine holds per offloaded parameter: the fp32 weight copy and the two moments."""
+    return MASTER_WEIGHT_BYTES + 2 * moment_bytes(moments)
+
+
 # The stream mode's ring (mbridge_offload/runtime/streamed_states.py): the GPU buffers Adam's moments pass through.
 STREAM_CHUNKS = 32  # chunks per step: the forward waits per chunk, so fewer means longer waits
 STREAM_RING_SLOTS = 3  # GPU buffers: one arriving, one updated, one leaving
@@ -100,13 +140,13 @@ def stream_chunk_numel(total: int, chunks: int = STREAM_CHUNKS, minimum: int = S
     return max(1, min(total, max(minimum, math.ceil(total / chunks))))
 
 
-def stream_ring_bytes(offloaded_params: int) -> int:
+def stream_ring_bytes(offloaded_params: int, moments: str = DEFAULT_STREAM_MOMENTS) -> int:
     """GPU bytes of one optimizer's ring for ``offloaded_params`` fp32 parameters: each slot holds a chunk's two
-    fp32 moments."""
+    moments, in the dtype ``moments`` (fp32 or bf16)."""
     if offloaded_params <= 0:
         return 0
     numel = stream_chunk_numel(offloaded_params)
-    return min(STREAM_RING_SLOTS, math.ceil(offloaded_params / numel)) * 2 * 4 * numel
+    return min(STREAM_RING_SLOTS, math.ceil(offloaded_params / numel)) * 2 * moment_bytes(moments) * numel
 
 
 def offload_walk(sizes: list[int], walk, fraction: float) -> list[int]:

@@ -13,6 +13,10 @@ model's bf16 weights and its moments go back to the host. The CPU does no Adam a
   next step's forward waits per module (a forward pre-hook, on the GPU: the training thread never blocks) for
   the chunks holding its parameters. The first ``STREAM_RING_SLOTS`` chunks' moments come up at the end of the
   previous update, so the next update starts without waiting for a copy.
+- **Moments in bf16** (opt-in, ``MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16``): the host buffers and the ring hold the
+  moments in bf16 and FusedAdam is built with bf16 moments (it computes in fp32 and rounds them at each store):
+  half the bytes each way and 8 bytes per offloaded parameter on the host, and an update that is no longer the one
+  without offload (its deviation is measured, not assumed: docs/benchmarks/offload-engine/).
 - **Host memory**: 12 bytes per offloaded parameter: the moments and the library's fp32 host copy of the
   weights (which the checkpoint saves as ``master_param``; refreshed from the GPU at every drain: checkpoint
   save and load, evaluation), in three flat buffers pinned in place (``cudaHostRegister``: no power-of-two
@@ -40,11 +44,12 @@ import os
 import re
 from dataclasses import dataclass
 
-from mbridge_offload.facts.engine_messages import (STREAM_FUSED_ADAM_IMPORT, STREAM_NO_HOST_EMPTY_CACHE,
-                                                  STREAM_NOT_FP32, STREAM_NOT_FUSED_ADAM, STREAM_NOT_MAIN_WEIGHTS,
-                                                  STREAM_PIN_FAILED, STREAM_STEP_COUNTS)
-from mbridge_offload.facts.offload_engine import (STREAM_MIN_CHUNK_NUMEL, STREAM_RING_SLOTS, fetch_ahead_on,
-                                                  last_used_first, stream_chunk_numel, stream_pacing)
+from mbridge_offload.facts.engine_messages import (STREAM_FUSED_ADAM_IMPORT, STREAM_MOMENTS_UNKNOWN,
+                                                  STREAM_NO_HOST_EMPTY_CACHE, STREAM_NOT_FP32, STREAM_NOT_FUSED_ADAM,
+                                                  STREAM_NOT_MAIN_WEIGHTS, STREAM_PIN_FAILED, STREAM_STEP_COUNTS)
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, MOMENT_BYTES, STREAM_MIN_CHUNK_NUMEL,
+                                                  STREAM_MOMENTS_ENV, STREAM_RING_SLOTS, fetch_ahead_on,
+                                                  last_used_first, stream_chunk_numel, stream_moments, stream_pacing)
 from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
                                                       _params_of, issue_deferred_zeros)
 
@@ -151,8 +156,8 @@ def streamed_param_groups(hdo, positions: dict, offload_fraction: float):
     return cpu_groups, gpu_groups, copies, {copy: param for param, copy in copies.items()}, to_fp32
 
 
-def host_buffer(numel: int):
-    """A zeroed fp32 host tensor in a mapping of its own that forked processes do not inherit.
+def host_buffer(numel: int, dtype=None):
+    """A zeroed host tensor (fp32 unless ``dtype``) in a mapping of its own that forked processes do not inherit.
 
     The data loader's workers are forked after the optimizer is built. Linux copies a page that is pinned
     for DMA into the child at fork, instead of sharing it copy-on-write: on the H200 the node held about two more
@@ -162,16 +167,17 @@ def host_buffer(numel: int):
 
     import torch
 
+    dtype = dtype or torch.float32
     if numel == 0:
-        return torch.empty(0, dtype=torch.float32)
-    region = mmap.mmap(-1, numel * 4)  # anonymous: zero-filled, page-aligned
+        return torch.empty(0, dtype=dtype)
+    region = mmap.mmap(-1, numel * dtype.itemsize)  # anonymous: zero-filled, page-aligned
     region.madvise(mmap.MADV_DONTFORK)
-    return torch.frombuffer(region, dtype=torch.float32, count=numel)  # keeps the mapping alive
+    return torch.frombuffer(region, dtype=dtype, count=numel)  # keeps the mapping alive
 
 
-def _pinned_in_place(numel: int):
-    """A zeroed fp32 host tensor (``host_buffer``) pinned where it lies: no rounding up to a power of two."""
-    tensor = host_buffer(numel)
+def _pinned_in_place(numel: int, dtype=None):
+    """A zeroed host tensor (``host_buffer``) pinned where it lies: no rounding up to a power of two."""
+    tensor = host_buffer(numel, dtype)
     _register(tensor)
     return tensor
 
@@ -241,6 +247,11 @@ class StateStreamingEngine(StreamingEngine):
             raise EngineError(STREAM_NOT_FUSED_ADAM.format(
                 optimizer=getattr(hdo.gpu_optimizer_cls, "__name__", hdo.gpu_optimizer_cls)))
         self._fused_adam = hdo.gpu_optimizer_cls
+        self.moments = stream_moments(None, os.environ)
+        if self.moments not in MOMENT_BYTES:
+            raise EngineError(STREAM_MOMENTS_UNKNOWN.format(env=STREAM_MOMENTS_ENV, value=self.moments,
+                                                            values=", ".join(MOMENT_BYTES)))
+        self.moment_dtype = torch.bfloat16 if self.moments == BF16_MOMENTS else torch.float32
         self.pending = False
         self.prefetched = False  # the first chunks' moments are in the ring already (see the end of step)
         self.waited: set[int] = set()
@@ -297,12 +308,12 @@ class StateStreamingEngine(StreamingEngine):
         self.host_master = built if built is not None and built.numel() == total else host_buffer(total)
         self._adopt_masters()
         _register(self.host_master)
-        self.host_m, self.host_v = _pinned_in_place(total), _pinned_in_place(total)
+        self.host_m, self.host_v = (_pinned_in_place(total, self.moment_dtype) for _ in range(2))
         self.host_views = [(self.host_m[a:b].view_as(main), self.host_v[a:b].view_as(main))
                            for main, a, b in zip(self.mains, self.starts, self.starts[1:])]
         self.step_tensor = torch.zeros((), dtype=torch.float32)  # torch AdamW's step, one tensor shared by all
         device = torch.cuda.current_device()
-        self.ring = [torch.empty(2 * self.numel, dtype=torch.float32, device=device) for _ in range(self.slots)]
+        self.ring = [torch.empty(2 * self.numel, dtype=self.moment_dtype, device=device) for _ in range(self.slots)]
         self.model_views = [_model_shard_view(owner, model) for model in self.models]
         # chunk -> (its FusedAdam over views of the main weights, [(main piece view, piece, tensor index)])
         self.chunk_optimizers = []
@@ -318,16 +329,29 @@ class StateStreamingEngine(StreamingEngine):
                 pieces.append((view, piece))
                 groups.setdefault(self.group_of[main], []).append(view)
                 chunks_of_model.setdefault(self.models[piece.tensor], []).append(index)
-            optimizer = self._fused_adam([{**self._hyper(g), "params": views, HDO_GROUP: g} for g, views in groups.items()])
+            optimizer = self._chunk_optimizer([{**self._hyper(g), "params": views, HDO_GROUP: g}
+                                               for g, views in groups.items()])
             for view, piece in pieces:
                 n = piece.stop - piece.start
                 optimizer.state[view]["exp_avg"] = moment[piece.slot_offset:piece.slot_offset + n]
                 optimizer.state[view]["exp_avg_sq"] = second[piece.slot_offset:piece.slot_offset + n]
+                if self.moment_dtype != torch.float32:  # FusedAdam keeps a scale per low-precision state; bf16 uses none
+                    optimizer._scales[view] = {name: torch.ones(1, dtype=torch.float32, device=device)
+                                               for name in ("exp_avg", "exp_avg_sq")}
             self.chunk_optimizers.append((optimizer, pieces))
         self.chunk_of_model = {model: tuple(chunks) for model, chunks in chunks_of_model.items()}
         self.slot_free: list = [None] * self.slots
         self.ready: list = [None] * len(self.chunks)  # chunk: CUDA event after its update and cast
         self._adopt_states()
+
+    def _chunk_optimizer(self, groups):
+        """A chunk's FusedAdam: the GPU optimizer's class with its moments in the ring's dtype (fp32, or bf16: the
+        kernel computes in fp32 and rounds the moments at each store)."""
+        import torch
+
+        if self.moment_dtype == torch.float32:
+            return self._fused_adam(groups)
+        return self._fused_adam(groups, exp_avg_dtype=self.moment_dtype, exp_avg_sq_dtype=self.moment_dtype)
 
     def _say_what_is_offloaded(self, owner) -> None:
         """One line on the first rank: how much of this optimizer's shard is on the host and which parameters."""
@@ -341,7 +365,7 @@ class StateStreamingEngine(StreamingEngine):
         offloaded = sum(main.numel() for main in self.mains)
         print(f"stream offload engine: {offloaded / 1e6:.1f}M of this optimizer's {held / 1e6:.1f}M parameters on the "
               f"host, the {len(self.models)} tensors the forward uses last, from {names.get(self.models[0], '?')} "
-              f"to {names.get(self.models[-1], '?')}", flush=True)
+              f"to {names.get(self.models[-1], '?')}; moments in {self.moments}", flush=True)
 
     def _adopt_masters(self) -> bool:
         """Make the library's host copies of the offloaded weights views of ``host_master`` (a checkpoint load
@@ -419,14 +443,14 @@ class StateStreamingEngine(StreamingEngine):
         return len(self.chunks) > self.slots
 
     def next_ahead_bytes(self) -> int | None:
-        """The bytes of the next chunk to fetch ahead (its two moments, fp32), or None when none is left. None too
+        """The bytes of the next chunk to fetch ahead (its two moments), or None when none is left. None too
         while the previous update is not all enqueued: its last copies down, which the fetch waits for, are not
         issued yet, so the host's moments would be a step old."""
         index = self.slots + len(self.ahead)
         if index >= len(self.chunks) or self.unqueued():
             return None
         chunk = self.chunks[index]
-        return 2 * 4 * (chunk.stop - chunk.start)
+        return 2 * self.ring[0].element_size() * (chunk.stop - chunk.start)
 
     def fetch_next_ahead(self) -> None:
         """Copy the next chunk's moments up into a buffer of its own, allocated on the training stream (the backward's
@@ -457,11 +481,11 @@ class StateStreamingEngine(StreamingEngine):
         n = buffer.numel() // 2
         self._fetch(index, (buffer[:n], buffer[n:]))
         del buffer  # its block is reused once the copies above are done (record_stream at the fetch)
-        self.fetch_ahead.released(2 * 4 * n)
+        self.fetch_ahead.released(2 * buffer.element_size() * n)
 
     def _drop_ahead(self) -> None:
         """Give up the buffers fetched ahead: the host's moments are replaced (a load) or may be (a drain)."""
-        dropped = sum(b.numel() * 4 for b in (*self.ahead.values(), *self.step_ahead.values()))
+        dropped = sum(b.numel() * b.element_size() for b in (*self.ahead.values(), *self.step_ahead.values()))
         self.ahead, self.step_ahead = {}, {}
         if dropped and self.fetch_ahead is not None:
             self.fetch_ahead.dropped(dropped)

@@ -1,7 +1,7 @@
 """Runs stream_cpu_scenarios.py's scenarios in a process of its own (the CPU stand-in for the GPU changes torch for
-the whole process): ``python tests/runtime/stream_cpu_check.py ranks|resume|exact-ranks|delayed-ranks`` (the last two with the exact and
-the delayed engine). Prints one line per scenario and
-ALL OK or FAILED; exits 0 only when every scenario ended as it should.
+the whole process): ``python tests/runtime/stream_cpu_check.py KIND``, KIND one of ranks, resume, fetch-ahead,
+bf16-moments, exact-ranks and delayed-ranks (the last two with the exact and the delayed engine). Prints one line per
+scenario and ALL OK or FAILED; exits 0 only when every scenario ended as it should.
 
 The scenarios live in a module of their own: dist_checkpointing's save starts a process with the spawn method,
 which imports this script again (as __mp_main__); importing it must not set everything up a second time."""

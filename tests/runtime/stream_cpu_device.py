@@ -196,21 +196,28 @@ class _Cudart:
 def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps, step, mode, bias_correction,
                       weight_decay, *rest):
     """transformer_engine/common/multi_tensor/adam.cu, ``AdamFunctor`` for fp32 [grads, params, exp_avgs,
-    exp_avg_sqs]: mode 1 is AdamW (decoupled weight decay), mode 0 Adam with L2."""
+    exp_avg_sqs]: mode 1 is AdamW (decoupled weight decay), mode 0 Adam with L2. The moments are fp32 or bf16 (both
+    the same, as the kernel checks): read into fp32, updated and used in fp32, stored rounded to their dtype."""
     if rest or len(tensor_lists) != 4:
         raise NotImplementedError("the CPU stand-in covers fp32 parameters only")
     correction1 = 1 - beta1 ** step if bias_correction else 1.0
     correction2 = 1 - beta2 ** step if bias_correction else 1.0
     for grad, param, exp_avg, exp_avg_sq in zip(*tensor_lists):
+        if param.dtype != torch.float32 or {exp_avg.dtype, exp_avg_sq.dtype} not in ({torch.float32},
+                                                                                    {torch.bfloat16}):
+            raise RuntimeError(f"the kernel takes fp32 parameters and fp32 or bf16 moments, both alike: got "
+                               f"{param.dtype}, {exp_avg.dtype}, {exp_avg_sq.dtype}")
         grad = grad.float()
         if mode == 0:
             grad = grad + weight_decay * param
-        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        update = (exp_avg / correction1) / ((exp_avg_sq / correction2).sqrt() + eps)
+        m = exp_avg.float().mul(beta1).add_(grad, alpha=1 - beta1)
+        v = exp_avg_sq.float().mul(beta2).addcmul_(grad, grad, value=1 - beta2)
+        update = (m / correction1) / ((v / correction2).sqrt() + eps)
         if mode == 1:
             update = update + weight_decay * param
         param.sub_(lr * update)
+        exp_avg.copy_(m)
+        exp_avg_sq.copy_(v)
 
 
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):

@@ -142,8 +142,9 @@ class Reference:
     """torch AdamW on the full fp32 tensors with the ranks' mean gradient, clipped by its global norm as Megatron
     clips (max_norm / (norm + 1e-6) when below 1)."""
 
-    def __init__(self, initial: dict, hyper: dict, world: int) -> None:
+    def __init__(self, initial: dict, hyper: dict, world: int, moments: str = "fp32") -> None:
         self.world = world
+        self.moment_dtype = moments  # bf16: the moments are rounded to bf16 after each update, as the kernel stores them
         self.params = {name: value.cpu().float() for name, value in initial.items()}  # plain host tensors
         self.optimizer = torch.optim.AdamW(
             [{"params": [p], "lr": hyper[n][0], "weight_decay": hyper[n][1]} for n, p in self.params.items()],
@@ -165,6 +166,10 @@ class Reference:
         for name, param in self.params.items():
             param.grad = grads[name] * coefficient if coefficient < 1 else grads[name]
         self.optimizer.step()
+        if self.moment_dtype == "bf16":
+            for state in self.optimizer.state.values():
+                for key in ("exp_avg", "exp_avg_sq"):
+                    state[key].copy_(state[key].bfloat16())
 
     def moments(self, name: str):
         state = self.optimizer.state[self.params[name]]
@@ -921,6 +926,118 @@ def resume_case(rank: int, world: int, port: int, directory: str, fresh: bool, t
     check_resumed(run, uninterrupted, continue_training(run, RESUME_SAVE_AT + 1), reference)
 
 
+# --- bf16 moments (MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16) ---
+BF16_STEPS = 4
+
+
+def _moments_env(moments: str) -> None:
+    os.environ[streamed_states.STREAM_MOMENTS_ENV] = moments
+
+
+def check_moment_buffers(run: Run, moments: str) -> None:
+    """The host buffers, their views in the CPU optimizers' states and the ring hold the moments in ``moments``'s
+    dtype; the library's host copy of the weights stays fp32."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[moments]
+    engine = run.engine
+    for what, tensor in (("host exp_avg", engine.host_m), ("host exp_avg_sq", engine.host_v),
+                         *((f"ring slot {i}", slot) for i, slot in enumerate(engine.ring))):
+        check(tensor.dtype == dtype, "moments-dtype", f"rank {run.rank}: {what} is {tensor.dtype}, not {dtype}")
+    check(engine.host_master.dtype == torch.float32, "moments-dtype", "the host copy of the weights is not fp32")
+    for main in engine.mains:
+        state = engine._state_of(main)
+        check(state["exp_avg"].dtype == dtype and state["exp_avg_sq"].dtype == dtype, "moments-dtype",
+              f"rank {run.rank}: a CPU optimizer's state is {state['exp_avg'].dtype}")
+
+
+def _off(a, b, *, rtol: float, atol: float) -> tuple[int, int]:
+    """(elements of ``a`` off ``b``, elements)."""
+    return _close(a, b, rtol, atol)[0], a.numel()
+
+
+def deviation(run: Run, reference: Reference) -> dict:
+    """This rank's offloaded fp32 shards and host moments against ``reference``'s: the elements off by more than
+    fp32 rounding, of all."""
+    engine = run.engine
+    off = {"weights": [0, 0], "moments": [0, 0]}
+    for main, model, (m, v) in zip(engine.mains, engine.models, engine.host_views):
+        name, r = run.names[model], run.shard_range(model)
+        for what, got, want, atol in (("weights", main, reference.params[name], 1e-6),
+                                      ("moments", m, reference.moments(name)[0], 1e-12),
+                                      ("moments", v, reference.moments(name)[1], 1e-12)):
+            bad, total = _off(got, want.reshape(-1)[r.start:r.end], rtol=1e-5, atol=atol)
+            off[what][0] += bad
+            off[what][1] += total
+    return off
+
+
+def bf16_moments_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool) -> None:
+    """The stream engine with bf16 moments trains BF16_STEPS steps: its buffers hold bf16, and its fp32 shards and
+    moments follow AdamW whose moments are rounded to bf16 after each update (the kernel's arithmetic), not fp32
+    AdamW: at most 1 in 10^4 elements off the first (where a last-bit difference of the gradient's clipping rounds
+    a moment the other way), at least 1 in 10 off the second."""
+    _moments_env("bf16")
+    run = Run(rank, world, port, fraction, overlap_param_gather, False)
+    check_moment_buffers(run, "bf16")
+    check_union(run, check_layout(run), fraction)
+    hyper = run.hyper()
+    rounded = Reference(run.weights(), hyper, world, moments="bf16")
+    full = Reference(run.weights(), hyper, world)
+    for step in range(1, BF16_STEPS + 1):
+        run.train_step(step)
+        SEEN.clear()
+        rounded.step(step)
+        full.step(step)
+    streaming_engine.drain_all(apply_delayed=True)
+    check_moment_buffers(run, "bf16")
+    check_host_buffers(run)
+    near, far = deviation(run, rounded), deviation(run, full)
+    print(f"rank {rank}: off AdamW with bf16 moments: weights {near['weights'][0]} and moments {near['moments'][0]} "
+          f"of {near['weights'][1]} and {near['moments'][1]} elements; off fp32 AdamW: weights {far['weights'][0]}, "
+          f"moments {far['moments'][0]}", flush=True)
+    for what in ("weights", "moments"):
+        check(near[what][0] * 10 ** 4 <= near[what][1], "bf16-arithmetic",
+              f"rank {rank}: {near[what][0]} of {near[what][1]} {what} off AdamW with bf16 moments")
+        check(far[what][0] * 10 >= far[what][1], "bf16-arithmetic",
+              f"rank {rank}: only {far[what][0]} of {far[what][1]} {what} off fp32 AdamW: are the moments rounded?")
+
+
+def bf16_resume_case(rank: int, world: int, port: int, directory: str, saved: str, loaded: str) -> None:
+    """Save with moments in ``saved``'s dtype, load into a new model and optimizer whose engine keeps them in
+    ``loaded``'s, through Megatron Bridge's load: the weights, fp32 shards and step come back as saved, the moments
+    as saved cast to the new dtype (bit for bit when the dtype is the same), into the engine's buffers; then a step
+    trains."""
+    _moments_env(saved)
+    run = Run(rank, world, port, 1.0, True, False)
+    for step in range(1, RESUME_SAVE_AT + 1):
+        run.train_step(step)
+        SEEN.clear()
+    weights = save_checkpoint(run, directory)
+    moments = [(m.clone(), v.clone()) for m, v in run.engine.host_views]
+    mains = [m.detach().clone() for m in run.engine.mains]
+    dist.barrier()
+    _moments_env(loaded)
+    run = Run(rank, world, port, 1.0, True, False, seed=1)
+    check_moment_buffers(run, loaded)
+    load_checkpoint(run, directory, weights)
+    engine = run.engine
+    # torch's Optimizer.load_state_dict casts each state to its parameter's dtype (the fp32 host copy), so a load
+    # into bf16 moments leaves fp32 tensors in the states; the engine's next step copies them into its buffers
+    engine._adopt_states()
+    for i, ((m, v), (want_m, want_v)) in enumerate(zip(engine.host_views, moments)):
+        check(torch.equal(m, want_m.to(m.dtype)) and torch.equal(v, want_v.to(v.dtype)), "resume-moments",
+              f"rank {rank}: tensor {i}'s moments are not the saved {saved} ones as {loaded}")
+    for i, (main, want) in enumerate(zip(engine.mains, mains)):
+        check(torch.equal(main, want), "resume-main-weights", f"rank {rank}: fp32 shard {i} is not the saved one")
+    run.train_step(RESUME_SAVE_AT + 1)
+    SEEN.clear()
+    streaming_engine.drain_all(apply_delayed=True)
+    check_moment_buffers(run, loaded)
+    check_host_buffers(run)
+    check(float(engine.step_tensor) == RESUME_SAVE_AT + 1, "resume-step", f"step {float(engine.step_tensor)}")
+    check(all(bool(torch.isfinite(m.float()).all()) for pair in engine.host_views for m in pair), "resume-moments",
+          f"rank {rank}: a moment is not finite after the step")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -957,6 +1074,19 @@ FETCH_AHEAD_SCENARIOS = [
          None)]),
     (_with_fetch_ahead(evaluations_between_steps_case, fetching_steps=3), [
         ("2 ranks, fraction 1, fetch-ahead, evaluations between steps", 2, (1.0, True, False), None, None)]),
+]
+
+
+BF16_SCENARIOS = [
+    ("2 ranks, bf16 moments, fraction 1, overlapped all-gather", 2, (1.0, True), None, None),
+    ("2 ranks, bf16 moments, fraction 0.6, all-gather in the step", 2, (0.6, False), None, None),
+    ("2 ranks, broken: bf16-fp32-host", 2, (1.0, True), "bf16-fp32-host", "moments-dtype"),
+]
+# (label, the moments' dtype at the save, at the load)
+BF16_RESUME_SCENARIOS = [
+    ("2 ranks, saved with bf16 moments, loaded with bf16", "bf16", "bf16"),
+    ("2 ranks, saved with bf16 moments, loaded with fp32", "bf16", "fp32"),
+    ("2 ranks, saved with fp32 moments, loaded with bf16", "fp32", "bf16"),
 ]
 
 
@@ -1021,6 +1151,9 @@ BREAKS = {
     "fetch-ahead-no-fill": lambda: setattr(streamed_states.StateStreamingEngine, "_fill_from_ahead",
                                            lambda self, index: self.fetch_ahead.released(
                                                self.step_ahead.pop(index).numel() * 4)),
+    # bf16 moments with the host buffers left in fp32: the update is the same, the host saves nothing
+    "bf16-fp32-host": lambda: setattr(streamed_states, "_pinned_in_place",
+                                      lambda numel, dtype=None, pin=streamed_states._pinned_in_place: pin(numel)),
 }
 
 
@@ -1080,6 +1213,20 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(delayed_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+    if what == "bf16-moments":
+        import tempfile
+
+        from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+        get_write_results_queue()
+        ok &= run_scenarios(bf16_moments_case, BF16_SCENARIOS)
+        for label, saved, loaded in BF16_RESUME_SCENARIOS:
+            started = time.time()
+            with tempfile.TemporaryDirectory() as directory:
+                result = outcome(run_ranks(bf16_resume_case, 2, (directory, saved, loaded)))
+            good = result == "passed"
+            ok &= good
+            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
     if what == "resume":
         import tempfile
 
