@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
-                                                 FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, LIBRARY,
-                                                 STREAM, engine_mode, fetch_ahead_on, fetch_ahead_setting)
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
+                                                 FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
+                                                 LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY,
+                                                 engine_mode, fetch_ahead_on, fetch_ahead_setting,
+                                                 stream_host_bytes_per_param, stream_moments)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
+
+# What bf16 moments do to the stream engine's update on a GPU, against fp32 moments (the rule
+# offload-engine/stream-moments-not-exact says it): replace with the measured figure once a GPU run has compared them.
+BF16_MOMENTS_ON_GPU = "not yet measured"
+# The fixes diagnose.py names for a run with the stream engine: fp32 moments where bf16 ones may have made the loss
+# diverge, bf16 ones where the host ran out of memory (diagnosis/engine.py adds them to the rule's own fix)
+FP32_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={FP32_MOMENTS}"
+BF16_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}"
+BF16_MOMENTS_HOST_WORDS = (
+    f"Adam's moments in bf16 on the host: {stream_host_bytes_per_param(FP32_MOMENTS)} -> "
+    f"{stream_host_bytes_per_param(BF16_MOMENTS)} bytes per offloaded parameter; NOT bit-identical to no offload: "
+    "the moments are rounded to bf16 at every step, compare the first steps' loss with fp32 moments'")
 
 LOW_PRECISION_PARAM_KEYS = ("ddp.fp8_param_gather", "ddp.fp4_param_gather", "optimizer.use_precision_aware_optimizer",
                             "ddp.use_megatron_fsdp")
@@ -40,6 +54,20 @@ _delayed_offload = _offload_with(DELAYED)
 def _cpu_adam_offload(ctx: Context) -> bool:
     """exact or delayed: the engines that run the library's CPU Adam."""
     return _streaming_offload(ctx) and _mode(ctx) != STREAM
+
+
+def _moments(ctx: Context) -> str:
+    """The stream engine's moments as the run will read them (the shell's value wins), the default where unset."""
+    return stream_moments(ctx.cfg.env_vars, ctx.environ)
+
+
+def _bf16_moments(ctx: Context) -> bool:
+    return _moments(ctx) == BF16_MOMENTS
+
+
+def _moments_where(ctx: Context) -> str:
+    return (f"{_moments(ctx)} with the {_mode(ctx)} engine, optimizer offload "
+            + ("on" if ctx.opt.optimizer_cpu_offload else "off"))
 
 
 def _one_shard(ctx: Context) -> bool:
@@ -142,6 +170,24 @@ RULES: tuple[Rule, ...] = guarded(
          applies=lambda c: _stream_offload(c) and fetch_ahead_on(c.cfg.env_vars, c.environ), holds=lambda c: False,
          observed=lambda c: "on", fix=fixed(f"++{FETCH_AHEAD_KEY}=off  (the run to compare with)"),
          severity="warning"),
+    _engine_rule("stream-moments-known", f"the stream engine's moments ({STREAM_MOMENTS_ENV}) are one of "
+                 f"{', '.join(MOMENT_BYTES)}", key=STREAM_MOMENTS_KEY,
+                 applies=lambda c: c.env(STREAM_MOMENTS_ENV) is not None, holds=lambda c: _moments(c) in MOMENT_BYTES,
+                 observed=lambda c: repr(_moments(c)),
+                 fix=f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}  (or {FP32_MOMENTS}, the default; a value in the shell "
+                     "wins: set it there)"),
+    _engine_rule("stream-moments-need-stream", "bf16 moments are the stream engine's: with another engine, or with "
+                 "optimizer offload off, the setting would be ignored and the moments stay fp32",
+                 key=STREAM_MOMENTS_KEY, applies=_bf16_moments, holds=lambda c: _stream_offload(c),
+                 observed=_moments_where,
+                 fix=f"++{ENGINE_KEY}=stream optimizer.optimizer_cpu_offload=True  (or {FP32_MOMENTS_FIX})"),
+    Rule(id="offload-engine/stream-moments-not-exact", mechanism=OPTIMIZER, key=STREAM_MOMENTS_KEY,
+         text="with bf16 moments the stream engine's update is not the one without offload: Adam computes in fp32 "
+              "but its moments are rounded to bf16 at every step (measured on the CPU stand-in: the shards follow "
+              f"AdamW with bf16-rounded moments exactly; on a GPU: {BF16_MOMENTS_ON_GPU})",
+         applies=lambda c: _stream_offload(c) and _bf16_moments(c), holds=lambda c: False,
+         observed=lambda c: BF16_MOMENTS,
+         fix=fixed(f"{FP32_MOMENTS_FIX}  (the run to compare the first steps' loss with)"), severity="warning"),
     _engine_rule("delayed-low-precision-weights", "the delayed engine needs bf16 or fp16 model weights: an fp32 weight "
                  "is its own fp32 copy, which the delayed update would overwrite during the next step",
                  key="model.bf16", applies=_delayed_offload,

@@ -58,6 +58,7 @@ EXACT = {"env_vars.MBRIDGE_OFFLOAD_ENGINE": "exact", "optimizer.overlap_cpu_opti
 DELAYED = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "delayed"}
 STREAM = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}
 FETCH_AHEAD = "env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD"
+MOMENTS = "env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS"
 RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
@@ -96,6 +97,9 @@ CASES = {
     "offload-engine/fetch-ahead-known": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "off"}, {**STREAM, FETCH_AHEAD: "yes"}),
     "offload-engine/fetch-ahead-needs-stream": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "on"}, {**EXACT, FETCH_AHEAD: "on"}),
     "offload-engine/fetch-ahead-measured": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "off"}, {**STREAM, FETCH_AHEAD: "on"}),
+    "offload-engine/stream-moments-known": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**STREAM, MOMENTS: "fp16"}),
+    "offload-engine/stream-moments-need-stream": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**EXACT, MOMENTS: "bf16"}),
+    "offload-engine/stream-moments-not-exact": case(DENSE_OPT, {**STREAM, MOMENTS: "fp32"}, {**STREAM, MOMENTS: "bf16"}),
     "offload-engine/stream-sync-save": case(DENSE_OPT, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"},
                                             {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream",
                                              "checkpoint.async_save": True, "checkpoint.save": "/tmp/ckpt"}),
@@ -342,6 +346,7 @@ PASS_BY_NOT_APPLYING = {
     "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
     "planner/reserve-rule-full-device",  # a warning that holds nowhere it applies: the opt-in rule is unchecked
     "offload-engine/fetch-ahead-measured",  # the same: fetch-ahead costs reserved memory for no measured gain
+    "offload-engine/stream-moments-not-exact",  # the same: bf16 moments round the moments at every step
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
 
@@ -439,6 +444,76 @@ def test_shell_value_of_nvte_wins_over_the_recipe(recipe):
     problems = {p.rule_id: p for p in check_rules(overridden)}
     assert "export NVTE_CPU_OFFLOAD_V1=1" in problems["fine-grained/nvte-cpu-offload-v1"].fix
 
+
+def _moments_problems(cfg, environ=None) -> dict[str, object]:
+    return {p.rule_id: p for p in check_rules(Context(cfg, 1, environ=environ or {}))
+            if p.key == MOMENTS}
+
+
+@pytest.mark.parametrize("engine", ["library", "exact", "delayed", "stream"])
+@pytest.mark.parametrize("offload", [True, False])
+def test_fp32_moments_set_with_any_engine_are_no_problem(recipe, engine, offload):
+    """fp32 is what every engine keeps its moments in: setting it explicitly, with any engine and with offload off,
+    is harmless (unlike bf16, which only the stream engine with optimizer offload reads)."""
+    cfg = recipe(DENSE_OPT)
+    for key, value in {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": engine, "optimizer.optimizer_cpu_offload": offload,
+                       MOMENTS: "fp32"}.items():
+        set_path(cfg, key, value)
+    assert _moments_problems(cfg) == {}
+    set_path(cfg, MOMENTS, "bf16")
+    expected = ({"offload-engine/stream-moments-not-exact"} if engine == "stream" and offload
+                else {"offload-engine/stream-moments-need-stream"})
+    assert set(_moments_problems(cfg)) == expected
+
+
+@pytest.mark.parametrize("engine,offload", [("exact", True), ("library", True), ("delayed", True), ("stream", False)])
+def test_bf16_moments_the_run_would_ignore_are_refused_and_either_fix_resolves_it(recipe, engine, offload):
+    """bf16 moments with another engine or with optimizer offload off would be silently ignored: an error naming the
+    engine and the offload, whose fix (the stream engine with offload on, or fp32 moments), pasted, resolves it."""
+    from overrides import apply_overrides
+
+    cfg = recipe(DENSE_OPT)
+    for key, value in {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": engine, "optimizer.optimizer_cpu_offload": offload,
+                       MOMENTS: "bf16"}.items():
+        set_path(cfg, key, value)
+    problem = _moments_problems(cfg)["offload-engine/stream-moments-need-stream"]
+    assert problem.severity == "error" and problem.key == MOMENTS
+    assert problem.value == f"bf16 with the {engine} engine, optimizer offload {'on' if offload else 'off'}"
+    stream, fp32 = problem.fix.split("  (or ")
+    assert fp32 == "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=fp32)"
+    for fix in (stream.split(), [fp32.rstrip(")")]):
+        fixed = apply_overrides(cfg, [*fix, "optimizer.optimizer_offload_fraction=1.0"])
+        assert "offload-engine/stream-moments-need-stream" not in _moments_problems(fixed), fix
+
+
+def test_the_shells_moments_win_over_the_configs(recipe):
+    """The engine reads the moments from its process's environment, where the launch shell's value wins over the
+    config's env_vars: so does the validator."""
+    cfg = recipe(DENSE_OPT)
+    for key, value in {**EXACT, MOMENTS: "bf16"}.items():
+        set_path(cfg, key, value)
+    assert "offload-engine/stream-moments-need-stream" in _moments_problems(cfg)
+    assert _moments_problems(cfg, {"MBRIDGE_OFFLOAD_STREAM_MOMENTS": "fp32"}) == {}
+    set_path(cfg, MOMENTS, "fp32")
+    set_path(cfg, "env_vars.MBRIDGE_OFFLOAD_ENGINE", "stream")
+    assert _moments_problems(cfg) == {}
+    shell = _moments_problems(cfg, {"MBRIDGE_OFFLOAD_STREAM_MOMENTS": "bf16"})
+    assert set(shell) == {"offload-engine/stream-moments-not-exact"}
+    assert shell["offload-engine/stream-moments-not-exact"].severity == "warning"
+
+
+@pytest.mark.parametrize("value", ["BF16", "fp16", "", "bfloat16"])
+def test_moments_the_engine_does_not_know_are_refused_with_both_values(recipe, value):
+    """The engine takes the words fp32 and bf16 only (another raises STREAM_MOMENTS_UNKNOWN at the optimizer's build):
+    refused before the launch, the value shown quoted (an empty one too), the fix naming both and the shell."""
+    cfg = recipe(DENSE_OPT)
+    for key, val in {**STREAM, MOMENTS: value}.items():
+        set_path(cfg, key, val)
+    problems = _moments_problems(cfg)
+    assert set(problems) == {"offload-engine/stream-moments-known"}  # neither bf16's error nor its warning
+    problem = problems["offload-engine/stream-moments-known"]
+    assert problem.value == repr(value)
+    assert "=bf16" in problem.fix and "fp32" in problem.fix and "shell" in problem.fix
 
 def test_fixes_are_overrides_that_resolve_the_problem(recipe):
     """Pasting the fix of a parallelism problem makes that problem go away."""
