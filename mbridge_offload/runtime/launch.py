@@ -26,8 +26,9 @@ from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
-from mbridge_offload.facts.offload_engine import (ENGINE_MODES, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
-                                                  engine_mode, fetch_ahead_on)
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, ENGINE_MODES, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS,
+                                                  STREAM, STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS, engine_mode,
+                                                  fetch_ahead_on, stream_moments)
 from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
 from mbridge_offload.runtime.memory_history import write_on_failure  # a no-op unless it records
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
@@ -123,6 +124,8 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
         lines.append(f"  offload engine: {mode}: {ENGINE_MODES[mode]}")
         if mode == STREAM and fetch_ahead_on(cfg.env_vars, os.environ):
             lines.append(f"  {FETCH_AHEAD_HEADER}: {FETCH_AHEAD_SAYS}")
+        if mode == STREAM and stream_moments(cfg.env_vars, os.environ) == BF16_MOMENTS:
+            lines.append(f"  {STREAM_MOMENTS_HEADER}: {STREAM_MOMENTS_SAYS}")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     lines.append(f"  {allocator_line(allocator_conf(cfg.env_vars, os.environ))}")
     if settings.warm_communicators:

@@ -79,3 +79,41 @@ def test_each_rank_trains_the_handed_off_config(built, tmp_path, monkeypatch, ca
     assert rank_entry.main([str(write_handoff(cfg, settings))]) == 0
     assert trained["settings"] == settings and config_diff(cfg, trained["cfg"]) == []
     assert rank_entry.main([]) == 2 and "usage: python -m mbridge_offload.runtime.rank_entry" in capsys.readouterr().err
+
+
+
+# (overrides, the launch shell's variables, whether the header says bf16 moments)
+MOMENTS_HEADER_CASES = [
+    (["++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream", "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16"], {}, True),
+    (["++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream", "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=fp32"],
+     {"MBRIDGE_OFFLOAD_STREAM_MOMENTS": "bf16"}, True),  # the launch shell's value wins, as the engine reads it
+    (["++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream", "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16"],
+     {"MBRIDGE_OFFLOAD_STREAM_MOMENTS": "fp32"}, False),
+    (["++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream"], {}, False),  # fp32, the default
+    (["++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact", "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16"], {}, False),
+    (["++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream", "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16",
+      "optimizer.optimizer_cpu_offload=False", "optimizer.optimizer_offload_fraction=0.0"], {}, False),
+]
+
+
+def test_the_header_says_bf16_moments_where_the_stream_engine_runs_with_them(recipe, tmp_path, monkeypatch):
+    """One header line, what the run's training is not (bit-identical to no offload), where optimizer offload is on,
+    the engine is stream and its moments bf16 as the run reads them (the shell's value wins); none elsewhere.
+    diagnose reads it (tests/diagnosis)."""
+    from overrides import apply_overrides
+    from mbridge_offload.facts.offload_engine import STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS
+
+    base = recipe("qwen3_1b_proxy_optimizer_offload_config")
+    for overrides, shell, said in MOMENTS_HEADER_CASES:
+        with monkeypatch.context() as env:
+            env.delenv("MBRIDGE_OFFLOAD_ENGINE", raising=False)
+            env.delenv("MBRIDGE_OFFLOAD_STREAM_MOMENTS", raising=False)
+            for name, value in shell.items():
+                env.setenv(name, value)
+            cfg = apply_overrides(base, overrides)
+            lines = launch.run_header(cfg, _settings(cfg, tmp_path, num_gpus=1), "test").splitlines()
+        moments = [line for line in lines if STREAM_MOMENTS_HEADER in line]
+        assert moments == ([f"  {STREAM_MOMENTS_HEADER}: {STREAM_MOMENTS_SAYS}"] if said else []), (overrides, shell)
+        if said:  # below the engine's own line, which it qualifies (fetch-ahead, off here, would come between)
+            engine = next(i for i, line in enumerate(lines) if line.startswith("  offload engine: stream: "))
+            assert lines[engine + 1] == moments[0]
