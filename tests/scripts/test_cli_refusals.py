@@ -338,6 +338,7 @@ def test_what_git_ignores_and_kept_runs_with_resume_are_taken():
     ({"MBRIDGE_OFFLOAD_CACHE_DIR": "A_FILE"}, "is a file, not a folder"),  # the cache silently never worked
     ({"MBRIDGE_OFFLOAD_NOCACHE": "1"}, "Did you mean MBRIDGE_OFFLOAD_NO_CACHE?"),  # a typo does nothing
     ({"MBRIDGE_OFFLOAD_ENGIN": "exact"}, "Did you mean MBRIDGE_OFFLOAD_ENGINE?"),
+    ({"MBRIDGE_OFFLOAD_STREAM_MOMENT": "bf16"}, "Did you mean MBRIDGE_OFFLOAD_STREAM_MOMENTS?"),
 ])
 @pytest.mark.parametrize("command,argv", [
     ("run_recipe", ["--recipe", RECIPE, "--dry-run"]),
