@@ -21,7 +21,10 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts, run_segments
-from mbridge_offload.facts.offload_engine import STREAM, engine_mode, fetch_ahead_on
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, FP32_MOMENTS, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
+                                                  STREAM_MOMENTS_KEY, engine_mode, fetch_ahead_on, stream_moments)
+from mbridge_offload.validation.offload_engine import (BF16_MOMENTS_FIX, BF16_MOMENTS_HOST_WORDS, FP32_MOMENTS_FIX,
+                                                       FP32_MOMENTS_SUSPECT_WORDS)
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
                                                          CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,
@@ -45,6 +48,11 @@ _TORCH_OOM_IDS = (*_PLANNED_OOM_IDS, _FETCH_AHEAD_OOM_ID)
 _OOM_FIX_IDS = (*_PLANNED_OOM_IDS, "runtime/oom-outside-pytorch")
 # the rules whose fix is the planner's host fix: the node's memory ran out, by a kill or a failed allocation
 _HOST_FIX_IDS = ("runtime/host-memory-killed", "runtime/host-allocation-failed")
+# the host's memory ran out (a kill, a failed allocation, a failed pin): with the stream engine's fp32 moments, bf16
+# ones hold less of it
+_HOST_OOM_IDS = (*_HOST_FIX_IDS, "runtime/pinned-host-memory", "engine/stream-pin-failed")
+# the loss or the gradients went NaN or Inf: with the stream engine's bf16 moments, those are a suspect
+_NAN_ID = "runtime/nan-loss-or-grad"
 # the crashes inside the run whose fix bisects the offload settings the run had on
 _BISECT_FIX_IDS = ("runtime/cuda-illegal-address", "runtime/rank-crashed", "runtime/rank-aborted")
 # What other failures bring about: a collective that waited on, or lost, a rank that had failed, and the launcher
@@ -221,10 +229,10 @@ class _Run:
         if self._config == "unread":
             self._config = run_config(self.facts.run_dir, self.facts.command, build=self._build)
             if self._config is not None:
-                self._fill_facts(self._config.cfg)
+                self._fill_facts(self._config.cfg, self._config.source)
         return self._config  # type: ignore[return-value]
 
-    def _fill_facts(self, cfg: Any) -> None:
+    def _fill_facts(self, cfg: Any, source: str) -> None:
         facts = self.facts
         if facts.optimizer_offload is None:
             facts.optimizer_offload = bool(cfg.optimizer.optimizer_cpu_offload)
@@ -237,6 +245,16 @@ class _Run:
             env_vars = getattr(cfg, "env_vars", None)
             facts.fetch_ahead = bool(facts.optimizer_offload and engine_mode(env_vars, {}) == STREAM
                                      and fetch_ahead_on(env_vars, {}))
+        if facts.engine is None and facts.optimizer_offload:  # the config's env_vars too
+            env_vars = getattr(cfg, "env_vars", None)
+            facts.engine = engine_mode(env_vars, {})
+            moments = stream_moments(env_vars, {})
+            if facts.engine == STREAM and moments in MOMENT_BYTES:
+                given = (env_vars or {}).get(STREAM_MOMENTS_ENV) is not None
+                facts.stream_moments = moments
+                setting = f"sets {STREAM_MOMENTS_KEY}={moments}" if given else f"leaves {STREAM_MOMENTS_KEY} unset"
+                facts.stream_moments_from = (f"the run's config ({source}) names the stream engine and {setting}; a "
+                                             "value in the launch shell, which wins, is not in the log")
 
     def knows(self, name: str) -> Any:
         """A fact from the output, else from the run's config (read on first need)."""
@@ -512,6 +530,30 @@ def _fetch_ahead_basis(facts: RunFacts, oom: OutOfMemory | None) -> str:
             "fraction too (plan_offload.py ... optimizer.optimizer_offload_fraction=auto)")
 
 
+def _stream_moments(run: _Run) -> tuple[str, str] | None:
+    """(the moments, what says so) of a run whose offloaded optimizer step the stream engine ran, as its header says,
+    else its config; None where optimizer offload was off, the engine was another, or neither says."""
+    if run.knows("optimizer_offload") is False or run.knows("engine") != STREAM:
+        return None
+    moments = run.knows("stream_moments")
+    return (moments, run.facts.stream_moments_from) if moments in MOMENT_BYTES else None
+
+
+def _moments_fix(run: _Run, finding: Finding) -> None:
+    """The stream engine's moments in the fix: a NaN or Inf with bf16 ones names them as a suspect, fp32 first; a host
+    out of memory with fp32 ones offers bf16 ones, which hold less of it."""
+    read = _stream_moments(run) if finding.rule_id in (_NAN_ID, *_HOST_OOM_IDS) else None
+    if read is None:
+        return
+    moments, said = read
+    if finding.rule_id == _NAN_ID and moments == BF16_MOMENTS:
+        finding.fix = f"{FP32_MOMENTS_FIX}  ({FP32_MOMENTS_SUSPECT_WORDS}; if it diverges again: {finding.fix})"
+        finding.fix_basis = f"bf16 moments were on: {said}; then {finding.fix_basis}"
+    elif finding.rule_id in _HOST_OOM_IDS and moments == FP32_MOMENTS:
+        finding.fix = f"{finding.fix}; or {BF16_MOMENTS_FIX}  ({BF16_MOMENTS_HOST_WORDS})"
+        finding.fix_basis = f"{finding.fix_basis}; the stream engine kept fp32 moments: {said}"
+
+
 def _bisect_fix(run: _Run, finding: Finding) -> None:
     """A crash inside the run: the rule's fix, its bisection narrowed to the offload settings the run had on (from
     its header, else its config), where the run says which."""
@@ -617,6 +659,7 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
         if finding.rule_id == _FETCH_AHEAD_OOM_ID:
             finding.fix_basis = _fetch_ahead_basis(run.facts, oom)
         _compute_fix(run, finding, oom)
+        _moments_fix(run, finding)
     _engine_details(run, by_rule, at_line, first_match)
     findings.sort(key=lambda f: (f.severity != "error", f.first_index))
     _mark_consequences(findings)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from mbridge_offload.diagnosis.logs import SUMMARY_FILE, Line
 from mbridge_offload.facts.environment import ALLOCATOR_LINE, expandable_in_allocator_line
-from mbridge_offload.facts.offload_engine import FETCH_AHEAD_HEADER, FETCH_AHEAD_HELD
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, FETCH_AHEAD_HEADER, FETCH_AHEAD_HELD, FP32_MOMENTS,
+                                                  STREAM, STREAM_MOMENTS_HEADER)
 from mbridge_offload.facts.run_records import recorded_expandable_segments, step_records_file
 
 # a decimal number standing alone: a garbled one ("2.9.0", ".", digits run into others) matches nowhere in it, so it
@@ -43,7 +44,8 @@ _FETCH_AHEAD_HELD = _template_pattern(FETCH_AHEAD_HELD, {"chunks": r"\S+", "gib"
 _FACT_WORDS = re.compile(r"^\s*(?:Recipe |Training |optimizer offload: |offload engine: |"
                          r"activation offload \(layer-level\): |"
                          r"fine-grained activation offload: |CPU threads per rank: |GPU: |host: per node |"
-                         + re.escape(FETCH_AHEAD_HEADER) + r"|stream fetch-ahead: )|elapsed time per iteration \(ms\)")
+                         + re.escape(FETCH_AHEAD_HEADER) + "|" + re.escape(STREAM_MOMENTS_HEADER)
+                         + r"|stream fetch-ahead: )|elapsed time per iteration \(ms\)")
 _COMMAND = re.compile(r"(?:run_recipe(?:\.py)?|mbridge-run-recipe)\s+(.*)$")
 
 
@@ -184,6 +186,9 @@ class RunFacts:
     fetch_ahead: bool | None = None  # the stream engine's fetch-ahead on (its header line, else the run's config)
     fetch_ahead_gib: float | None = None  # the most its buffers held in a step, as rank 0's lines say
     fetch_ahead_unread: str = ""  # the first GiB of those lines that is not a number (a garbled line)
+    engine: str | None = None  # the engine of the offloaded optimizer step (the header's line, else the run's config)
+    stream_moments: str | None = None  # the stream engine's moments, fp32 or bf16; None with another engine
+    stream_moments_from: str = ""  # what says so, in words
 
     @property
     def steady_step_s(self) -> float | None:
@@ -251,8 +256,13 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
                 facts.fetch_ahead = False
         elif text.startswith("offload engine: "):
             # the header names the engine where optimizer offload is on, and says on the next line if fetch-ahead
-            # is on (the launch shell's value included, which the saved config does not know)
+            # is on (the launch shell's value included, which the saved config does not know); so for bf16 moments
             facts.fetch_ahead = False
+            facts.engine = text[len("offload engine: "):].split(":", 1)[0].strip()
+            stream = facts.engine == STREAM
+            facts.stream_moments = FP32_MOMENTS if stream else None
+            facts.stream_moments_from = (f"the run's header names the stream engine, with no '{STREAM_MOMENTS_HEADER}' "
+                                         "line below it" if stream else "")
         elif text.startswith("activation offload (layer-level): "):
             facts.activation_offload = text.endswith(": off") is False
         elif text.startswith("fine-grained activation offload: "):
@@ -265,6 +275,9 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             facts.host_memory_gib = float(match.group(1))
         elif text.startswith(FETCH_AHEAD_HEADER):
             facts.fetch_ahead = True
+        elif text.startswith(STREAM_MOMENTS_HEADER):  # printed only under the stream engine's line
+            facts.engine, facts.stream_moments = STREAM, BF16_MOMENTS
+            facts.stream_moments_from = f"the run's header line '{STREAM_MOMENTS_HEADER}'"
         elif match := _FETCH_AHEAD_HELD.search(text):
             facts.fetch_ahead = True
             if re.fullmatch(_NUMBER, match.group(1)):

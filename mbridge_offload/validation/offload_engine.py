@@ -21,6 +21,8 @@ BF16_MOMENTS_ON_GPU = "not yet measured"
 # diverge, bf16 ones where the host ran out of memory (diagnosis/engine.py adds them to the rule's own fix)
 FP32_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={FP32_MOMENTS}"
 BF16_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}"
+FP32_MOMENTS_SUSPECT_WORDS = ("a suspect: the run kept Adam's moments in bf16, rounded at every step; resume from the "
+                              "last checkpoint before it with fp32 moments, which load one saved with bf16 ones")
 BF16_MOMENTS_HOST_WORDS = (
     f"Adam's moments in bf16 on the host: {stream_host_bytes_per_param(FP32_MOMENTS)} -> "
     f"{stream_host_bytes_per_param(BF16_MOMENTS)} bytes per offloaded parameter; NOT bit-identical to no offload: "

@@ -19,6 +19,8 @@ from mbridge_offload.diagnosis.config_source import load_run_config
 from mbridge_offload.diagnosis.logs import strip_rank
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
 from mbridge_offload.facts.environment import ALLOC_CONF_ENV, allocator_line
+from mbridge_offload.facts.offload_engine import (ENGINE_MODES, STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS,
+                                                  stream_host_bytes_per_param)
 from mbridge_offload.facts.run_records import step_records_file
 from mbridge_offload.planning import plan
 from mbridge_offload.validation import RULES_BY_ID, rules_markdown
@@ -552,6 +554,100 @@ def test_garbled_numbers_in_the_fetch_ahead_and_iteration_lines_read_as_not_stat
     log.write_text(log.read_text().replace("0 chunks (0.00 GiB)", "0 chunks (0.0.0 GiB)"))
     finding = diag.only(log, "runtime/oom-with-fetch-ahead")
     assert "'0.0.0', not a number (a garbled line), so how much they held is not known" in finding.fix_basis
+
+
+BF16_MOMENTS_LINE = f"  {STREAM_MOMENTS_HEADER}: {STREAM_MOMENTS_SAYS}"  # as launch.py's run_header prints it
+NAN = (LOGS / "nan-grad-norm.log").read_text().splitlines()  # an iteration counting a NaN, then Megatron's check
+HOST_KILL = ("E1202 19:26:03.541000 140211 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: -9) "
+             "local_rank: 0 (pid: 2812) of binary: /opt/torch/.venv/bin/python3")
+MOMENTS_ENV = "env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS"
+
+
+def _stream_run_head(moments_line: bool = False, engine: str = "stream") -> list[str]:
+    """The H100 stream run's log (docs/benchmarks/offload-engine/stream-fetch-ahead/) up to step 3; with its header
+    saying bf16 moments below the engine's line, or naming another engine, as run_header prints either."""
+    lines = (FETCH_AHEAD_RUNS / "fraction-1-engine-stream" / "log.txt").read_text().splitlines()
+    lines = lines[:next(i for i, line in enumerate(lines) if "iteration        3/" in line) + 1]
+    at = next(i for i, line in enumerate(lines) if line.startswith("  offload engine: stream: "))
+    lines[at] = f"  offload engine: {engine}: {ENGINE_MODES[engine]}"
+    return lines[:at + 1] + ([BF16_MOMENTS_LINE] if moments_line else []) + lines[at + 1:]
+
+
+def test_a_nan_with_bf16_moments_names_them_as_the_suspect_first(diag):
+    """The stream run's header saying bf16 moments, then a NaN in the gradients: fp32 moments first (moments
+    rounded to bf16 at every step are the plugin's own suspect), the rule's own fix after, and the basis names the
+    header's line. The same run with fp32 moments (no such line) gets the rule's fix alone; so does a header that says
+    optimizer offload off and bf16 moments (lines of two runs, an edited log): they run inside the stream engine, which
+    only optimizer offload starts."""
+    finding = diag.only(diag.write(_stream_run_head(moments_line=True) + NAN), "runtime/nan-loss-or-grad")
+    rule_fix = RULES_BY_ID["runtime/nan-loss-or-grad"].fix(None)
+    assert finding.fix.startswith(f"++{MOMENTS_ENV}=fp32  (") and finding.fix.endswith(f"{rule_fix})")
+    assert "bf16" in finding.fix and f"'{STREAM_MOMENTS_HEADER}'" in finding.fix_basis
+    finding = diag.only(diag.write(_stream_run_head() + NAN), "runtime/nan-loss-or-grad")
+    assert finding.fix == rule_fix and "MOMENTS" not in finding.fix_basis
+    off = ["Training x (1 GPU: TP1 PP1 CP1 DP1 EP1 ETP1), 33 steps, global batch 8, micro batch 1, seq 4096",
+           "  optimizer offload: off", BF16_MOMENTS_LINE]
+    assert diag.only(diag.write(off + NAN), "runtime/nan-loss-or-grad").fix == rule_fix
+
+
+def test_a_nan_with_bf16_moments_in_the_saved_config_names_them_where_the_log_does_not(tmp_path, diag):
+    """A log with no header (not launched by run_recipe.py) in a run folder whose saved config says the stream engine
+    and bf16 moments: named, the basis saying the config (whose value a launch shell's would override). With another
+    engine the setting did nothing (the validator refuses it): not named."""
+    for engine, named in (("stream", True), ("exact", False)):
+        (tmp_path / engine).mkdir()
+        run = _run_with_saved_config(tmp_path / engine, 1.0, "\n".join(NAN) + "\n", **{
+            "NCCL_ALGO: Ring": f"NCCL_ALGO: Ring\n  MBRIDGE_OFFLOAD_ENGINE: {engine}\n  MBRIDGE_OFFLOAD_STREAM_MOMENTS: bf16"})
+        finding = diag.only(run / "log.txt", "runtime/nan-loss-or-grad")
+        assert finding.fix.startswith(f"++{MOMENTS_ENV}=fp32") is named, engine
+        if named:
+            assert f"the run's config ({run / 'run_config.yaml'})" in finding.fix_basis
+            assert f"sets {MOMENTS_ENV}=bf16" in finding.fix_basis and "launch shell" in finding.fix_basis
+
+
+def _bf16_host_offer() -> str:
+    return (f"; or ++{MOMENTS_ENV}=bf16  (Adam's moments in bf16 on the host: "
+            f"{stream_host_bytes_per_param('fp32')} -> {stream_host_bytes_per_param('bf16')} bytes per offloaded "
+            "parameter; NOT bit-identical to no offload")
+
+
+def test_a_host_kill_of_a_stream_run_with_fp32_moments_offers_bf16_ones(diag):
+    """The stream run (fp32 moments: its header names the engine and no bf16 line), then torchrun's SIGKILL of a
+    rank: the rule's host fix, then bf16 moments as a way to hold less of the host, saying they are not
+    bit-identical. Not with bf16 moments already on, nor with another engine's header, nor where nothing says the
+    engine (a log with no header and no config)."""
+    finding = diag.only(diag.write(_stream_run_head() + [HOST_KILL]), "runtime/host-memory-killed")
+    rule_fix = RULES_BY_ID["runtime/host-memory-killed"].fix(None)
+    assert finding.fix.startswith(rule_fix + _bf16_host_offer())
+    assert "the stream engine kept fp32 moments: the run's header names the stream engine" in finding.fix_basis
+    for lines in (_stream_run_head(moments_line=True), _stream_run_head(engine="exact"),
+                  _stream_run_head(engine="library"), []):
+        finding = diag.only(diag.write([*lines, HOST_KILL]), "runtime/host-memory-killed")
+        assert finding.fix == rule_fix, lines[:1]
+
+
+@pytest.mark.parametrize("failure, rule_id", [
+    ("[rank0]: RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you "
+     "tried to allocate 4294967296 bytes.", "runtime/host-allocation-failed"),
+    ((LOGS / "pinned-memory.log").read_text(), "runtime/pinned-host-memory"),
+])
+def test_a_host_allocation_of_a_stream_run_with_fp32_moments_offers_bf16_ones(failure, rule_id, diag):
+    finding = diag.only(diag.write([*_stream_run_head(), *failure.splitlines()]), rule_id)
+    assert _bf16_host_offer() in finding.fix and finding.fix.startswith(RULES_BY_ID[rule_id].fix(None))
+    finding = diag.only(diag.write([*_stream_run_head(engine="delayed"), *failure.splitlines()]), rule_id)
+    assert finding.fix == RULES_BY_ID[rule_id].fix(None)
+
+
+def test_a_host_kill_with_fp32_moments_in_the_saved_config_offers_bf16_with_the_planners_fix(tmp_path, diag):
+    """No header, the saved config (stream engine, moments unset: fp32) and the node's memory from the plan's line:
+    the planner's host fix, then bf16 moments; the basis says the config left the moments unset."""
+    plan_line = ("  host: per node                    37.47 GiB between steps, 37.49 GiB at the peak, for 1 rank(s) of "
+                 "124.016 GiB, margin 4 GiB per rank: fits")
+    run = _run_with_saved_config(tmp_path, 1.0, f"{plan_line}\n{HOST_KILL}\n",
+                                 **{"NCCL_ALGO: Ring": "NCCL_ALGO: Ring\n  MBRIDGE_OFFLOAD_ENGINE: stream"})
+    finding = diag.only(run / "log.txt", "runtime/host-memory-killed")
+    assert _bf16_host_offer() in finding.fix
+    assert f"leaves {MOMENTS_ENV} unset" in finding.fix_basis and "config: " in finding.fix_basis
 
 
 def _header(fraction_percent: int, gpus: int = 1) -> list[str]:

@@ -119,6 +119,29 @@ def test_a_source_line_that_quotes_a_message_is_no_failure(printed, diag):
     assert [line.number for line in finding.evidence] == [len(lines)]
 
 
+def test_a_failed_pin_of_the_stream_engine_with_fp32_moments_offers_bf16_ones(printed, diag):
+    """The engine could not pin its host buffers (its own message, raised for real) in a run whose header names the
+    stream engine and no bf16 moments: the message's fix, then bf16 moments (fewer bytes to pin per offloaded
+    parameter, not bit-identical). With the header's bf16 line the message's fix alone; so without a header, where
+    the moments are not known."""
+    from mbridge_offload.facts.offload_engine import (ENGINE_MODES, STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS,
+                                                      stream_host_bytes_per_param)
+
+    header = ["Training x (1 GPU: TP1 PP1 CP1 DP1 EP1 ETP1), 33 steps, global batch 8, micro batch 1, seq 4096",
+              "  optimizer offload: ON, 100% of optimizer states on the CPU, D2H/H2D overlap on",
+              f"  offload engine: stream: {ENGINE_MODES['stream']}"]
+    failed = ranked(printed["stream-pin-failed"], 0)
+    own_fix = RULES_BY_ID["engine/stream-pin-failed"].fix(None)
+    [finding] = diag(diag.write([*header, *failed])).findings
+    assert finding.fix.startswith(f"{own_fix}; or ++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16  (")
+    assert (f"{stream_host_bytes_per_param('fp32')} -> {stream_host_bytes_per_param('bf16')} bytes per offloaded "
+            "parameter; NOT bit-identical") in finding.fix
+    assert finding.fix_basis.startswith("the fix the engine's message names; the stream engine kept fp32 moments")
+    for lines in ([*header, f"  {STREAM_MOMENTS_HEADER}: {STREAM_MOMENTS_SAYS}", *failed], failed):
+        [finding] = diag(diag.write(lines)).findings
+        assert (finding.rule_id, finding.fix) == ("engine/stream-pin-failed", own_fix)
+
+
 def test_a_cpu_step_that_failed_on_a_host_allocation_is_the_host_memory_finding(printed, diag):
     """The worker's error was the host out of memory (torch's DefaultCPUAllocator, raised on the worker thread):
     that is the failure to fix, with the host fix; the engine's error only carries it."""
