@@ -15,6 +15,7 @@ _LAZY = {
     "with_activation_offload": "recipes.offload",
     "with_fine_grained_offload": "recipes.offload",
     "with_offload_engine": "recipes.offload",
+    "with_stream_moments": "recipes.offload",
 }
 
 __all__ = [*_LAZY, "get_recipe", "RECIPES"]

@@ -12,13 +12,14 @@ from typing import Iterable
 ADAM_TOUCHED_BYTES_PER_FP32_PARAM = 7 * 4
 
 
-def traffic_of(offloaded_params: int, stream: bool = False) -> dict[str, int]:
+def traffic_of(offloaded_params: int, stream: bool = False, moment_bytes: int = 4) -> dict[str, int]:
     """Bytes per step for ``offloaded_params`` fp32 parameters: fp32 gradients down (D2H), fp32 parameters
-    up (H2D), and what the CPU Adam touches. ``stream`` (the offload engine's stream mode): Adam's two fp32
-    moments go up and come back, and the CPU touches nothing."""
+    up (H2D), and what the CPU Adam touches. ``stream`` (the offload engine's stream mode): Adam's two moments
+    (``moment_bytes`` each: 4 in fp32, 2 in bf16) go up and come back, and the CPU touches nothing."""
     if stream:
-        return {"offloaded_params": offloaded_params, "d2h_bytes": 8 * offloaded_params,
-                "h2d_bytes": 8 * offloaded_params, "cpu_optimizer_bytes": 0}
+        moments = 2 * moment_bytes * offloaded_params
+        return {"offloaded_params": offloaded_params, "d2h_bytes": moments, "h2d_bytes": moments,
+                "cpu_optimizer_bytes": 0}
     return {"offloaded_params": offloaded_params, "d2h_bytes": 4 * offloaded_params,
             "h2d_bytes": 4 * offloaded_params,
             "cpu_optimizer_bytes": ADAM_TOUCHED_BYTES_PER_FP32_PARAM * offloaded_params}

@@ -25,9 +25,10 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   such transient was measured, so their peak is the steady state and the batch being pinned. The host check uses
   that peak, since a host overflow is a SIGKILL.
 - With the offload engine's ``stream`` mode (mbridge_offload/runtime/streamed_states.py) the host holds m and v
-  (8 B) and the fp32 parameter copy (4 B), pinned in place in flat buffers (no rounding), no gradient copy; the
-  GPU adds the ring the moments pass through (``stream_ring_bytes``, per optimizer: dense and expert); the link
-  carries 8 B per offloaded parameter each way and the CPU runs no Adam. It offloads by the same rule from the
+  (8 B; 4 B with ``MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16``) and the fp32 parameter copy (4 B), pinned in place in
+  flat buffers (no rounding), no gradient copy; the GPU adds the ring the moments pass through
+  (``stream_ring_bytes``, per optimizer: dense and expert, in the moments' dtype); the link carries the moments'
+  bytes per offloaded parameter each way (8, or 4 in bf16) and the CPU runs no Adam. It offloads by the same rule from the
   tensor the forward uses last (``last_used_first``; on the H200 the plan's count at 0.25 was the run's to the
   parameter). Its host peak is its steady state: it runs no CPU optimizer, and the 8-layer MoE proxy's RSS high
   water was its step-end RSS to 0.01 GiB (docs/benchmarks/offload-engine/stream-moe-8/).
@@ -48,8 +49,9 @@ from typing import Any
 from mbridge_offload.facts.dtypes import dtype_bytes
 from mbridge_offload.facts.environment import allocator_conf, expandable_segments, run_env
 from mbridge_offload.facts.offload_bytes import library_pinned_bytes, traffic_of
-from mbridge_offload.facts.offload_engine import (LIBRARY, STREAM, engine_mode, last_used_first, offload_walk,
-                                                  stream_ring_bytes)
+from mbridge_offload.facts.offload_engine import (DEFAULT_STREAM_MOMENTS, LIBRARY, MOMENT_BYTES, STREAM, engine_mode,
+                                                  last_used_first, offload_walk, stream_host_bytes_per_param,
+                                                  stream_moments, stream_ring_bytes)
 from mbridge_offload.facts.parallel import ParallelSizes
 from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP, FULL_DEVICE, FULL_DEVICE_COUNTS,
                                                 RESERVE_RULE_ENV, RESERVE_RULES, STEADY_PEAK, STEADY_PEAK_COUNTS,
@@ -233,6 +235,7 @@ class Plan:
     fits_host: bool | None
     host_memory_source: str = HOST_MEMORY_GIVEN  # where host_memory_gib came from, for the messages
     offload_engine: str = LIBRARY  # the engine the host, ring and link figures are for (facts/offload_engine.py)
+    stream_moments: str = DEFAULT_STREAM_MOMENTS  # the stream engine's moments' dtype, which those figures use
     # set by plan_with_recommendation when the host does not fit: the largest fraction (steps of 0.05)
     # whose peak fits it, and whether the GPU fits at that fraction (None: no fraction fits the host)
     host_fit_searched: bool = False
@@ -430,6 +433,8 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     engine = engine_mode(env_vars, os.environ) if fraction > 0 else LIBRARY
     expandable = allocator_expandable(cfg) if expandable is None else expandable
     stream = engine == STREAM
+    moments = stream_moments(env_vars, os.environ) if stream else DEFAULT_STREAM_MOMENTS
+    moments = moments if moments in MOMENT_BYTES else DEFAULT_STREAM_MOMENTS  # the validator refuses it
     outside = outside_pytorch_bytes(cfg)  # the same on every stage
     rule_asked = run_env(RESERVE_RULE_ENV, env_vars, os.environ) is not None
     rule = reserve_rule(env_vars, os.environ)
@@ -471,9 +476,11 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         off_params = sum(n for _, n in offloaded)
         optimizer = shard_params * main_bytes + (shard_params - off_params) * moment_bytes
         if stream:  # the moments' ring on the GPU, one per optimizer; on the host they are pinned, unrounded
-            optimizer += sum(stream_ring_bytes(sum(n for t, n in offloaded if (t.kind == "expert") == expert))
+            optimizer += sum(stream_ring_bytes(sum(n for t, n in offloaded if (t.kind == "expert") == expert),
+                                               moments)
                              for expert in (False, True))
-            pinned = (4 + moment_bytes) * off_params  # fp32 parameter copy and moments, in flat buffers
+            # the fp32 parameter copy and the moments, in flat buffers
+            pinned = stream_host_bytes_per_param(moments) * off_params
         else:
             pinned = library_pinned_bytes(walks)  # fp32 parameter and gradient copies, the cached bf16 copies
         state = 2 * params + grad_bytes * params + optimizer
@@ -511,7 +518,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
                                  worst.stage_plan.total_bytes_gpu)
     share = FULL_DEVICE_MARGIN_SHARE if full_device else HELDOUT_UNDERPREDICTION_SHARE
     margin = share * total / GIB if margin_gib is None else margin_gib
-    traffic = traffic_of(off_params, stream=stream)
+    traffic = traffic_of(off_params, stream=stream, moment_bytes=MOMENT_BYTES[moments])
     transfer = traffic["d2h_bytes"] + traffic["h2d_bytes"]
     # The speed model of the offload floor (cost_model.py): links per rank, host memory per node.
     bound = offload_time_lower_bound(traffic, host_link_gbps, host_link_gbps, host_memory_gbps,
@@ -541,7 +548,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
         fits_gpu=total + margin * GIB <= gpu_memory_gib * GIB,
         fits_host=(None if host_memory_gib is None else
                    host_peak + ranks_per_node * host_margin * GIB <= host_memory_gib * GIB),
-        host_memory_source=host_memory_source, offload_engine=engine,
+        host_memory_source=host_memory_source, offload_engine=engine, stream_moments=moments,
         notes=((("optimizer offload needs the distributed optimizer: the plan assumes it is on",)
                 if not distributed and fraction > 0 else ())
                + _reserve_rule_notes(rule, block_at_first_step, rule_asked, worst.reserve_is_loss_tensor,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
-from mbridge_offload.facts.offload_engine import STREAM
+from mbridge_offload.facts.offload_engine import MOMENT_BYTES, STREAM
 from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
@@ -65,7 +65,8 @@ def format_plan(p: Plan) -> str:
         ("host link per step", f"{p.transfer_bytes_per_step / 1e9:.2f} GB, >= {p.transfer_time_lower_bound_s:.3f} s "
                                f"at {p.host_link_gbps:g} GB/s"),
         ("offload time per step", f">= {p.offload_time_lower_bound_s:.3f} s, bound by {p.offload_time_bound_by} " + (
-            f"(offload engine stream: Adam on the GPU, 8 B of moments per offloaded parameter up and 8 B down "
+            f"(offload engine stream: Adam on the GPU, {2 * MOMENT_BYTES[p.stream_moments]} B of moments "
+            f"({p.stream_moments}) per offloaded parameter up and as many down "
             f"at {p.host_link_gbps:g} GB/s per link, after the backward; the next forward hides them only until it "
             "reaches a layer whose chunks are not back: on the 4-layer MoE proxy it waited at every MoE layer, "
             "docs/benchmarks/offload-engine/stream-moe-profile/; no CPU Adam)"

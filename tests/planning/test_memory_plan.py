@@ -268,6 +268,29 @@ def test_stream_engine_plan_adds_the_ring_on_the_gpu_and_drops_the_gradient_copy
     assert st.transfer_bytes_per_step == 16 * off and lib.transfer_bytes_per_step == 8 * off
 
 
+def test_stream_engine_with_bf16_moments_plans_half_the_ring_and_the_link_and_8_bytes_on_the_host(built):
+    """MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16: the moments are 2 bytes each on the host, in the ring and on the link;
+    the fp32 copy of the weights stays 4. The same tensors are offloaded; the shell's value wins over the config's."""
+    from recipes import with_offload_engine, with_stream_moments
+
+    stream = with_offload_engine(built("qwen3_1b_proxy_pretrain_config"), "stream")
+    fp32, bf16 = plan(stream, 1, fraction=1.0), plan(with_stream_moments(stream, "bf16"), 1, fraction=1.0)
+    off = bf16.offloaded_params_per_rank
+    assert off == fp32.offloaded_params_per_rank > 0
+    assert (fp32.stream_moments, bf16.stream_moments) == ("fp32", "bf16")
+    assert bf16.pinned_bytes_host_per_rank == 8 * off and fp32.pinned_bytes_host_per_rank == 12 * off
+    assert bf16.transfer_bytes_per_step == 8 * off and fp32.transfer_bytes_per_step == 16 * off
+    library = built("qwen3_1b_proxy_pretrain_config")
+    ring = fp32.optimizer_bytes_gpu - plan(library, 1, fraction=1.0).optimizer_bytes_gpu  # the fp32 ring, > 0
+    assert ring > 0 and fp32.optimizer_bytes_gpu - bf16.optimizer_bytes_gpu == ring // 2
+    assert fp32.host_peak_bytes_per_node - bf16.host_peak_bytes_per_node == 4 * off
+    with pytest.MonkeyPatch.context() as shell:
+        shell.setenv("MBRIDGE_OFFLOAD_STREAM_MOMENTS", "fp32")
+        assert plan(with_stream_moments(stream, "bf16"), 1, fraction=1.0).pinned_bytes_host_per_rank == 12 * off
+    # another engine keeps its fp32 moments whatever the setting says (the validator refuses bf16 with it)
+    assert plan(with_stream_moments(library, "bf16"), 1, fraction=1.0).stream_moments == "fp32"
+
+
 def test_stream_engine_offloads_what_the_h200_run_offloaded_and_plans_its_host_above_the_moe_run(built):
     """The stream engine's choice of tensors (the last the forward uses) and its host peak, against the tenth
     session's H200 runs (docs/benchmarks/offload-engine/): the engine's own line of what it offloaded at 0.25 on
