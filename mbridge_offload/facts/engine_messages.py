@@ -7,6 +7,8 @@ fix diagnose.py gives.
 
 from __future__ import annotations
 
+from mbridge_offload.facts import offload_engine
+
 # --- streaming_engine.py ------------------------------------------------------------------------------------------
 # The worker thread's error (job.error), raised on the training thread at the next point that waits for the worker;
 # ``kind`` is the error's class name, ``error`` its text (raised ``from`` it, so its own traceback comes first).
@@ -28,8 +30,9 @@ UNKNOWN_ENGINE = "unknown offload engine {mode!r}; one of {modes}"
 STREAM_NOT_FP32 = ("the stream offload engine keeps fp32 main weights on the host; this optimizer steps {dtypes} "
                    "ones. Fix: optimizer.use_precision_aware_optimizer=False, or "
                    "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
-STREAM_MOMENTS_UNKNOWN = ("{env}={value!r}: the stream offload engine keeps Adam's moments in one of {values}. Fix: "
-                          "++env_vars.{env}=bf16 (or fp32, the default; a value in the shell wins: set it there)")
+STREAM_MOMENTS_UNKNOWN = (f"{offload_engine.STREAM_MOMENTS_ENV}={{value!r}}: the stream offload engine keeps Adam's "
+                          f"moments in one of {{values}}. Fix: ++env_vars.{offload_engine.STREAM_MOMENTS_ENV}=bf16  (or "
+                          "fp32, the default; a value in the shell wins: set it there)")
 STREAM_PIN_FAILED = ("the stream offload engine could not pin {gib:.2f} GiB of host memory (cudaHostRegister "
                      "returned {status}): the locked-memory limit (ulimit -l) or the host's free memory is too small. "
                      "Fix: raise ulimit -l, or ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")

@@ -31,6 +31,9 @@ from collections import defaultdict
 import torch
 
 _MARK = "_resume_fix_installed"
+# set on a HybridDeviceOptimizer whose states keep their own dtype across a load (the stream engine's bf16 moments,
+# streamed_states.keep_low_precision_states_through_load): moved to the stepped tensor's device, not cast
+KEEPS_STATE_DTYPES = "_mbridge_keeps_state_dtypes"
 _LOADED = "_resume_fix_loaded_optimizer_state"
 _originals: dict = {}
 
@@ -54,7 +57,9 @@ def _saved_step(param_groups):
 
 def _rebind_sub_optimizer_state(hdo, step):
     """Make every sub-optimizer's state the HDO state of its parameter (shared dicts, as after a normal
-    step), on the device of the tensor it steps, with master_param = that tensor and the step set."""
+    step), on the device of the tensor it steps (and in its dtype, unless the HDO keeps its states' own:
+    ``KEEPS_STATE_DTYPES``), with master_param = that tensor and the step set."""
+    keep_dtype = getattr(hdo, KEEPS_STATE_DTYPES, False)
     for sub in hdo.sub_optimizers:
         per_param_step = _keeps_per_param_step(sub)
         new_state = defaultdict(dict)
@@ -67,8 +72,9 @@ def _rebind_sub_optimizer_state(hdo, step):
                 for key, value in list(st.items()):
                     if key in ("master_param", "step") or not isinstance(value, torch.Tensor):
                         continue
-                    if value.device != inner.device or value.dtype != inner.dtype:
-                        st[key] = value.to(device=inner.device, dtype=inner.dtype)
+                    dtype = value.dtype if keep_dtype else inner.dtype
+                    if value.device != inner.device or value.dtype != dtype:
+                        st[key] = value.to(device=inner.device, dtype=dtype)
                 if hdo.param_update_in_fp32:
                     st["master_param"] = inner
                 if step is not None:

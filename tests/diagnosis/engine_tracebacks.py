@@ -124,6 +124,7 @@ SCENARIOS = {
     "stream-not-fused-adam": _raise(messages.STREAM_NOT_FUSED_ADAM.format(optimizer="SGD")),
     "stream-not-main-weights": _raise(messages.STREAM_NOT_MAIN_WEIGHTS.format(count=2)),
     "stream-step-counts": _raise(messages.STREAM_STEP_COUNTS.format(steps=sorted({1200.0, 1300.0}))),
+    "stream-moments-unknown": _raise(messages.STREAM_MOMENTS_UNKNOWN.format(value="BF16", values="fp32, bf16")),
 }
 
 

@@ -56,6 +56,7 @@ MESSAGES = [
     ("stream-not-fused-adam", "offload-engine/stream-adam", "optimizer.optimizer=adam"),
     ("stream-not-main-weights", "engine/stream-not-main-weights", LIBRARY_FIX),
     ("stream-step-counts", "engine/stream-step-counts", "checkpoint.load=<dir> checkpoint.ckpt_step="),
+    ("stream-moments-unknown", "offload-engine/stream-moments-known", "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16"),
     ("stream-pinned-cache-kept", "engine/stream-pinned-cache-kept", "a torch whose torch._C has _host_emptyCache"),
 ]
 

@@ -1020,9 +1020,13 @@ def bf16_resume_case(rank: int, world: int, port: int, directory: str, saved: st
     check_moment_buffers(run, loaded)
     load_checkpoint(run, directory, weights)
     engine = run.engine
-    # torch's Optimizer.load_state_dict casts each state to its parameter's dtype (the fp32 host copy), so a load
-    # into bf16 moments leaves fp32 tensors in the states; the engine's next step copies them into its buffers
-    engine._adopt_states()
+    # the load went into the engine's buffers: the states are still its views, with no fp32 copy of the moments
+    # (torch's Optimizer.load_state_dict casts each state to its parameter's dtype unless the engine keeps it)
+    for i, (main, (m, v)) in enumerate(zip(engine.mains, engine.host_views)):
+        state = engine._state_of(main)
+        check(state["exp_avg"] is m and state["exp_avg_sq"] is v, "resume-in-place",
+              f"rank {rank}: after the load tensor {i}'s moments are {state['exp_avg'].dtype} tensors of their own, "
+              f"not the engine's {m.dtype} buffers")
     for i, ((m, v), (want_m, want_v)) in enumerate(zip(engine.host_views, moments)):
         check(torch.equal(m, want_m.to(m.dtype)) and torch.equal(v, want_v.to(v.dtype)), "resume-moments",
               f"rank {rank}: tensor {i}'s moments are not the saved {saved} ones as {loaded}")
@@ -1082,11 +1086,17 @@ BF16_SCENARIOS = [
     ("2 ranks, bf16 moments, fraction 0.6, all-gather in the step", 2, (0.6, False), None, None),
     ("2 ranks, broken: bf16-fp32-host", 2, (1.0, True), "bf16-fp32-host", "moments-dtype"),
 ]
+BF16_FETCH_AHEAD_SCENARIOS = [
+    ("2 ranks, bf16 moments, fetch-ahead, fraction 1, overlapped all-gather", 2, (1.0, True), None, None),
+]
 # (label, the moments' dtype at the save, at the load)
 BF16_RESUME_SCENARIOS = [
     ("2 ranks, saved with bf16 moments, loaded with bf16", "bf16", "bf16"),
     ("2 ranks, saved with bf16 moments, loaded with fp32", "bf16", "fp32"),
     ("2 ranks, saved with fp32 moments, loaded with bf16", "fp32", "bf16"),
+]
+BF16_RESUME_BROKEN = [  # (label, saved, loaded, break, the check it must fail)
+    ("2 ranks, broken: bf16-load-cast", "bf16", "bf16", "bf16-load-cast", "resume-in-place"),
 ]
 
 
@@ -1151,6 +1161,8 @@ BREAKS = {
     "fetch-ahead-no-fill": lambda: setattr(streamed_states.StateStreamingEngine, "_fill_from_ahead",
                                            lambda self, index: self.fetch_ahead.released(
                                                self.step_ahead.pop(index).numel() * 4)),
+    # bf16 moments whose load goes through torch's cast: an fp32 copy of every moment until the next step
+    "bf16-load-cast": lambda: setattr(streamed_states, "keep_low_precision_states_through_load", lambda hdo: None),
     # bf16 moments with the host buffers left in fp32: the update is the same, the host saves nothing
     "bf16-fp32-host": lambda: setattr(streamed_states, "_pinned_in_place",
                                       lambda numel, dtype=None, pin=streamed_states._pinned_in_place: pin(numel)),
@@ -1220,11 +1232,20 @@ def main(argv: list[str]) -> int:
 
         get_write_results_queue()
         ok &= run_scenarios(bf16_moments_case, BF16_SCENARIOS)
+        ok &= run_scenarios(_with_fetch_ahead(bf16_moments_case, fetching_steps=BF16_STEPS - 2),
+                             BF16_FETCH_AHEAD_SCENARIOS)
         for label, saved, loaded in BF16_RESUME_SCENARIOS:
             started = time.time()
             with tempfile.TemporaryDirectory() as directory:
                 result = outcome(run_ranks(bf16_resume_case, 2, (directory, saved, loaded)))
             good = result == "passed"
+            ok &= good
+            print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
+        for label, saved, loaded, broken, expected in BF16_RESUME_BROKEN:
+            started = time.time()
+            with tempfile.TemporaryDirectory() as directory:
+                result = outcome(run_ranks(_broken(broken, bf16_resume_case), 2, (directory, saved, loaded)))
+            good = result != "passed" and f"{expected}:" in result
             ok &= good
             print(f"{'OK' if good else 'WRONG'} [{time.time() - started:.1f}s] {label}: {result}", flush=True)
     if what == "resume":
