@@ -340,6 +340,49 @@ for i in range(3): print(json.dumps({k: (v if isinstance(v, bool) else round(v, 
         --deterministic --resume --host-json "$(host_json)" --fractions 1 \
         --configs engine-stream,engine-stream-fetch-ahead --repeats 3 --baseline-runs 3 model.num_layers=4 \
         train.train_iters=33 ;;
+    stream-bf16-moments)
+      # Twenty-eighth session (issue #16, offload-engine/stream-bf16-moments/, design section 9.4): the stream mode with
+      # Adam's moments in bf16 on the host and in the ring (MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16, opt-in) on the 4-layer
+      # MoE proxy at fraction 1, deterministic, against stream with fp32 moments and the baseline, 3 rounds
+      # interleaved, 33 steps each (as stream-fetch-ahead). Its GPU tests run first: the installed Transformer
+      # Engine's FusedAdam with bf16 moments against fp32 AdamW on the rounded moments, and the dense proxy's 8 steps
+      # within the seed's loss parity. It reads the step time against the 1.30x goal, the loss delta against the
+      # seed's 0.001 (bf16 is not bit-identical), the peak allocated (the ring is half) and the host per offloaded
+      # parameter.
+      mkdir -p "$runs/stream-bf16-moments"
+      [ -f "$runs/stream-bf16-moments/gpu-tests.log" ] || $py -m pytest tests/runtime/test_gpu_engine.py -k bf16 -v \
+        -p no:cacheprovider > "$runs/stream-bf16-moments/gpu-tests.log" 2>&1
+      tail -n 6 "$runs/stream-bf16-moments/gpu-tests.log"
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$runs/stream-bf16-moments" \
+        --deterministic --resume --host-json "$(host_json)" --fractions 1 \
+        --configs engine-stream,engine-stream-bf16-moments --repeats 3 --baseline-runs 3 model.num_layers=4 \
+        train.train_iters=33 ;;
+    stream-bf16-parity50)
+      # Twenty-eighth session (issue #16, offload-engine/stream-bf16-moments/parity50/, right after stream-bf16-moments'
+      # first call): the dense 1.1B proxy's loss over 50 deterministic steps, no offload against stream with fp32 and
+      # with bf16 moments at fraction 1, the three side by side on the one GPU (not a speed figure), and the kernel's
+      # GPU test beside them.
+      d="$runs/stream-bf16-parity50"; mkdir -p "$d"
+      $py -m pytest tests/runtime/test_gpu_engine.py -k fused_adam_with_bf16 -v -p no:cacheprovider \
+        > "$d/kernel-test.log" 2>&1 &
+      parity_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0 &
+      parity_run stream-1 --offload-engine stream optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 &
+      parity_run stream-bf16-1 --offload-engine stream optimizer.optimizer_cpu_offload=True \
+        optimizer.optimizer_offload_fraction=1 ++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16 &
+      wait
+      $py -m mbridge_offload.bench.engine_parity --out "$d" "stream fp32 (1) vs no offload=$d/baseline:$d/stream-1" \
+        "stream bf16 moments (1) vs no offload=$d/baseline:$d/stream-bf16-1" ;;
+    stream-bf16-moe-parity50)
+      # Twenty-eighth session (issue #16, offload-engine/stream-bf16-moments/moe-parity50/): the 4-layer MoE proxy's
+      # loss over 50 deterministic steps, one baseline and one run with bf16 moments at fraction 1 (one round: no speed
+      # figure), after the kernel's GPU test. Its folder's name does not start with the phase's: saved by name.
+      d="$runs/stream-bf16-moe-parity50"; mkdir -p "$d"
+      [ -f "$d/kernel-test.log" ] || $py -m pytest tests/runtime/test_gpu_engine.py -k fused_adam_with_bf16 -v \
+        -p no:cacheprovider > "$d/kernel-test.log" 2>&1
+      tail -n 3 "$d/kernel-test.log"
+      $py scripts/bench_offload.py --recipe qwen3_30b_a3b_proxy_pretrain_config --out "$d" --deterministic --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-stream-bf16-moments --repeats 1 --baseline-runs 1 \
+        model.num_layers=4 train.train_iters=50 ;;
     ring-pipeline)
       # Twenty-fifth session (issue #16, offload-engine/ring-pipeline/, one H100, 64 s in the call that shipped the
       # bundle's first part; torch only, it needs no install). The

@@ -97,9 +97,11 @@ MASTER_WEIGHT_BYTES = 4  # the library's fp32 host copy of an offloaded weight, 
 # the run's header line that says bf16 moments are on (diagnose reads it), and what the line says of them
 STREAM_MOMENTS_HEADER = f"moments: bf16 on the host and in the ring ({STREAM_MOMENTS_ENV})"
 STREAM_MOMENTS_SAYS = ("8 bytes per offloaded parameter on the host instead of 12, and half the bytes each way "
-                       "between host and GPU; Adam computes in fp32 but its moments are rounded to bf16 at every step, "
-                       "so the training is NOT bit-identical to no offload: compare the loss of the first steps with "
-                       "the fp32 moments' (the default)")
+                       "between host and GPU (on one H100, the 4-layer MoE proxy at fraction 1 ran 1.23x its baseline "
+                       "against 1.48x with fp32 moments); Adam computes in fp32 but its moments are rounded to bf16 at "
+                       "every step, so the training is NOT bit-identical to no offload (there its loss left no "
+                       "offload's by more than 0.001 from step 13): compare the loss of the first steps with the fp32 "
+                       "moments' (the default)")
 
 
 def stream_moments(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:

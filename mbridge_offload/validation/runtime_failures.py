@@ -22,7 +22,7 @@ from functools import cached_property
 
 from mbridge_offload.facts import engine_messages as messages
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import ENGINE_KEY, FETCH_AHEAD_KEY
+from mbridge_offload.facts.offload_engine import ENGINE_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_ENV
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
 # torch's caching allocator's out-of-memory: its message (every torch release), and the exception's name where
@@ -253,6 +253,9 @@ ENGINE_MESSAGES: dict[str, EngineMessage] = {
                                           measured="MBRIDGE_OFFLOAD_ENGINE={mode}"),
     "offload-engine/stream-adam": EngineMessage(messages.STREAM_NOT_FUSED_ADAM, fields={"optimizer": r"\S+"},
                                                 measured="this run's GPU optimizer: {optimizer}"),
+    "offload-engine/stream-moments-known": EngineMessage(messages.STREAM_MOMENTS_UNKNOWN,
+                                                         fields={"value": r"'[^']*'|\"[^\"]*\"", "values": r"[\w, ]+"},
+                                                         measured=f"{STREAM_MOMENTS_ENV}={{value}}"),
 }
 
 
@@ -356,7 +359,8 @@ RULES: tuple[Rule, ...] = (
     _rule("runtime/nan-loss-or-grad", "optimizer.lr",
           "the loss or the gradients became NaN or Inf (Megatron's iteration line counts a NaN iteration, or its check "
           "of the loss or of a gradient bucket's norm stopped the run): training diverged (learning rate, warm-up, a "
-          "bad batch), not a memory or offload failure",
+          "bad batch), not a memory failure; an offload setting takes part only where it changes the update (the "
+          "delayed engine; the stream engine's bf16 moments, which diagnose names where the run had them)",
           "resume from the last checkpoint before it (checkpoint.load=<dir>) with a lower optimizer.lr, a longer "
           "scheduler.lr_warmup_iters or a smaller optimizer.clip_grad; the same iteration failing again on other GPUs "
           "points at the data",
@@ -753,4 +757,5 @@ CONFIG_RULE_LOG_SIGNATURES: tuple[tuple[str, str], ...] = (
     # engine with another optimizer than Adam)
     (ENGINE_MESSAGES["offload-engine/known"].signature, "offload-engine/known"),
     (ENGINE_MESSAGES["offload-engine/stream-adam"].signature, "offload-engine/stream-adam"),
+    (ENGINE_MESSAGES["offload-engine/stream-moments-known"].signature, "offload-engine/stream-moments-known"),
 )
