@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
-from mbridge_offload.facts.offload_engine import MOMENT_BYTES, STREAM
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, FP32_MOMENTS, MOMENT_BYTES, STREAM,
+                                                  STREAM_MOMENTS_KEY, stream_host_bytes_per_param)
 from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
@@ -101,7 +102,25 @@ def _host_peak_text(p: Plan) -> str:
             f"training ended where it was measured, and the data loader's batch being pinned)")
 
 
+def _bf16_moments_fix(p: Plan) -> str:
+    """The stream engine's bf16 moments where they would make this fraction fit the host ("" where they would not, or
+    where the plan is not the stream engine's with fp32 moments): 4 bytes less per offloaded parameter."""
+    if p.offload_engine != STREAM or p.stream_moments != FP32_MOMENTS or p.host_memory_gib is None:
+        return ""
+    saved = (stream_host_bytes_per_param(FP32_MOMENTS) - stream_host_bytes_per_param(BF16_MOMENTS)) * \
+        p.offloaded_params_per_rank * p.ranks_per_node
+    peak = p.host_peak_bytes_per_node - saved
+    if peak + p.ranks_per_node * p.host_margin_gib * GIB > p.host_memory_gib * GIB:
+        return ""
+    return (f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS} at this fraction (the node's peak {_gib(peak)}: Adam's moments in "
+            f"bf16 on the host, not bit-identical to no offload); or ")
+
+
 def _host_fit_fix(p: Plan) -> str:
+    return _bf16_moments_fix(p) + _fraction_fix(p)
+
+
+def _fraction_fix(p: Plan) -> str:
     more = ("fewer ranks per node or more nodes; free host memory if other processes hold it "
             "(--host-margin-gib to change the margin)")
     largest = p.host_fitting_fraction

@@ -7,7 +7,7 @@ import json
 
 from overrides import apply_overrides
 from mbridge_offload.cli import plan_offload, run_recipe
-from mbridge_offload.planning import GIB, memory_plan, plan, plan_problems
+from mbridge_offload.planning import GIB, memory_plan, plan, plan_problems, plan_with_recommendation
 from mbridge_offload.runtime.run_outcome import recorded
 from mbridge_offload.validation.problem import Problem
 
@@ -54,6 +54,28 @@ def test_host_guard_keeps_a_margin_per_offloading_rank(built):
     nothing_offloaded = plan(cfg, 1, fraction=0.0,
                              host_memory_gib=plan(cfg, 1, fraction=0.0).host_peak_bytes_per_node / GIB)
     assert nothing_offloaded.fits_host and nothing_offloaded.host_margin_gib == 0.0
+
+
+def test_a_stream_run_whose_host_does_not_fit_is_offered_bf16_moments_where_they_fit(built):
+    """The stream engine with fp32 moments holds 12 B per offloaded parameter on the host, with bf16 moments 8: where
+    the 4 B make this fraction fit, the host-fit problem's fix names them with the peak they would leave; where they
+    would not, or with another engine, it does not."""
+    from recipes import with_offload_engine
+
+    stream = with_offload_engine(apply_overrides(built("qwen3_8b_pretrain_config"), EIGHT_B_ONE_GPU), "stream")
+    fp32 = plan(stream, 1, fraction=1.0)
+    saved = 4 * fp32.offloaded_params_per_rank
+    need = fp32.host_peak_bytes_per_node / GIB + 4  # the plan's peak and the margin of one rank
+    between = plan_with_recommendation(stream, 1, fraction=1.0, host_memory_gib=need - saved / GIB / 2)
+    [problem] = [p for p in plan_problems(between, None) if p.rule_id == "memory/host-fit"]
+    assert problem.fix.startswith("++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16 at this fraction")
+    assert f"{(fp32.host_peak_bytes_per_node - saved) / GIB:.2f} GiB" in problem.fix
+    too_small = plan_with_recommendation(stream, 1, fraction=1.0, host_memory_gib=need - 2 * saved / GIB)
+    [problem] = [p for p in plan_problems(too_small, None) if p.rule_id == "memory/host-fit"]
+    assert "STREAM_MOMENTS" not in problem.fix
+    library = apply_overrides(built("qwen3_8b_pretrain_config"), EIGHT_B_ONE_GPU)
+    lib = plan_with_recommendation(library, 1, fraction=1.0, host_memory_gib=need - saved / GIB / 2)
+    assert all("STREAM_MOMENTS" not in p.fix for p in plan_problems(lib, None))
 
 
 def test_a_refused_launch_records_why_in_its_out_dir(tmp_path, capsys):

@@ -36,6 +36,19 @@ def test_recipe_transform_selects_the_engine_and_refuses_an_unknown_one(recipe):
         with_offload_engine(base, "fastest")
 
 
+def test_recipe_transform_sets_the_stream_moments_and_refuses_an_unknown_dtype(recipe):
+    from mbridge_offload.facts.offload_engine import stream_moments
+    from recipes import with_offload_engine, with_stream_moments
+
+    base = with_offload_engine(recipe("qwen3_1b_proxy_pretrain_config"), "stream")
+    cfg = with_stream_moments(base, "bf16")
+    assert stream_moments(cfg.env_vars, {}) == "bf16" and stream_moments(base.env_vars, {}) == "fp32"
+    assert stream_moments(cfg.env_vars, {"MBRIDGE_OFFLOAD_STREAM_MOMENTS": "fp32"}) == "fp32"  # the shell wins
+    for wrong in ("BF16", "bfloat16", 2):
+        with pytest.raises(ValueError, match="one of fp32, bf16"):
+            with_stream_moments(base, wrong)
+
+
 def test_install_refuses_an_unknown_mode_and_the_library_changes_nothing():
     with pytest.raises(ValueError, match="unknown offload engine 'fast'"):
         install("fast")
