@@ -83,7 +83,8 @@ def with_stream_moments(cfg, moments: str):
     ``env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS``; a value in the shell wins. Only the stream engine reads it (the
     validator refuses bf16 with another engine)."""
     if not isinstance(moments, str) or moments not in MOMENT_BYTES:
-        raise ValueError(f"moments must be one of {', '.join(MOMENT_BYTES)} (a string), got {moments!r}")
+        raise ValueError(f"moments ({STREAM_MOMENTS_KEY}) must be one of {', '.join(MOMENT_BYTES)} (a string), got "
+                         f"{moments!r}")
     return derive(cfg, {STREAM_MOMENTS_KEY: moments}, why=f"stream engine's Adam moments in {moments}")
 
 

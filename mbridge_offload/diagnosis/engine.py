@@ -21,8 +21,9 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts, run_segments
-from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, FP32_MOMENTS, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
-                                                  STREAM_MOMENTS_KEY, engine_mode, fetch_ahead_on, stream_moments)
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, ENGINE_ENV, FP32_MOMENTS, MOMENT_BYTES, STREAM,
+                                                  STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY, engine_mode, fetch_ahead_on,
+                                                  stream_moments)
 from mbridge_offload.validation.offload_engine import (BF16_MOMENTS_FIX, BF16_MOMENTS_HOST_WORDS, FP32_MOMENTS_FIX,
                                                        FP32_MOMENTS_SUSPECT_WORDS)
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
@@ -472,7 +473,7 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
             finding.fix_basis = ("optimizer offload was at fraction 1 already (the log's header, else the run's "
                                  f"summary); {finding.fix_basis}")
         return
-    cfg, gpus = config.cfg, run.num_gpus
+    cfg, gpus = _as_the_run_had(config.cfg, run), run.num_gpus
     # The allocator setting the run had, as its step records or its header say. A run with neither was not
     # launched by run_recipe.py, and there a recipe's env_vars reach the allocator too late
     # (docs/benchmarks/alloc-conf/): fixed segments, unless its shell set them, which the log does not say; their
@@ -503,6 +504,22 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         return
     if computed is not None:
         finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; {allocator}; config: {config.source}"
+
+
+def _as_the_run_had(cfg: Any, run: "_Run") -> Any:
+    """``cfg`` with the offload engine and the stream engine's moments the run had where its output says them (the
+    header: a launch shell's value, which wins over the config's, shows there): the planner's host, ring and link
+    figures follow them. The config's own where the output says nothing."""
+    import copy
+
+    had = {ENGINE_ENV: run.facts.engine, STREAM_MOMENTS_ENV: run.facts.stream_moments}
+    env_vars = dict(getattr(cfg, "env_vars", None) or {})
+    changed = {name: value for name, value in had.items() if value is not None and env_vars.get(name) != value}
+    if not changed:
+        return cfg
+    cfg = copy.copy(cfg)
+    cfg.env_vars = {**env_vars, **changed}
+    return cfg
 
 
 def _fetch_ahead_basis(facts: RunFacts, oom: OutOfMemory | None) -> str:

@@ -94,14 +94,14 @@ BF16_MOMENTS = "bf16"
 MOMENT_BYTES = {FP32_MOMENTS: 4, BF16_MOMENTS: 2}  # bytes of one moment's element
 DEFAULT_STREAM_MOMENTS = FP32_MOMENTS
 MASTER_WEIGHT_BYTES = 4  # the library's fp32 host copy of an offloaded weight, which the checkpoint saves
+# What bf16 moments measured on a GPU against fp32 ones (docs/benchmarks/offload-engine/stream-bf16-moments/): the
+# run's header and the validator's warning say it
+STREAM_MOMENTS_MEASURED = (
+    "on one H100 the 4-layer MoE proxy at fraction 1 ran 1.23x its baseline against 1.48x with fp32 moments; over 50 "
+    "deterministic steps the loss left no offload's by more than the seed's 0.001 from step 12 or 13, by up to 0.12 "
+    "on the 1.1B dense proxy and 0.98 on the MoE proxy, 1.3 to 3 times what non-deterministic runs of the same "
+    "proxies differ by (docs/benchmarks/offload-engine/stream-bf16-moments/)")
 # the run's header line that says bf16 moments are on (diagnose reads it), and what the line says of them
-STREAM_MOMENTS_HEADER = f"moments: bf16 on the host and in the ring ({STREAM_MOMENTS_ENV})"
-STREAM_MOMENTS_SAYS = ("8 bytes per offloaded parameter on the host instead of 12, and half the bytes each way "
-                       "between host and GPU (on one H100, the 4-layer MoE proxy at fraction 1 ran 1.23x its baseline "
-                       "against 1.48x with fp32 moments); Adam computes in fp32 but its moments are rounded to bf16 at "
-                       "every step, so the training is NOT bit-identical to no offload (there its loss left no "
-                       "offload's by more than 0.001 from step 13): compare the loss of the first steps with the fp32 "
-                       "moments' (the default)")
 
 
 def stream_moments(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:
@@ -114,13 +114,23 @@ def stream_moments(env_vars: Mapping[str, object] | None, environ: Mapping[str, 
 def moment_bytes(moments: str) -> int:
     """Bytes of one moment's element for the setting ``moments`` (fp32 or bf16)."""
     if moments not in MOMENT_BYTES:
-        raise ValueError(f"{STREAM_MOMENTS_ENV}={moments!r}: the moments are one of {', '.join(MOMENT_BYTES)}")
+        raise ValueError(f"{STREAM_MOMENTS_ENV}={moments!r}: the moments are one of {', '.join(MOMENT_BYTES)}. Fix: "
+                         f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}  (or {FP32_MOMENTS}, the default)")
     return MOMENT_BYTES[moments]
 
 
 def stream_host_bytes_per_param(moments: str = DEFAULT_STREAM_MOMENTS) -> int:
     """Host bytes the stream engine holds per offloaded parameter: the fp32 weight copy and the two moments."""
     return MASTER_WEIGHT_BYTES + 2 * moment_bytes(moments)
+
+
+STREAM_MOMENTS_HEADER = f"moments: {BF16_MOMENTS} on the host and in the ring ({STREAM_MOMENTS_ENV})"
+STREAM_MOMENTS_SAYS = (
+    f"{stream_host_bytes_per_param(BF16_MOMENTS)} bytes per offloaded parameter on the host instead of "
+    f"{stream_host_bytes_per_param(FP32_MOMENTS)}, and half the bytes each way between host and GPU; Adam computes in "
+    f"fp32 but its moments are rounded to {BF16_MOMENTS} at every step, so the training is NOT bit-identical to no "
+    f"offload ({STREAM_MOMENTS_MEASURED}): compare the loss of the first steps with {FP32_MOMENTS} moments' (the "
+    "default)")
 
 
 # The stream mode's ring (mbridge_offload/runtime/streamed_states.py): the GPU buffers Adam's moments pass through.

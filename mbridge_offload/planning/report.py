@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from mbridge_offload.facts.key_ranges import OFFLOAD_FRACTION_KEY as FRACTION_KEY
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, FP32_MOMENTS, MOMENT_BYTES, STREAM,
-                                                  STREAM_MOMENTS_KEY, stream_host_bytes_per_param)
+                                                  STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY, stream_host_bytes_per_param)
 from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE
 from mbridge_offload.planning.cost_model import HOST_BYTES_PER_OFFLOADED_PARAM
 from mbridge_offload.planning.fraction_search import AUTO_OVERRIDE
@@ -112,8 +114,11 @@ def _bf16_moments_fix(p: Plan) -> str:
     peak = p.host_peak_bytes_per_node - saved
     if peak + p.ranks_per_node * p.host_margin_gib * GIB > p.host_memory_gib * GIB:
         return ""
-    return (f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS} at this fraction (the node's peak {_gib(peak)}: Adam's moments in "
-            f"bf16 on the host, not bit-identical to no offload); or ")
+    # a value in the launch shell wins over the config's: the override would change nothing there
+    setting = (f"{STREAM_MOMENTS_ENV}={BF16_MOMENTS} in the launch shell (its {FP32_MOMENTS} wins over the config)"
+               if STREAM_MOMENTS_ENV in os.environ else f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}")
+    return (f"{setting} at this fraction (the node's peak {_gib(peak)}: Adam's moments in bf16 on the host, not "
+            "bit-identical to no offload); or ")
 
 
 def _host_fit_fix(p: Plan) -> str:

@@ -6,21 +6,17 @@ from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
                                                  LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY,
-                                                 engine_mode, fetch_ahead_on, fetch_ahead_setting,
-                                                 stream_host_bytes_per_param, stream_moments)
+                                                 STREAM_MOMENTS_MEASURED, engine_mode, fetch_ahead_on,
+                                                 fetch_ahead_setting, stream_host_bytes_per_param, stream_moments)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
-# What bf16 moments do to the stream engine's update on a GPU, against fp32 moments (the rule
-# offload-engine/stream-moments-not-exact says it): replace with the measured figure once a GPU run has compared them.
-BF16_MOMENTS_ON_GPU = ("on one H100 over 50 deterministic steps the loss left no offload's by more than the seed's 0.001 "
-                       "from step 12 or 13 and by up to 0.12 on the 1.1B dense proxy and 0.98 on the 4-layer MoE "
-                       "proxy, about twice what non-deterministic runs of the same proxies differ by; the MoE proxy's "
-                       "step was 1.23x its baseline's against 1.48x with fp32 moments, "
-                       "docs/benchmarks/offload-engine/stream-bf16-moments/")
+# What bf16 moments did to the stream engine's update on a GPU (the rule offload-engine/stream-moments-not-exact
+# says it; the run's header says the same constant)
+BF16_MOMENTS_ON_GPU = STREAM_MOMENTS_MEASURED
 # The fixes diagnose.py names for a run with the stream engine: fp32 moments where bf16 ones may have made the loss
 # diverge, bf16 ones where the host ran out of memory (diagnosis/engine.py adds them to the rule's own fix)
 FP32_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={FP32_MOMENTS}"

@@ -650,6 +650,27 @@ def test_a_host_kill_with_fp32_moments_in_the_saved_config_offers_bf16_with_the_
     assert f"leaves {MOMENTS_ENV} unset" in finding.fix_basis and "config: " in finding.fix_basis
 
 
+def test_the_host_fix_is_planned_with_the_moments_the_run_had_not_the_configs(tmp_path, diag):
+    """The saved config says bf16 moments, but the run's header names the stream engine with no bf16 line: its launch
+    shell set fp32, which wins. The planner's host fix then plans the host at fp32 moments' 12 bytes per offloaded
+    parameter, the peak the run had, not the config's 8; and bf16 moments are offered (they were not on)."""
+    from mbridge_offload.planning import GIB, plan
+
+    plan_line = ("  host: per node                    37.47 GiB between steps, 37.49 GiB at the peak, for 1 rank(s) of "
+                 "124.016 GiB, margin 4 GiB per rank: fits")
+    run = _run_with_saved_config(tmp_path, 1.0, "\n".join([*_stream_run_head(), plan_line, HOST_KILL]) + "\n", **{
+        "NCCL_ALGO: Ring": "NCCL_ALGO: Ring\n  MBRIDGE_OFFLOAD_ENGINE: stream\n  MBRIDGE_OFFLOAD_STREAM_MOMENTS: bf16"})
+    finding = diag.only(run / "log.txt", "runtime/host-memory-killed")
+    saved = load_run_config(run / "run_config.yaml")
+    peaks = {}
+    for moments in ("fp32", "bf16"):
+        saved.env_vars["MBRIDGE_OFFLOAD_STREAM_MOMENTS"] = moments
+        peaks[moments] = plan(saved, 1, fraction=1.0, host_memory_gib=124.016).host_peak_bytes_per_node / GIB
+    assert peaks["fp32"] - peaks["bf16"] > 0.1  # the two are told apart at the basis's one decimal
+    assert f"({peaks['fp32']:.1f} GiB per node)" in finding.fix_basis, finding.fix_basis
+    assert _bf16_host_offer() in finding.fix
+
+
 def _header(fraction_percent: int, gpus: int = 1) -> list[str]:
     """run_recipe.py's header lines for the dense proxy at an optimizer offload fraction (as launch.py prints them)."""
     plural = "s" if gpus > 1 else ""

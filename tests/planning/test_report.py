@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from overrides import apply_overrides
 from mbridge_offload.cli import plan_offload, run_recipe
 from mbridge_offload.planning import GIB, memory_plan, plan, plan_problems, plan_with_recommendation
@@ -60,7 +62,7 @@ def test_a_stream_run_whose_host_does_not_fit_is_offered_bf16_moments_where_they
     """The stream engine with fp32 moments holds 12 B per offloaded parameter on the host, with bf16 moments 8: where
     the 4 B make this fraction fit, the host-fit problem's fix names them with the peak they would leave; where they
     would not, or with another engine, it does not."""
-    from recipes import with_offload_engine
+    from recipes import with_offload_engine, with_stream_moments
 
     stream = with_offload_engine(apply_overrides(built("qwen3_8b_pretrain_config"), EIGHT_B_ONE_GPU), "stream")
     fp32 = plan(stream, 1, fraction=1.0)
@@ -70,6 +72,12 @@ def test_a_stream_run_whose_host_does_not_fit_is_offered_bf16_moments_where_they
     [problem] = [p for p in plan_problems(between, None) if p.rule_id == "memory/host-fit"]
     assert problem.fix.startswith("++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16 at this fraction")
     assert f"{(fp32.host_peak_bytes_per_node - saved) / GIB:.2f} GiB" in problem.fix
+    with pytest.MonkeyPatch.context() as shell:  # the launch shell's fp32 wins: the fix says to change it there
+        shell.setenv("MBRIDGE_OFFLOAD_STREAM_MOMENTS", "fp32")
+        forced = plan_with_recommendation(with_stream_moments(stream, "bf16"), 1, fraction=1.0,
+                                          host_memory_gib=need - saved / GIB / 2)
+        [problem] = [p for p in plan_problems(forced, None) if p.rule_id == "memory/host-fit"]
+        assert problem.fix.startswith("MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16 in the launch shell (its fp32 wins")
     too_small = plan_with_recommendation(stream, 1, fraction=1.0, host_memory_gib=need - 2 * saved / GIB)
     [problem] = [p for p in plan_problems(too_small, None) if p.rule_id == "memory/host-fit"]
     assert "STREAM_MOMENTS" not in problem.fix

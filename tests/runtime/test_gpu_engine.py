@@ -132,7 +132,8 @@ def test_fused_adam_with_bf16_moments_computes_in_fp32_and_rounds_the_stored_mom
 def test_stream_with_bf16_moments_trains_within_the_seed_parity(tmp_path):
     """MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16 on the 4-layer dense proxy, 8 deterministic steps: the engine says its
     moments are bf16, and the loss stays within the seed's 0.001 of no offload's (it is not bit-identical: the
-    moments are rounded each step; the 50-step figure is the h200.sh phase stream-bf16-moments')."""
+    moments are rounded each step, and on this proxy it left no offload's at step 3 of 50: h200.sh's phase
+    stream-bf16-parity50)."""
     from mbridge_offload.bench.engine_parity import parity
 
     _train(tmp_path / "baseline", fraction=0)
@@ -140,4 +141,4 @@ def test_stream_with_bf16_moments_trains_within_the_seed_parity(tmp_path):
     lines = [line for line in said.splitlines() if line.startswith("stream offload engine: ")]
     assert lines and lines[0].endswith("moments in bf16"), lines
     row = parity("bf16 moments vs no offload", tmp_path / "baseline", tmp_path / "bf16")
-    assert row["iterations"] == 8 and row["within_seed_parity"], row
+    assert row["iterations"] == 8 and row["within_seed_parity"] and not row["bit_identical"], row
