@@ -101,7 +101,6 @@ STREAM_MOMENTS_MEASURED = (
     "deterministic steps the loss left no offload's by more than the seed's 0.001 from step 12 or 13, by up to 0.12 "
     "on the 1.1B dense proxy and 0.98 on the MoE proxy, 1.3 to 3 times what non-deterministic runs of the same "
     "proxies differ by (docs/benchmarks/offload-engine/stream-bf16-moments/)")
-# the run's header line that says bf16 moments are on (diagnose reads it), and what the line says of them
 
 
 def stream_moments(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:
@@ -124,6 +123,7 @@ def stream_host_bytes_per_param(moments: str = DEFAULT_STREAM_MOMENTS) -> int:
     return MASTER_WEIGHT_BYTES + 2 * moment_bytes(moments)
 
 
+# the run's header line that says bf16 moments are on (diagnose reads it), and what the line says of them
 STREAM_MOMENTS_HEADER = f"moments: {BF16_MOMENTS} on the host and in the ring ({STREAM_MOMENTS_ENV})"
 STREAM_MOMENTS_SAYS = (
     f"{stream_host_bytes_per_param(BF16_MOMENTS)} bytes per offloaded parameter on the host instead of "

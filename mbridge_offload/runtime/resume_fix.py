@@ -8,7 +8,8 @@
   ``KeyError: tensor([...])``. The replacement keeps the CPU copies and sub-optimizers (the parameters
   are the same objects before and after a load), lets torch cast loaded state straight to the device of
   the tensor each sub-optimizer steps (CPU for offloaded params, so Adam state never lands on the GPU),
-  re-points the sub-optimizer states at HDO's state, and sets the Adam step counters.
+  re-points the sub-optimizer states at HDO's state, and sets the Adam step counters. On an HDO marked by
+  ``keep_state_dtypes_through_load`` (the stream engine's bf16 moments) the states keep their dtype instead.
 * ``HybridDeviceOptimizer._update_fp32_params_by_new_state``: ``.get`` instead of ``[]`` (upstream #5929).
 * ``DistributedOptimizer._set_main_param_and_optimizer_states``: never copies ``step`` from the loaded
   param state (dp_reshardable keeps the *template's* step as a LocalNonpersistentObject: step reset to 1;
@@ -31,8 +32,7 @@ from collections import defaultdict
 import torch
 
 _MARK = "_resume_fix_installed"
-# set on a HybridDeviceOptimizer whose states keep their own dtype across a load (the stream engine's bf16 moments,
-# streamed_states.keep_low_precision_states_through_load): moved to the stepped tensor's device, not cast
+# set on a HybridDeviceOptimizer whose states keep their own dtype across a load (keep_state_dtypes_through_load)
 KEEPS_STATE_DTYPES = "_mbridge_keeps_state_dtypes"
 _LOADED = "_resume_fix_loaded_optimizer_state"
 _originals: dict = {}
@@ -90,18 +90,52 @@ def _rebind_sub_optimizer_state(hdo, step):
                 group["step"] = step
 
 
+def keep_state_dtypes_through_load(hdo) -> None:
+    """Make ``hdo``'s loads keep each state tensor's dtype where it differs from its parameter's (the stream engine's
+    bf16 moments). torch's Optimizer.load_state_dict casts each state to its parameter's dtype
+    (_process_value_according_to_param_policy), and the rebinding after it to the CPU copy's: with bf16 moments that is
+    a new fp32 copy of every moment, 8 bytes per offloaded parameter more on the host at each load. Megatron's load
+    passes the states themselves (the engine's bf16 buffers) and then copies the checkpoint into whatever the states
+    are: kept, the copy goes straight into those buffers. The load hooks below do it; this marks the HDO."""
+    setattr(hdo, KEEPS_STATE_DTYPES, True)
+
+
+class _Uncast:
+    """A state tensor passed through torch's load_state_dict as it is: torch copies what is not a tensor uncast."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor) -> None:
+        self.tensor = tensor
+
+
+def _uncast(name, value):
+    low = (isinstance(value, torch.Tensor) and name != "step" and value.is_floating_point()
+           and value.dtype != torch.float32)
+    return _Uncast(value) if low else value
+
+
 def _pre_load_hook(hdo, state_dict):
-    # Let torch cast the loaded state to the dtype *and device* of the tensor each sub-optimizer steps.
+    # Let torch cast the loaded state to the dtype *and device* of the tensor each sub-optimizer steps (its dtype not
+    # where the HDO keeps the states' own: keep_state_dtypes_through_load).
     to_inner = hdo.param_to_inner_param
     hdo.state = defaultdict(dict, {to_inner.get(p, p): v for p, v in hdo.state.items()})
     for group in hdo.param_groups:
         group["params"] = [to_inner.get(p, p) for p in group["params"]]
+    if getattr(hdo, KEEPS_STATE_DTYPES, False):
+        # new dicts (torch copied only the outer one): Megatron passes the optimizer's own states, which keep theirs
+        state_dict["state"] = {key: {name: _uncast(name, value) for name, value in state.items()}
+                               if isinstance(state, dict) else state for key, state in state_dict["state"].items()}
     return state_dict
 
 
 def _post_load_hook(hdo):
     to_orig = hdo.inner_param_to_orig_param
     hdo.state = defaultdict(dict, {to_orig.get(p, p): v for p, v in hdo.state.items()})
+    for state in hdo.state.values():
+        for name, value in list(state.items()):
+            if isinstance(value, _Uncast):
+                state[name] = value.tensor
     for group in hdo.param_groups:
         group["params"] = [to_orig.get(p, p) for p in group["params"]]
     # The step lives in the sub-optimizers; a 'step' left in HDO's groups would be copied into the GPU

@@ -50,7 +50,7 @@ from mbridge_offload.facts.engine_messages import (STREAM_FUSED_ADAM_IMPORT, STR
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, MOMENT_BYTES, STREAM_MIN_CHUNK_NUMEL,
                                                   STREAM_MOMENTS_ENV, STREAM_RING_SLOTS, fetch_ahead_on,
                                                   last_used_first, stream_chunk_numel, stream_moments, stream_pacing)
-from mbridge_offload.runtime.resume_fix import KEEPS_STATE_DTYPES
+from mbridge_offload.runtime.resume_fix import keep_state_dtypes_through_load
 from mbridge_offload.runtime.streaming_engine import (_GROUP_PAIRS, EngineError, StreamingEngine, _model_shard_view,
                                                       _params_of, issue_deferred_zeros)
 
@@ -192,48 +192,6 @@ def _register(tensor) -> None:
         status = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
         if int(status) != 0:
             raise EngineError(STREAM_PIN_FAILED.format(gib=nbytes / 2**30, status=status))
-
-
-class _Kept:
-    """A state tensor passed through torch's ``Optimizer.load_state_dict`` as it is (``keep_low_precision_states_
-    through_load``): torch copies what is not a tensor without casting it."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor) -> None:
-        self.tensor = tensor
-
-
-def keep_low_precision_states_through_load(hdo) -> None:
-    """Make ``hdo.load_state_dict`` keep the dtype of the state tensors it is given where it differs from their
-    parameter's. torch casts each state to its parameter's dtype (Optimizer._process_value_according_to_param_policy),
-    and the resume fix's hook to the CPU copy's: with bf16 moments that is a new fp32 copy of every moment (8 bytes per
-    offloaded parameter more on the host at each load, until the engine's next step copies them back into its
-    buffers). Megatron's load passes the states themselves, the engine's bf16 views, and then copies the checkpoint
-    into whatever the states are: kept, the views, the copy goes straight into the engine's buffers."""
-    import torch
-
-    if getattr(hdo, KEEPS_STATE_DTYPES, False):
-        return
-    load = hdo.load_state_dict
-
-    def kept(name, value):
-        low = (isinstance(value, torch.Tensor) and name != "step" and value.is_floating_point()
-               and value.dtype != torch.float32)
-        return _Kept(value) if low else value
-
-    def load_state_dict(state_dict):
-        # new dicts: Megatron passes the optimizer's own state dicts, which must keep their tensors
-        kept_state = {key: {name: kept(name, value) for name, value in state.items()} if isinstance(state, dict)
-                      else state for key, state in state_dict.get("state", {}).items()}
-        load({**state_dict, "state": kept_state})
-        for state in hdo.state.values():
-            for name, value in list(state.items()):
-                if isinstance(value, _Kept):
-                    state[name] = value.tensor
-
-    hdo.load_state_dict = load_state_dict
-    setattr(hdo, KEEPS_STATE_DTYPES, True)  # the resume fix's rebinding after a load keeps them too
 
 
 RELEASE_EVERY_BYTES = 1 << 30  # give the pinned allocator's freed blocks back this often while moving copies
@@ -385,8 +343,8 @@ class StateStreamingEngine(StreamingEngine):
         self.slot_free: list = [None] * self.slots
         self.ready: list = [None] * len(self.chunks)  # chunk: CUDA event after its update and cast
         self._adopt_states()
-        if self.moment_dtype != torch.float32:
-            keep_low_precision_states_through_load(hdo)
+        if self.moment_dtype != torch.float32:  # a load then goes into the bf16 buffers, with no fp32 copy of them
+            keep_state_dtypes_through_load(hdo)
 
     def _chunk_optimizer(self, groups):
         """A chunk's FusedAdam: the GPU optimizer's class with its moments in the ring's dtype (fp32, or bf16: the

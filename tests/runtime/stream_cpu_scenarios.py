@@ -1162,7 +1162,7 @@ BREAKS = {
                                            lambda self, index: self.fetch_ahead.released(
                                                self.step_ahead.pop(index).numel() * 4)),
     # bf16 moments whose load goes through torch's cast: an fp32 copy of every moment until the next step
-    "bf16-load-cast": lambda: setattr(streamed_states, "keep_low_precision_states_through_load", lambda hdo: None),
+    "bf16-load-cast": lambda: setattr(streamed_states, "keep_state_dtypes_through_load", lambda hdo: None),
     # bf16 moments with the host buffers left in fp32: the update is the same, the host saves nothing
     "bf16-fp32-host": lambda: setattr(streamed_states, "_pinned_in_place",
                                       lambda numel, dtype=None, pin=streamed_states._pinned_in_place: pin(numel)),

@@ -16,7 +16,7 @@ fp32 arithmetic, the moments stored rounded to their dtype, as transformer_engin
   the moments as saved cast to the new dtype, bit for bit, into the engine's buffers, and a step trains after it.
   Right after the load the optimizer's states are still the engine's buffers: torch's Optimizer.load_state_dict (and
   the resume fix's rebinding) would cast each state to its parameter's dtype, an fp32 copy of every moment until the
-  next step; the engine keeps them (``keep_low_precision_states_through_load``). A break that lets torch cast them is
+  next step; the engine keeps them (resume_fix's ``keep_state_dtypes_through_load``). A break that lets torch cast them is
   caught by that check.
 
 What the stand-in hides (its docstring): the real kernel's arithmetic and its dtype dispatch, which the GPU test
