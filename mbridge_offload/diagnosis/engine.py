@@ -21,11 +21,10 @@ from mbridge_offload.diagnosis.config_source import RunConfig, run_config
 from mbridge_offload.diagnosis.line_search import LineSearch
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts, run_segments
-from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, ENGINE_ENV, FP32_MOMENTS, MOMENT_BYTES, STREAM,
-                                                  STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY, engine_mode, fetch_ahead_on,
-                                                  stream_moments)
-from mbridge_offload.validation.offload_engine import (BF16_MOMENTS_FIX, BF16_MOMENTS_HOST_WORDS, FP32_MOMENTS_FIX,
-                                                       FP32_MOMENTS_SUSPECT_WORDS)
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, BF16_MOMENTS_FIX, ENGINE_ENV, FP32_MOMENTS,
+                                                  FP32_MOMENTS_FIX, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
+                                                  STREAM_MOMENTS_KEY, engine_mode, fetch_ahead_on, stream_moments)
+from mbridge_offload.validation.offload_engine import BF16_MOMENTS_HOST_WORDS, FP32_MOMENTS_SUSPECT_WORDS
 from mbridge_offload.validation.registry import RULES, RULES_BY_ID
 from mbridge_offload.validation.runtime_failures import (ABORT_EXCEPTION, ABORT_WHAT, BISECT_WORDS,
                                                          CONFIG_RULE_LOG_SIGNATURES, CONFIRM, ENGINE_MESSAGES,

@@ -31,9 +31,7 @@ STREAM_NOT_FP32 = ("the stream offload engine keeps fp32 main weights on the hos
                    "ones. Fix: optimizer.use_precision_aware_optimizer=False, or "
                    "++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")
 STREAM_MOMENTS_UNKNOWN = (f"{offload_engine.STREAM_MOMENTS_ENV}={{value!r}}: the stream offload engine keeps Adam's "
-                          f"moments in one of {{values}}. Fix: ++{offload_engine.STREAM_MOMENTS_KEY}="
-                          f"{offload_engine.BF16_MOMENTS}  (or {offload_engine.FP32_MOMENTS}, the default; a value in "
-                          "the shell wins: set it there)")
+                          f"moments in one of {{values}}. Fix: {offload_engine.STREAM_MOMENTS_KNOWN_FIX}")
 STREAM_PIN_FAILED = ("the stream offload engine could not pin {gib:.2f} GiB of host memory (cudaHostRegister "
                      "returned {status}): the locked-memory limit (ulimit -l) or the host's free memory is too small. "
                      "Fix: raise ulimit -l, or ++env_vars.MBRIDGE_OFFLOAD_ENGINE=library")

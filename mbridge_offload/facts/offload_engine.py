@@ -93,6 +93,11 @@ FP32_MOMENTS = "fp32"
 BF16_MOMENTS = "bf16"
 MOMENT_BYTES = {FP32_MOMENTS: 4, BF16_MOMENTS: 2}  # bytes of one moment's element
 DEFAULT_STREAM_MOMENTS = FP32_MOMENTS
+BF16_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}"
+FP32_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={FP32_MOMENTS}"
+# the fix for a value that is neither: the validator's rule, the engine's error and the transform's say it
+STREAM_MOMENTS_KNOWN_FIX = (f"{BF16_MOMENTS_FIX}  (or {FP32_MOMENTS}, the default; a value in the shell wins: set it "
+                            "there)")
 MASTER_WEIGHT_BYTES = 4  # the library's fp32 host copy of an offloaded weight, which the checkpoint saves
 # What bf16 moments measured on a GPU against fp32 ones (docs/benchmarks/offload-engine/stream-bf16-moments/): the
 # run's header and the validator's warning say it
@@ -114,7 +119,7 @@ def moment_bytes(moments: str) -> int:
     """Bytes of one moment's element for the setting ``moments`` (fp32 or bf16)."""
     if moments not in MOMENT_BYTES:
         raise ValueError(f"{STREAM_MOMENTS_ENV}={moments!r}: the moments are one of {', '.join(MOMENT_BYTES)}. Fix: "
-                         f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}  (or {FP32_MOMENTS}, the default)")
+                         f"{STREAM_MOMENTS_KNOWN_FIX}")
     return MOMENT_BYTES[moments]
 
 

@@ -5,22 +5,19 @@ from __future__ import annotations
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
-                                                 LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY,
-                                                 STREAM_MOMENTS_MEASURED, engine_mode, fetch_ahead_on,
-                                                 fetch_ahead_setting, stream_host_bytes_per_param, stream_moments)
+                                                 FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
+                                                 STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX, STREAM_MOMENTS_MEASURED,
+                                                 engine_mode, fetch_ahead_on, fetch_ahead_setting,
+                                                 stream_host_bytes_per_param, stream_moments)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
-# What bf16 moments did to the stream engine's update on a GPU (the rule offload-engine/stream-moments-not-exact
-# says it; the run's header says the same constant)
-BF16_MOMENTS_ON_GPU = STREAM_MOMENTS_MEASURED
-# The fixes diagnose.py names for a run with the stream engine: fp32 moments where bf16 ones may have made the loss
-# diverge, bf16 ones where the host ran out of memory (diagnosis/engine.py adds them to the rule's own fix)
-FP32_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={FP32_MOMENTS}"
-BF16_MOMENTS_FIX = f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}"
+# What diagnose.py says with the fixes it names for a run with the stream engine (facts' FP32_MOMENTS_FIX where bf16
+# moments may have made the loss diverge, BF16_MOMENTS_FIX where the host ran out of memory; diagnosis/engine.py adds
+# them to the rule's own fix)
 FP32_MOMENTS_SUSPECT_WORDS = ("a suspect: the run kept Adam's moments in bf16, rounded at every step; resume from the "
                               "last checkpoint before it with fp32 moments, which load one saved with bf16 ones")
 BF16_MOMENTS_HOST_WORDS = (
@@ -176,8 +173,7 @@ RULES: tuple[Rule, ...] = guarded(
                  f"{', '.join(MOMENT_BYTES)}", key=STREAM_MOMENTS_KEY,
                  applies=lambda c: c.env(STREAM_MOMENTS_ENV) is not None, holds=lambda c: _moments(c) in MOMENT_BYTES,
                  observed=lambda c: repr(_moments(c)),
-                 fix=f"++{STREAM_MOMENTS_KEY}={BF16_MOMENTS}  (or {FP32_MOMENTS}, the default; a value in the shell "
-                     "wins: set it there)"),
+                 fix=STREAM_MOMENTS_KNOWN_FIX),
     _engine_rule("stream-moments-need-stream", "bf16 moments are the stream engine's: with another engine, or with "
                  "optimizer offload off, the setting would be ignored and the moments stay fp32",
                  key=STREAM_MOMENTS_KEY, applies=_bf16_moments, holds=lambda c: _stream_offload(c),
@@ -186,7 +182,7 @@ RULES: tuple[Rule, ...] = guarded(
     Rule(id="offload-engine/stream-moments-not-exact", mechanism=OPTIMIZER, key=STREAM_MOMENTS_KEY,
          text="with bf16 moments the stream engine's update is not the one without offload: Adam computes in fp32 "
               "but its moments are rounded to bf16 at every step (measured on the CPU stand-in: the shards follow "
-              f"AdamW with bf16-rounded moments exactly; on a GPU: {BF16_MOMENTS_ON_GPU})",
+              f"AdamW with bf16-rounded moments exactly; on a GPU: {STREAM_MOMENTS_MEASURED})",
          applies=lambda c: _stream_offload(c) and _bf16_moments(c), holds=lambda c: False,
          observed=lambda c: BF16_MOMENTS,
          fix=fixed(f"{FP32_MOMENTS_FIX}  (the run to compare the first steps' loss with)"), severity="warning"),
