@@ -632,6 +632,35 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         esac
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=full-device; auto_pair "$runs/planner-auto-6" "$case" "$args")
       done ;;
+    planner-auto-7)
+      # Twenty-ninth session (issue #15, docs/benchmarks/planner-auto-7/; ~20 min, split by CASES over calls, in this
+      # order): planner-auto-6's question on devices an H100 can stand in for, since its 4B and 8B cases need an H200
+      # that has not come. auto with the opt-in full-device rule (first-step's block, and beside the steady peak a 0.55
+      # GiB allowance for the sub-page gaps a full device keeps, 0.1 % margin) on four Qwen3-4B configurations no auto
+      # check has run, two of them with full recompute (no auto check has run recompute), and planner-auto-6's 1.7B
+      # again for its runs below auto. The allowance was read from the 4B at 6144 tokens (smallest-trains/); these
+      # change the tensor sizes along the sequence, the micro batch and recompute. Each device is the rule's plan +
+      # margin at the fraction named + 0.05 GiB (plan_offload.py --json on the CPU, tree of the commit that adds this
+      # phase), so auto picks that fraction and the run there tests the allowance itself. check_auto's runs: at auto,
+      # 0.05 below and, where that trains, 0.10 below.
+      mkdir -p "$runs/planner-auto-7"
+      recompute="model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=1"
+      for case in ${CASES:-4b-sl4096 4b-sl8192-recompute 1p7b-sl8192-mb2 4b-sl3072-mb2 4b-sl16384-recompute}; do
+        case $case in
+          4b-sl4096) args="75.55 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=4096 \
+            dataset.seq_length=4096" ;;  # auto 0.6
+          4b-sl8192-recompute) args="61.73 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 \
+            model.seq_length=8192 dataset.seq_length=8192 $recompute" ;;  # auto 0.5
+          1p7b-sl8192-mb2) args="76.42 qwen3_1p7b_pretrain_config model.seq_length=8192 dataset.seq_length=8192 \
+            train.micro_batch_size=2 train.global_batch_size=2" ;;  # auto 0.5, planner-auto-6's device
+          4b-sl3072-mb2) args="77.96 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 model.seq_length=3072 \
+            dataset.seq_length=3072 train.micro_batch_size=2 train.global_batch_size=2" ;;  # auto 0.9
+          4b-sl16384-recompute) args="67.86 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 \
+            model.seq_length=16384 dataset.seq_length=16384 $recompute" ;;  # auto 0.5
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        (export MBRIDGE_OFFLOAD_RESERVE_RULE=full-device; auto_pair "$runs/planner-auto-7" "$case" "$args")
+      done ;;
     planner-auto-moe)
       # Twenty-sixth session (planner-auto-moe/, one H100, three calls: 2 cases, then 2, then 1; 482 s for two cases).
       # Issue #15, ~18 min; split by CASES over calls, in this order; every device fits an H100 too. auto
