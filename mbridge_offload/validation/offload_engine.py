@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
@@ -13,6 +15,7 @@ from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
 from mbridge_offload.validation.guard import guarded, sane
+from mbridge_offload.validation.optimizer_offload import OFFLOAD_ON_TEXT, offload_on_fix
 from mbridge_offload.validation.rule import OPTIMIZER, Context, Rule
 
 # What diagnose.py says with the fixes it names for a run with the stream engine (facts' FP32_MOMENTS_FIX where bf16
@@ -91,6 +94,17 @@ def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY,
                 holds=holds, fix=fixed(fix), observed=observed)
 
 
+def _with_offload_on(first: str, rest: str):
+    """A fix that turns optimizer offload on after ``first`` (with a fraction where the config's is 0), and its
+    docs-table form: (fix, fix_text) for a Rule."""
+    return (lambda c: f"{first}{offload_on_fix(c)}{rest}", f"{first}{OFFLOAD_ON_TEXT}{rest}")
+
+
+def _needing_offload(rule: Rule, first: str, rest: str) -> Rule:
+    fix, fix_text = _with_offload_on(first, rest)
+    return replace(rule, fix=fix, fix_text=fix_text)
+
+
 _SHARED_LINK = "its copies share the host link and the GPU's copy engines with the engine's"
 # (rule name, key, holds, what, why) of the settings the engines have not run with on the H200
 NOT_RUN_WITH = (
@@ -108,10 +122,11 @@ RULES: tuple[Rule, ...] = guarded(
     _engine_rule("known", f"the offload engine ({ENGINE_ENV}) is one of {', '.join(ENGINE_MODES)}",
                  applies=lambda c: c.env(ENGINE_ENV) is not None, holds=lambda c: _mode(c) in ENGINE_MODES,
                  fix=f"++{ENGINE_KEY}=exact  (or run_recipe.py --offload-engine exact)", observed=_mode),
-    _engine_rule("needs-optimizer-offload", "a streaming offload engine runs the offloaded optimizer step: with "
-                 "optimizer offload off it has nothing to run", applies=_streaming,
-                 holds=lambda c: bool(c.opt.optimizer_cpu_offload), observed=_mode,
-                 fix=f"optimizer.optimizer_cpu_offload=True  (or ++{ENGINE_KEY}=library)"),
+    _needing_offload(_engine_rule("needs-optimizer-offload", "a streaming offload engine runs the offloaded "
+                                  "optimizer step: with optimizer offload off it has nothing to run",
+                                  applies=_streaming, holds=lambda c: bool(c.opt.optimizer_cpu_offload),
+                                  observed=_mode, fix=""),
+                     "", f"  (or ++{ENGINE_KEY}=library)"),
     _engine_rule("needs-overlap-streams", "the streaming offload engine copies on the D2H/H2D overlap streams "
                  "(run_recipe.py's tuning turns them on); the stream mode has copy streams of its own",
                  key="optimizer.overlap_cpu_optimizer_d2h_h2d",
@@ -156,11 +171,11 @@ RULES: tuple[Rule, ...] = guarded(
                  observed=lambda c: fetch_ahead_setting(c.cfg.env_vars, c.environ),
                  fix=f"++{FETCH_AHEAD_KEY}=on  (or off, the default; a value in the shell wins: set it there; in a "
                      "YAML file quote it, 'on': YAML reads a bare on or off as true or false)"),
-    _engine_rule("fetch-ahead-needs-stream", "fetch-ahead brings the stream engine's chunks up during the backward: "
-                 "it runs only with the stream engine and optimizer offload on", key=FETCH_AHEAD_KEY,
-                 applies=lambda c: fetch_ahead_on(c.cfg.env_vars, c.environ),
-                 holds=lambda c: _stream_offload(c), observed=_mode,
-                 fix=f"++{ENGINE_KEY}=stream optimizer.optimizer_cpu_offload=True  (or ++{FETCH_AHEAD_KEY}=off)"),
+    _needing_offload(_engine_rule("fetch-ahead-needs-stream", "fetch-ahead brings the stream engine's chunks up "
+                                  "during the backward: it runs only with the stream engine and optimizer offload on",
+                                  key=FETCH_AHEAD_KEY, applies=lambda c: fetch_ahead_on(c.cfg.env_vars, c.environ),
+                                  holds=lambda c: _stream_offload(c), observed=_mode, fix=""),
+                     f"++{ENGINE_KEY}=stream ", f"  (or ++{FETCH_AHEAD_KEY}=off)"),
     Rule(id="offload-engine/fetch-ahead-measured", mechanism=OPTIMIZER, key=FETCH_AHEAD_KEY,
          text="on the 4-layer MoE proxy (one H100, docs/benchmarks/offload-engine/stream-fetch-ahead) fetch-ahead "
               "kept the update and the run's peak allocated, but its buffers added 2.9 GiB of reserved device "
@@ -174,11 +189,11 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=lambda c: c.env(STREAM_MOMENTS_ENV) is not None, holds=lambda c: _moments(c) in MOMENT_BYTES,
                  observed=lambda c: repr(_moments(c)),
                  fix=STREAM_MOMENTS_KNOWN_FIX),
-    _engine_rule("stream-moments-need-stream", "bf16 moments are the stream engine's: with another engine, or with "
-                 "optimizer offload off, the setting would be ignored and the moments stay fp32",
-                 key=STREAM_MOMENTS_KEY, applies=_bf16_moments, holds=lambda c: _stream_offload(c),
-                 observed=_moments_where,
-                 fix=f"++{ENGINE_KEY}=stream optimizer.optimizer_cpu_offload=True  (or {FP32_MOMENTS_FIX})"),
+    _needing_offload(_engine_rule("stream-moments-need-stream", "bf16 moments are the stream engine's: with another "
+                                  "engine, or with optimizer offload off, the setting would be ignored and the "
+                                  "moments stay fp32", key=STREAM_MOMENTS_KEY, applies=_bf16_moments,
+                                  holds=lambda c: _stream_offload(c), observed=_moments_where, fix=""),
+                     f"++{ENGINE_KEY}=stream ", f"  (or {FP32_MOMENTS_FIX})"),
     Rule(id="offload-engine/stream-moments-not-exact", mechanism=OPTIMIZER, key=STREAM_MOMENTS_KEY,
          text="with bf16 moments the stream engine's update is not the one without offload: Adam computes in fp32 "
               "but its moments are rounded to bf16 at every step (measured on the CPU stand-in: the shards follow "

@@ -31,6 +31,22 @@ def _fraction(ctx: Context) -> float | None:
     return value if is_number(value) else None
 
 
+# The fraction a fix names where one is needed and the user has not chosen: half, the planner's middle
+SUGGESTED_FRACTION = 0.5
+OFFLOAD_ON = "optimizer.optimizer_cpu_offload=True"
+OFFLOAD_ON_TEXT = f"{OFFLOAD_ON} [optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION} where it is 0]"
+
+
+def offload_on_fix(ctx: Context | None) -> str:
+    """The overrides that turn optimizer offload on: with a fraction too where the config's offloads nothing, so that
+    pasting the fix does not lead to the fraction rule next (``ctx`` None: the docs table's form)."""
+    if ctx is None:
+        return OFFLOAD_ON_TEXT
+    fraction = _fraction(ctx)
+    return OFFLOAD_ON if fraction is not None and fraction > 0.0 else (
+        f"{OFFLOAD_ON} optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION}")
+
+
 RULES: tuple[Rule, ...] = guarded(
     Rule.of_range(OPTIMIZER, OPTIMIZER_OFFLOAD_FRACTION),
     Rule(id="optimizer-offload/distributed-optimizer", mechanism=OPTIMIZER, key="optimizer.use_distributed_optimizer",
@@ -50,19 +66,20 @@ RULES: tuple[Rule, ...] = guarded(
     Rule(id="optimizer-offload/fraction-zero", mechanism=OPTIMIZER, key="optimizer.optimizer_offload_fraction",
          text="with optimizer offload on and fraction 0 nothing is offloaded, yet the hybrid optimizer runs",
          applies=lambda c: optimizer_offload_on(c) and _fraction(c) is not None, holds=lambda c: _fraction(c) > 0.0,
-         fix=fixed("optimizer.optimizer_offload_fraction=0.5  (or optimizer.optimizer_cpu_offload=False)"),
+         fix=fixed(f"optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION}  (or optimizer.optimizer_cpu_offload=False)"),
          severity="warning"),
     Rule(id="optimizer-offload/fraction-ignored", mechanism=OPTIMIZER, key="optimizer.optimizer_cpu_offload",
          text="optimizer_offload_fraction > 0 has no effect while optimizer_cpu_offload is False",
          applies=lambda c: not optimizer_offload_on(c) and (_fraction(c) or 0.0) > 0.0,
          holds=lambda c: False,
-         fix=fixed("optimizer.optimizer_cpu_offload=True  (or optimizer.optimizer_offload_fraction=0)"),
+         fix=fixed(f"{OFFLOAD_ON}  (or optimizer.optimizer_offload_fraction=0)"),
          severity="warning"),
     Rule(id="optimizer-offload/overlap-ignored", mechanism=OPTIMIZER, key="optimizer.overlap_cpu_optimizer_d2h_h2d",
          text="D2H/H2D overlap has no effect while optimizer_cpu_offload is False",
          applies=lambda c: not optimizer_offload_on(c) and bool(c.opt.overlap_cpu_optimizer_d2h_h2d),
          holds=lambda c: False,
-         fix=fixed("optimizer.optimizer_cpu_offload=True  (or optimizer.overlap_cpu_optimizer_d2h_h2d=False)"),
+         fix=lambda c: f"{offload_on_fix(c)}  (or optimizer.overlap_cpu_optimizer_d2h_h2d=False)",
+         fix_text=f"{OFFLOAD_ON_TEXT}  (or optimizer.overlap_cpu_optimizer_d2h_h2d=False)",
          severity="warning"),
     Rule(id="optimizer-offload/precision-aware-ignored", mechanism=OPTIMIZER,
          key="optimizer.use_precision_aware_optimizer",

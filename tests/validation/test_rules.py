@@ -482,8 +482,33 @@ def test_bf16_moments_the_run_would_ignore_are_refused_and_either_fix_resolves_i
     stream, fp32 = problem.fix.split("  (or ")
     assert fp32 == "++env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS=fp32)"
     for fix in (stream.split(), [fp32.rstrip(")")]):
-        fixed = apply_overrides(cfg, [*fix, "optimizer.optimizer_offload_fraction=1.0"])
+        fixed = apply_overrides(cfg, fix)
         assert "offload-engine/stream-moments-need-stream" not in _moments_problems(fixed), fix
+
+
+@pytest.mark.parametrize("rule_id,settings", [
+    ("offload-engine/needs-optimizer-offload", EXACT),
+    ("offload-engine/fetch-ahead-needs-stream", {**EXACT, FETCH_AHEAD: "on"}),
+    ("offload-engine/stream-moments-need-stream", {**EXACT, MOMENTS: "bf16"}),
+    ("optimizer-offload/overlap-ignored", {"optimizer.overlap_cpu_optimizer_d2h_h2d": True}),
+])
+@pytest.mark.parametrize("fraction", [0.0, 0.3])
+def test_a_fix_that_turns_offload_on_names_a_fraction_where_the_configs_offloads_nothing(recipe, rule_id, settings,
+                                                                                         fraction):
+    """With optimizer offload off, a fix that turns it on, pasted whole before its "(or", leaves no error and not the
+    fraction-zero warning that "offload on at fraction 0" would raise next; it keeps a fraction the user chose."""
+    from overrides import apply_overrides
+
+    cfg = recipe(DENSE_OPT)
+    for key, value in {**settings, "optimizer.optimizer_cpu_offload": False,
+                       "optimizer.optimizer_offload_fraction": fraction}.items():
+        set_path(cfg, key, value)
+    problem = {p.rule_id: p for p in check_rules(Context(cfg, 1, environ={}))}[rule_id]
+    fix = problem.fix.split("  (or ")[0].split()
+    assert ("optimizer.optimizer_offload_fraction=0.5" in fix) == (fraction == 0.0), fix
+    after = check_rules(Context(apply_overrides(cfg, fix), 1, environ={}))
+    assert rule_id not in {p.rule_id for p in after}
+    assert not [p.rule_id for p in after if p.severity == "error" or p.rule_id == "optimizer-offload/fraction-zero"]
 
 
 def test_the_shells_moments_win_over_the_configs(recipe):
