@@ -642,7 +642,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # change the tensor sizes along the sequence, the micro batch and recompute. Each device is the rule's plan +
       # margin at the fraction named + 0.05 GiB (plan_offload.py --json on the CPU, tree of the commit that adds this
       # phase), so auto picks that fraction and the run there tests the allowance itself. check_auto's runs: at auto,
-      # 0.05 below and, where that trains, 0.10 below.
+      # 0.05 below and, where that trains, 0.10 below. Ran in the twenty-ninth session on an H100 (planner-auto-7/: the
+      # first four cases; without recompute each pick trained, with full recompute the pick ran out of memory and the
+      # rule is no longer applied with recompute, so 4b-sl16384-recompute would now test first-step, not this rule).
       mkdir -p "$runs/planner-auto-7"
       recompute="model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=1"
       for case in ${CASES:-4b-sl4096 4b-sl8192-recompute 1p7b-sl8192-mb2 4b-sl3072-mb2 4b-sl16384-recompute}; do

@@ -16,7 +16,8 @@ RESERVE_RULE_KEY = f"env_vars.{RESERVE_RULE_ENV}"
 STEADY_PEAK = "steady-peak"
 FIRST_STEP = "first-step"
 # first-step's block, and beside the steady peak only the free gaps smaller than a 20 MiB page, which a full device
-# cannot give back (docs/benchmarks/smallest-trains/): opt-in until auto has been checked with it on the GPU
+# cannot give back (docs/benchmarks/smallest-trains/): opt-in while the GPU checks of auto with it cover dense models
+# up to 4B on one GPU without recompute only (planner-auto-6/, planner-auto-7/)
 FULL_DEVICE = "full-device"
 # full-device's allowance for those gaps beside the steady peak, in GiB (why this figure: planning/memory_plan.py's
 # SUB_PAGE_GAPS_BYTES)
@@ -38,8 +39,9 @@ STEADY_PEAK_COUNTS = ("the loss's block beside the steady state's peak, as if a 
 FULL_DEVICE_COUNTS = ("the loss's block beside step 1's memory as first-step does, and beside the steady peak only "
                       "an allowance for the free gaps smaller than a 20 MiB page that PyTorch cannot give back on a "
                       "full device (0.52 GiB measured beside Qwen3-4B's peak: docs/benchmarks/reserve-snapshot/; "
-                      "other configurations' gaps are not predicted); opt-in: auto has not yet been checked with it "
-                      "on configurations it was not set on")
+                      "other configurations' gaps are not predicted; not applied with activation recompute, whose run "
+                      "kept more); opt-in: auto trained at its pick on five dense configurations it was not set on, "
+                      "none over 4B, none with activation offload (docs/benchmarks/planner-auto-7/)")
 
 
 def reserve_rule(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:

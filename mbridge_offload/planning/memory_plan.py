@@ -100,6 +100,11 @@ EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # held more beyond their peaks on devices with room (planner-auto-3/'s 4B at 2048 tokens 0.61 GiB, planner-auto-4/'s
 # at 8192 tokens 0.90-0.92), how much of it stuck not known: h200.sh's planner-auto-6 runs the latter first.
 SUB_PAGE_GAPS_BYTES = int(SUB_PAGE_GAPS_GIB * GIB)
+# What a run with activation recompute kept of them, so the full-device rule does not apply there: Qwen3-4B at 8192
+# tokens with full recompute ran out of memory at auto's pick (0.5) and 0.05 below on a device of the rule's plan +
+# margin + 0.05 GiB, PyTorch's peak planned to 0.05 %, with 1.0 GiB reserved but unallocated at each error
+# (docs/benchmarks/planner-auto-7/). Every run the allowance was read or checked on ran without recompute.
+RECOMPUTE_GAPS_SEEN_GIB = 1.0
 # Either reserve is at least the loss's largest tensor (activations.largest_loss_tensor_bytes: the bf16 logits of a
 # micro batch, or the unfused cross entropy's fp32 copy) plus LOSS_TENSOR_RESERVE_SLACK_BYTES: the allocator can keep
 # the block that tensor freed beyond the peak. Set on the two runs at fraction 1 whose reserve was one bf16 logits
@@ -390,9 +395,11 @@ def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve
     if full_device:
         return (f"{RESERVE_RULE_ENV}={FULL_DEVICE}: the allocator's reserve counts {FULL_DEVICE_COUNTS}",)
     if rule == FULL_DEVICE and applied:
-        return (f"the {FULL_DEVICE} reserve rule needs one GPU and expandable segments (PyTorch unmaps free pages only "
-                f"there; its gaps were read on one GPU, and sharded tensors leave other remainders): planned with "
-                f"{FIRST_STEP}",)
+        return (f"the {FULL_DEVICE} reserve rule needs one GPU, expandable segments and no activation recompute "
+                f"(PyTorch unmaps free pages only with expandable segments; its gaps were read on one GPU without "
+                f"recompute, sharded tensors leave other remainders, and a run with full recompute kept "
+                f"{RECOMPUTE_GAPS_SEEN_GIB} GiB of them on a full device, docs/benchmarks/planner-auto-7/): planned "
+                f"with {FIRST_STEP}",)
     if not applied and (asked or loss_sets_reserve):  # full-device is only ever asked for
         return (f"the {rule} reserve rule does not apply to this configuration (the stream engine or several "
                 f"pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
@@ -440,8 +447,10 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     rule = reserve_rule(env_vars, os.environ)
     rule = rule if rule in RESERVE_RULES else DEFAULT_RESERVE_RULE  # the validator refuses it (reserve-rule-known)
     block_at_first_step = rule in (FIRST_STEP, FULL_DEVICE) and first_step_rule_applies(cfg, stream)
-    # the gaps were read on one GPU with expandable segments only: sharded tensors leave other remainders
-    full_device = rule == FULL_DEVICE and block_at_first_step and expandable and num_gpus == 1
+    # the gaps were read on one GPU with expandable segments, without recompute: sharded tensors leave other
+    # remainders, and recompute's tensors left more than the allowance (RECOMPUTE_GAPS_SEEN_GIB)
+    full_device = (rule == FULL_DEVICE and block_at_first_step and expandable and num_gpus == 1
+                   and m.recompute_granularity is None)
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:

@@ -21,10 +21,12 @@ RULES: tuple[Rule, ...] = guarded(
                                    f"plans more, or {FULL_DEVICE}, which plans less, opt-in; a value in the shell "
                                    "wins: unset it there)")),
     Rule(id="planner/reserve-rule-full-device", mechanism=OPTIMIZER, key=RESERVE_RULE_KEY,
-         text=f"the {FULL_DEVICE} reserve rule plans less GPU memory than the rule auto was checked with on the GPU: "
-              f"its {SUB_PAGE_GAPS_GIB:g} GiB allowance for the sub-page gaps a full device keeps was read from one "
-              "configuration, and no GPU run of auto has checked it on others (docs/benchmarks/smallest-trains/); "
-              "check a fraction it picks with scripts/check_auto.py before a long run",
+         text=f"the {FULL_DEVICE} reserve rule plans less GPU memory than the default rule: its "
+              f"{SUB_PAGE_GAPS_GIB:g} GiB allowance for the sub-page gaps a full device keeps was read from one "
+              "configuration; GPU runs of auto trained at its pick on five other dense configurations on one GPU "
+              "without recompute, and with full recompute it ran out of memory, so it is not applied there "
+              "(docs/benchmarks/planner-auto-6/, planner-auto-7/); no model over 4B and no activation offload has been "
+              "checked: check a fraction it picks with scripts/check_auto.py before a long run",
          applies=lambda c: _rule(c) == FULL_DEVICE, holds=lambda c: False, observed=_rule,
          fix=fixed(f"++{RESERVE_RULE_KEY}={FIRST_STEP}  (the default, which auto was checked with; a value in the "
                    "shell wins: unset it there)"), severity="warning"),

@@ -6,6 +6,9 @@ trained, two steps below.
 
 - planner-auto-6/ (twenty-fifth session): three dense configurations, none of them the 4B whose gaps set the opt-in
   full-device rule's 0.55 GiB allowance (smallest-trains/), run with that rule.
+- planner-auto-7/ (twenty-ninth session): four Qwen3-4B configurations (4096 tokens; 3072 tokens, micro batch 2; 8192
+  tokens with full recompute) and planner-auto-6's 1.7B again, run with the full-device rule; the recompute case ran
+  out of memory at its pick, and the rule is no longer applied with recompute.
 - planner-auto-moe/ (twenty-sixth session): four configurations of the MoE proxy (2, 3, 4 and 6 layers, 4096 to 12288
   tokens, micro batch 1 and 2), run with the first-step rule, the MoE default since the twenty-fifth session
   (reserve-snapshot/order/): its first auto checks on devices sized for its plan."""
@@ -60,6 +63,41 @@ def test_full_device_picks_a_fraction_that_trained_and_plans_above_every_dense_r
         assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
         out_of_memory += _plans_above_every_run(case, check, runs, planned)
     assert out_of_memory == 1
+
+
+def test_full_device_without_recompute_picks_the_smallest_fraction_that_trained_on_the_4b_checks(built, auto_checks,
+                                                                                                 monkeypatch):
+    """planner-auto-7/, the cases without recompute: each pick trained, with the plan and its 0.1 % margin at or above
+    the whole device every run that trained used (the 4B at 4096 tokens used 0.03 GiB more than the plan, 0.075 GiB
+    less than plan + margin), and above the device where a run ran out of memory; on both 4B configurations 0.05
+    below the pick ran out of memory, and on the 1.7B 0.45 trained and 0.4 ran out (the step goal met on all three)."""
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    checks = [c for c in auto_checks("planner-auto-7") if c.cfg(built).model.recompute_granularity is None]
+    replayed = _replayed(built, checks, FULL_DEVICE)
+    assert len(replayed) == 3
+    for case, check, runs, picked, picked_plan, planned in replayed:
+        assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
+        for fraction, run in runs.items():
+            if run["outcome"] == "trained":
+                assert planned[fraction] + picked_plan.margin_gib >= run["device_used_gib"], (case, fraction)
+            else:
+                assert planned[fraction] > check["device_gib"], (case, fraction, planned[fraction])
+        smallest = min(f for f, run in runs.items() if run["outcome"] == "trained")
+        assert round(picked - smallest, 2) <= STEP, (case, picked, smallest)
+        assert any(run["outcome"] == "out of memory" for f, run in runs.items() if f < smallest), case
+
+
+def test_full_device_asked_with_recompute_plans_first_step_above_both_fractions_that_ran_out(built, auto_checks,
+                                                                                             monkeypatch):
+    """planner-auto-7/'s 4B at 8192 tokens with full recompute ran out of memory at full-device's pick (0.5) and at
+    0.45 on a 61.73 GiB device, with 1.0 GiB of gaps kept at each error. Asked for today, the rule falls back to
+    first-step, which picks above both and plans each of them above the device."""
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    (check,) = [c for c in auto_checks("planner-auto-7") if c.cfg(built).model.recompute_granularity == "full"]
+    ((case, _, runs, picked, picked_plan, planned),) = _replayed(built, [check], FIRST_STEP)
+    assert {f: run["outcome"] for f, run in runs.items()} == {0.5: "out of memory", 0.45: "out of memory"}
+    assert picked > 0.5, picked
+    _plans_above_every_run(case, check.check, runs, planned)
 
 
 def test_the_default_rule_picks_a_fraction_that_trained_and_plans_above_every_moe_run(built, auto_checks,
