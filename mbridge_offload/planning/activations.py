@@ -185,6 +185,12 @@ def recomputed_modules(m) -> set[str]:
     return modules
 
 
+def recomputes(m) -> bool:
+    """Whether the run recomputes any activations in the backward: full recompute, selective (of any modules, or of
+    none listed), or the deprecated moe_layer_recompute, which Megatron Core turns into selective at finalize."""
+    return m.recompute_granularity is not None or bool(recomputed_modules(m))
+
+
 def layer_activations(cfg) -> LayerActivations:
     """Bytes a layer keeps for backward per micro batch, and how many of them fine-grained offload takes."""
     m = cfg.model

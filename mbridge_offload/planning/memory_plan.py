@@ -58,7 +58,7 @@ from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP
                                                 SUB_PAGE_GAPS_GIB, reserve_rule)
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.validation.problem import Problem
-from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
+from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes, recomputes,
                                                   largest_loss_tensor_bytes)
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
@@ -98,12 +98,15 @@ EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
 # in planner-auto-5/); the other dense configurations measured kept 0.02-0.13 GiB. Rounded up. It is not a bound: the
 # gaps are remainders of each configuration's tensor sizes, which the plan does not model yet, and two other 4B runs
 # held more beyond their peaks on devices with room (planner-auto-3/'s 4B at 2048 tokens 0.61 GiB, planner-auto-4/'s
-# at 8192 tokens 0.90-0.92), how much of it stuck not known: h200.sh's planner-auto-6 runs the latter first.
+# at 8192 tokens 0.90-0.92), how much of it stuck not known: h200.sh's planner-auto-6 still owes the latter (an H200's
+# 100 GiB). On a full device it held on Qwen3-4B at 4096 tokens and at 3072 tokens, micro batch 2 (planner-auto-7/).
 SUB_PAGE_GAPS_BYTES = int(SUB_PAGE_GAPS_GIB * GIB)
 # What a run with activation recompute kept of them, so the full-device rule does not apply there: Qwen3-4B at 8192
 # tokens with full recompute ran out of memory at auto's pick (0.5) and 0.05 below on a device of the rule's plan +
 # margin + 0.05 GiB, PyTorch's peak planned to 0.05 %, with 1.0 GiB reserved but unallocated at each error
-# (docs/benchmarks/planner-auto-7/). Every run the allowance was read or checked on ran without recompute.
+# (docs/benchmarks/planner-auto-7/). Every run the allowance was read or checked on ran without recompute. That run
+# is also the only 4B checked at more than 6144 tokens a micro batch: recompute and the longer sequence are not told
+# apart, and the 4B at 8192 tokens without recompute (planner-auto-6's first case) is owed.
 RECOMPUTE_GAPS_SEEN_GIB = 1.0
 # Either reserve is at least the loss's largest tensor (activations.largest_loss_tensor_bytes: the bf16 logits of a
 # micro batch, or the unfused cross entropy's fp32 copy) plus LOSS_TENSOR_RESERVE_SLACK_BYTES: the allocator can keep
@@ -214,7 +217,8 @@ class Plan:
     allocator_reserve_is_loss_tensor: bool = False
     # which memory the loss's block is counted beside, and what beside the steady peak (facts/reserve_rule.py): the
     # rule in force for this plan; steady-peak where first-step, the default, does not apply (first_step_rule_applies);
-    # full-device only where it was asked for and its readings were made (one GPU, expandable segments), else first-step
+    # full-device only where it was asked for and its readings were made (one GPU, expandable segments, no activation
+    # recompute), else first-step
     reserve_rule: str = DEFAULT_RESERVE_RULE
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
@@ -450,7 +454,7 @@ def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: floa
     # the gaps were read on one GPU with expandable segments, without recompute: sharded tensors leave other
     # remainders, and recompute's tensors left more than the allowance (RECOMPUTE_GAPS_SEEN_GIB)
     full_device = (rule == FULL_DEVICE and block_at_first_step and expandable and num_gpus == 1
-                   and m.recompute_granularity is None)
+                   and not recomputes(m))
 
     def optimizer_shards(tensor: Tensor) -> int:
         if not distributed:

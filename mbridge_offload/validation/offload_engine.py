@@ -94,15 +94,22 @@ def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY,
                 holds=holds, fix=fixed(fix), observed=observed)
 
 
-def _with_offload_on(first: str, rest: str):
-    """A fix that turns optimizer offload on after ``first`` (with a fraction where the config's is 0), and its
-    docs-table form: (fix, fix_text) for a Rule."""
-    return (lambda c: f"{first}{offload_on_fix(c)}{rest}", f"{first}{OFFLOAD_ON_TEXT}{rest}")
+_OVERLAP_ON = "optimizer.overlap_cpu_optimizer_d2h_h2d=True"
+_OVERLAP_ON_TEXT = f" [{_OVERLAP_ON} with the exact or delayed engine where it is off]"
 
 
-def _needing_offload(rule: Rule, first: str, rest: str) -> Rule:
-    fix, fix_text = _with_offload_on(first, rest)
-    return replace(rule, fix=fix, fix_text=fix_text)
+def _overlap_if_needed(ctx: Context) -> str:
+    """The copy streams the exact and delayed engines need (needs-overlap-streams), where the config has them off."""
+    return f" {_OVERLAP_ON}" if _mode(ctx) in (EXACT, DELAYED) and not ctx.opt.overlap_cpu_optimizer_d2h_h2d else ""
+
+
+def _needing_offload(rule: Rule, first: str, rest: str, engine_needs: bool = False) -> Rule:
+    """``rule`` with a fix that turns optimizer offload on after ``first`` (offload_on_fix: with what offload needs
+    that the config lacks; ``engine_needs``: and the overlap streams of the engine the config keeps), and its
+    docs-table form."""
+    also = _overlap_if_needed if engine_needs else (lambda _: "")
+    return replace(rule, fix=lambda c: f"{first}{offload_on_fix(c)}{also(c)}{rest}",
+                   fix_text=f"{first}{OFFLOAD_ON_TEXT}{_OVERLAP_ON_TEXT if engine_needs else ''}{rest}")
 
 
 _SHARED_LINK = "its copies share the host link and the GPU's copy engines with the engine's"
@@ -126,7 +133,7 @@ RULES: tuple[Rule, ...] = guarded(
                                   "optimizer step: with optimizer offload off it has nothing to run",
                                   applies=_streaming, holds=lambda c: bool(c.opt.optimizer_cpu_offload),
                                   observed=_mode, fix=""),
-                     "", f"  (or ++{ENGINE_KEY}=library)"),
+                     "", f"  (or ++{ENGINE_KEY}=library)", engine_needs=True),
     _engine_rule("needs-overlap-streams", "the streaming offload engine copies on the D2H/H2D overlap streams "
                  "(run_recipe.py's tuning turns them on); the stream mode has copy streams of its own",
                  key="optimizer.overlap_cpu_optimizer_d2h_h2d",

@@ -34,17 +34,28 @@ def _fraction(ctx: Context) -> float | None:
 # The fraction a fix names where one is needed and the user has not chosen: half, the planner's middle
 SUGGESTED_FRACTION = 0.5
 OFFLOAD_ON = "optimizer.optimizer_cpu_offload=True"
-OFFLOAD_ON_TEXT = f"{OFFLOAD_ON} [optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION} where it is 0]"
+DISTRIBUTED_OPTIMIZER_ON = "optimizer.use_distributed_optimizer=True ddp.use_distributed_optimizer=True"
+OFFLOAD_ON_TEXT = (f"{OFFLOAD_ON} [optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION} where it offloads "
+                   f"nothing] [{DISTRIBUTED_OPTIMIZER_ON} where it is off]")
+
+
+def _distributed(ctx: Context) -> bool:
+    return bool(ctx.opt.use_distributed_optimizer or ctx.cfg.ddp.use_distributed_optimizer)
 
 
 def offload_on_fix(ctx: Context | None) -> str:
-    """The overrides that turn optimizer offload on: with a fraction too where the config's offloads nothing, so that
-    pasting the fix does not lead to the fraction rule next (``ctx`` None: the docs table's form)."""
+    """The overrides that turn optimizer offload on, with what it needs that the config lacks: a fraction where the
+    config's offloads nothing or is out of range, and the distributed optimizer, so that pasting the fix does not lead
+    to those rules next (``ctx`` None: the docs table's form)."""
     if ctx is None:
         return OFFLOAD_ON_TEXT
     fraction = _fraction(ctx)
-    return OFFLOAD_ON if fraction is not None and fraction > 0.0 else (
-        f"{OFFLOAD_ON} optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION}")
+    words = [OFFLOAD_ON]
+    if fraction is None or not 0.0 < fraction <= 1.0:
+        words.append(f"optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION}")
+    if not _distributed(ctx):
+        words.append(DISTRIBUTED_OPTIMIZER_ON)
+    return " ".join(words)
 
 
 RULES: tuple[Rule, ...] = guarded(
@@ -52,8 +63,7 @@ RULES: tuple[Rule, ...] = guarded(
     Rule(id="optimizer-offload/distributed-optimizer", mechanism=OPTIMIZER, key="optimizer.use_distributed_optimizer",
          text="optimizer offload needs the distributed optimizer (HybridDeviceOptimizer works on its shard)",
          applies=optimizer_offload_on,
-         holds=lambda c: bool(c.opt.use_distributed_optimizer or c.cfg.ddp.use_distributed_optimizer),
-         fix=fixed("optimizer.use_distributed_optimizer=True ddp.use_distributed_optimizer=True")),
+         holds=_distributed, fix=fixed(DISTRIBUTED_OPTIMIZER_ON)),
     Rule(id="optimizer-offload/optimizer-kind", mechanism=OPTIMIZER, key="optimizer.optimizer",
          text="optimizer offload supports only 'adam' and 'sgd' (CPU twins exist for these two)",
          # only a word Megatron Core knows: any other is refused once, by choices/optimizer with its did-you-mean

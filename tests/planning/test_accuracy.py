@@ -69,7 +69,8 @@ def test_the_whole_device_is_never_underplanned_beyond_autos_margin_on_heldout_r
 def test_the_planned_reserve_covers_every_heldout_run():
     """The reserve the plan counts (the envelope of its setting, or the loss's largest tensor where that is larger)
     against the one measured (NVML's whole device less PyTorch's peak and the memory outside PyTorch), with and
-    without expandable segments, on the runs that set nothing in it."""
+    without expandable segments, on the runs that set nothing in it: it covers all but the two recompute runs named
+    below, which it misses by at most 0.4 GiB."""
     rows = [r for r in _heldout_device_rows() if not r["run"].endswith(RESERVE_SHORT)]
     assert sum(r["expandable_segments"] for r in rows) >= 12
     short = {r["run"].split("/docs/benchmarks/")[1]: _reserve_gib(r) - r["planned_reserve_gib"] for r in rows
@@ -271,7 +272,7 @@ def test_host_between_steps_within_5_percent_on_heldout_runs():
 # The held-out runs alone on the node or beside a ballast process only (their node peak is theirs, the ballast's and
 # the system's; the others ran side by side).
 ALONE_OR_BESIDE_A_BALLAST = ("/planner-auto-2/", "/planner-auto-3/", "/planner-auto-4/", "/planner-auto-5/",
-                             "/planner-auto-moe/", "/heap-release/",
+                             "/planner-auto-moe/", "/planner-auto-7/", "/heap-release/",
                              "/planner-heldout-3/8b-sl2048-overlap-off", "/planner-heldout-2/4b-sl2048")
 def _heldout_rows_with_cfg() -> list[tuple[dict, object]]:
     from overrides import apply_overrides

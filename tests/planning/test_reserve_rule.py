@@ -160,15 +160,21 @@ def test_full_device_falls_back_where_it_cannot_apply_and_the_plan_says_so(built
     assert any(f"the {FULL_DEVICE} reserve rule does not apply" in note for note in stream.notes)
 
 
-@pytest.mark.parametrize("recompute", [
-    ["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"],
-    ["model.recompute_granularity=selective"]])
-def test_full_device_is_not_applied_with_activation_recompute(built, monkeypatch, recompute):
+@pytest.mark.parametrize("recipe,recompute", [
+    ("qwen3_0p6b_pretrain_config",
+     ["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"]),
+    ("qwen3_0p6b_pretrain_config", ["model.recompute_granularity=selective"]),
+    # the deprecated flag, which Megatron Core turns into selective recompute of moe only at finalize
+    ("qwen3_30b_a3b_proxy_pretrain_config", ["model.num_layers=2", "model.moe_layer_recompute=True"])])
+def test_full_device_is_not_applied_with_activation_recompute(built, monkeypatch, recipe, recompute):
     """planner-auto-7/: Qwen3-4B at 8192 tokens with full recompute ran out of memory at full-device's pick with 1.0
-    GiB of gaps kept, beyond its 0.55 GiB allowance, which was read and checked on runs without recompute only; a
-    recompute of either granularity is planned with first-step, and the plan says why."""
+    GiB of gaps kept, beyond its 0.55 GiB allowance, which was read and checked on runs without recompute only; any
+    recompute is planned with first-step, and the plan says why."""
     monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
-    cfg = apply_overrides(_cfg(built, "qwen3_0p6b_pretrain_config", 8192), recompute)
+    without = _cfg(built, recipe, 8192, *recompute[:1]) if recipe.startswith("qwen3_30b") else None
+    if without is not None:  # the same MoE proxy without the flag gets the rule: the flag is what turns it off
+        assert plan(without, 1, fraction=0.65, expandable=True).reserve_rule == FULL_DEVICE
+    cfg = apply_overrides(_cfg(built, recipe, 8192), recompute)
     asked = plan(cfg, 1, fraction=0.65, expandable=True)
     monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
     first = plan(cfg, 1, fraction=0.65, expandable=True)

@@ -486,26 +486,38 @@ def test_bf16_moments_the_run_would_ignore_are_refused_and_either_fix_resolves_i
         assert "offload-engine/stream-moments-need-stream" not in _moments_problems(fixed), fix
 
 
-@pytest.mark.parametrize("rule_id,settings", [
-    ("offload-engine/needs-optimizer-offload", EXACT),
-    ("offload-engine/fetch-ahead-needs-stream", {**EXACT, FETCH_AHEAD: "on"}),
-    ("offload-engine/stream-moments-need-stream", {**EXACT, MOMENTS: "bf16"}),
-    ("optimizer-offload/overlap-ignored", {"optimizer.overlap_cpu_optimizer_d2h_h2d": True}),
-])
-@pytest.mark.parametrize("fraction", [0.0, 0.3])
-def test_a_fix_that_turns_offload_on_names_a_fraction_where_the_configs_offloads_nothing(recipe, rule_id, settings,
-                                                                                         fraction):
+TURNS_OFFLOAD_ON = [("offload-engine/needs-optimizer-offload", EXACT),
+                    ("offload-engine/needs-optimizer-offload", DELAYED),
+                    ("offload-engine/fetch-ahead-needs-stream", {**EXACT, FETCH_AHEAD: "on"}),
+                    ("offload-engine/stream-moments-need-stream", {**EXACT, MOMENTS: "bf16"}),
+                    ("optimizer-offload/overlap-ignored", {"optimizer.overlap_cpu_optimizer_d2h_h2d": True})]
+WITHOUT_WHAT_OFFLOAD_NEEDS = {
+    "nothing else": {},
+    "no distributed optimizer": {"optimizer.use_distributed_optimizer": False, "ddp.use_distributed_optimizer": False},
+    "no overlap streams": {"optimizer.overlap_cpu_optimizer_d2h_h2d": False},
+}
+
+
+@pytest.mark.parametrize("rule_id,settings", TURNS_OFFLOAD_ON)
+@pytest.mark.parametrize("lacking", sorted(WITHOUT_WHAT_OFFLOAD_NEEDS))
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 1.5])
+def test_a_fix_that_turns_offload_on_brings_what_offload_needs(recipe, rule_id, settings, lacking, fraction):
     """With optimizer offload off, a fix that turns it on, pasted whole before its "(or", leaves no error and not the
-    fraction-zero warning that "offload on at fraction 0" would raise next; it keeps a fraction the user chose."""
+    fraction-zero warning: it names a fraction where the config's offloads nothing or is out of range (and keeps one
+    the user chose), the distributed optimizer where it is off, and the exact and delayed engines' overlap streams."""
     from overrides import apply_overrides
 
+    extra = WITHOUT_WHAT_OFFLOAD_NEEDS[lacking]
+    if rule_id == "optimizer-offload/overlap-ignored" and lacking == "no overlap streams":
+        pytest.skip("that rule fires only with the overlap on")
     cfg = recipe(DENSE_OPT)
-    for key, value in {**settings, "optimizer.optimizer_cpu_offload": False,
+    for key, value in {**settings, **extra, "optimizer.optimizer_cpu_offload": False,
                        "optimizer.optimizer_offload_fraction": fraction}.items():
         set_path(cfg, key, value)
     problem = {p.rule_id: p for p in check_rules(Context(cfg, 1, environ={}))}[rule_id]
     fix = problem.fix.split("  (or ")[0].split()
-    assert ("optimizer.optimizer_offload_fraction=0.5" in fix) == (fraction == 0.0), fix
+    assert ("optimizer.optimizer_offload_fraction=0.5" in fix) == (fraction != 0.3), fix
+    assert ("ddp.use_distributed_optimizer=True" in fix) == (lacking == "no distributed optimizer"), fix
     after = check_rules(Context(apply_overrides(cfg, fix), 1, environ={}))
     assert rule_id not in {p.rule_id for p in after}
     assert not [p.rule_id for p in after if p.severity == "error" or p.rule_id == "optimizer-offload/fraction-zero"]
