@@ -28,8 +28,8 @@ The model, checked against the seed's Qwen3-30B-A3B numbers and the H200 runs (d
   (8 B; 4 B with ``MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16``) and the fp32 parameter copy (4 B), pinned in place in
   flat buffers (no rounding), no gradient copy; the GPU adds the ring the moments pass through
   (``stream_ring_bytes``, per optimizer: dense and expert, in the moments' dtype); the link carries the moments'
-  bytes per offloaded parameter each way (8, or 4 in bf16) and the CPU runs no Adam. It offloads by the same rule from the
-  tensor the forward uses last (``last_used_first``; on the H200 the plan's count at 0.25 was the run's to the
+  bytes per offloaded parameter each way (8, or 4 in bf16) and the CPU runs no Adam. It offloads by the same rule
+  from the tensor the forward uses last (``last_used_first``; on the H200 the plan's count at 0.25 was the run's to the
   parameter). Its host peak is its steady state: it runs no CPU optimizer, and the 8-layer MoE proxy's RSS high
   water was its step-end RSS to 0.01 GiB (docs/benchmarks/offload-engine/stream-moe-8/).
 - The pipeline stage with the most GPU bytes is the worst rank; the plan reports it, and each stage.
@@ -58,8 +58,8 @@ from mbridge_offload.facts.reserve_rule import (DEFAULT_RESERVE_RULE, FIRST_STEP
                                                 SUB_PAGE_GAPS_GIB, reserve_rule)
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.validation.problem import Problem
-from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes, recomputes,
-                                                  largest_loss_tensor_bytes)
+from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
+                                                  largest_loss_tensor_bytes, recomputes)
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
 from mbridge_offload.planning.data_loader import data_loader_pinned_bytes, data_loader_transient_bytes

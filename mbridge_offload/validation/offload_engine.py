@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from mbridge_offload.facts.key_ranges import fixed
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
@@ -103,13 +101,14 @@ def _overlap_if_needed(ctx: Context) -> str:
     return f" {_OVERLAP_ON}" if _mode(ctx) in (EXACT, DELAYED) and not ctx.opt.overlap_cpu_optimizer_d2h_h2d else ""
 
 
-def _needing_offload(rule: Rule, first: str, rest: str, engine_needs: bool = False) -> Rule:
-    """``rule`` with a fix that turns optimizer offload on after ``first`` (offload_on_fix: with what offload needs
-    that the config lacks; ``engine_needs``: and the overlap streams of the engine the config keeps), and its
+def _needing_offload(suffix: str, text: str, first: str, rest: str, engine_needs: bool = False, **rule) -> Rule:
+    """An engine rule whose fix turns optimizer offload on after ``first`` (offload_on_fix: with what offload needs
+    that the config lacks; ``engine_needs``: and the overlap streams of the engine the config keeps), with its
     docs-table form."""
     also = _overlap_if_needed if engine_needs else (lambda _: "")
-    return replace(rule, fix=lambda c: f"{first}{offload_on_fix(c)}{also(c)}{rest}",
-                   fix_text=f"{first}{OFFLOAD_ON_TEXT}{_OVERLAP_ON_TEXT if engine_needs else ''}{rest}")
+    return Rule(id=f"offload-engine/{suffix}", mechanism=OPTIMIZER, text=text, **{"key": ENGINE_KEY, **rule},
+                fix=lambda c: f"{first}{offload_on_fix(c)}{also(c)}{rest}",
+                fix_text=f"{first}{OFFLOAD_ON_TEXT}{_OVERLAP_ON_TEXT if engine_needs else ''}{rest}")
 
 
 _SHARED_LINK = "its copies share the host link and the GPU's copy engines with the engine's"
@@ -129,11 +128,10 @@ RULES: tuple[Rule, ...] = guarded(
     _engine_rule("known", f"the offload engine ({ENGINE_ENV}) is one of {', '.join(ENGINE_MODES)}",
                  applies=lambda c: c.env(ENGINE_ENV) is not None, holds=lambda c: _mode(c) in ENGINE_MODES,
                  fix=f"++{ENGINE_KEY}=exact  (or run_recipe.py --offload-engine exact)", observed=_mode),
-    _needing_offload(_engine_rule("needs-optimizer-offload", "a streaming offload engine runs the offloaded "
-                                  "optimizer step: with optimizer offload off it has nothing to run",
-                                  applies=_streaming, holds=lambda c: bool(c.opt.optimizer_cpu_offload),
-                                  observed=_mode, fix=""),
-                     "", f"  (or ++{ENGINE_KEY}=library)", engine_needs=True),
+    _needing_offload("needs-optimizer-offload", "a streaming offload engine runs the offloaded optimizer step: with "
+                     "optimizer offload off it has nothing to run", "", f"  (or ++{ENGINE_KEY}=library)",
+                     engine_needs=True, applies=_streaming, holds=lambda c: bool(c.opt.optimizer_cpu_offload),
+                     observed=_mode),
     _engine_rule("needs-overlap-streams", "the streaming offload engine copies on the D2H/H2D overlap streams "
                  "(run_recipe.py's tuning turns them on); the stream mode has copy streams of its own",
                  key="optimizer.overlap_cpu_optimizer_d2h_h2d",
@@ -178,11 +176,11 @@ RULES: tuple[Rule, ...] = guarded(
                  observed=lambda c: fetch_ahead_setting(c.cfg.env_vars, c.environ),
                  fix=f"++{FETCH_AHEAD_KEY}=on  (or off, the default; a value in the shell wins: set it there; in a "
                      "YAML file quote it, 'on': YAML reads a bare on or off as true or false)"),
-    _needing_offload(_engine_rule("fetch-ahead-needs-stream", "fetch-ahead brings the stream engine's chunks up "
-                                  "during the backward: it runs only with the stream engine and optimizer offload on",
-                                  key=FETCH_AHEAD_KEY, applies=lambda c: fetch_ahead_on(c.cfg.env_vars, c.environ),
-                                  holds=lambda c: _stream_offload(c), observed=_mode, fix=""),
-                     f"++{ENGINE_KEY}=stream ", f"  (or ++{FETCH_AHEAD_KEY}=off)"),
+    _needing_offload("fetch-ahead-needs-stream", "fetch-ahead brings the stream engine's chunks up during the "
+                     "backward: it runs only with the stream engine and optimizer offload on",
+                     f"++{ENGINE_KEY}=stream ", f"  (or ++{FETCH_AHEAD_KEY}=off)", key=FETCH_AHEAD_KEY,
+                     applies=lambda c: fetch_ahead_on(c.cfg.env_vars, c.environ), holds=lambda c: _stream_offload(c),
+                     observed=_mode),
     Rule(id="offload-engine/fetch-ahead-measured", mechanism=OPTIMIZER, key=FETCH_AHEAD_KEY,
          text="on the 4-layer MoE proxy (one H100, docs/benchmarks/offload-engine/stream-fetch-ahead) fetch-ahead "
               "kept the update and the run's peak allocated, but its buffers added 2.9 GiB of reserved device "
@@ -196,11 +194,10 @@ RULES: tuple[Rule, ...] = guarded(
                  applies=lambda c: c.env(STREAM_MOMENTS_ENV) is not None, holds=lambda c: _moments(c) in MOMENT_BYTES,
                  observed=lambda c: repr(_moments(c)),
                  fix=STREAM_MOMENTS_KNOWN_FIX),
-    _needing_offload(_engine_rule("stream-moments-need-stream", "bf16 moments are the stream engine's: with another "
-                                  "engine, or with optimizer offload off, the setting would be ignored and the "
-                                  "moments stay fp32", key=STREAM_MOMENTS_KEY, applies=_bf16_moments,
-                                  holds=lambda c: _stream_offload(c), observed=_moments_where, fix=""),
-                     f"++{ENGINE_KEY}=stream ", f"  (or {FP32_MOMENTS_FIX})"),
+    _needing_offload("stream-moments-need-stream", "bf16 moments are the stream engine's: with another engine, or "
+                     "with optimizer offload off, the setting would be ignored and the moments stay fp32",
+                     f"++{ENGINE_KEY}=stream ", f"  (or {FP32_MOMENTS_FIX})", key=STREAM_MOMENTS_KEY,
+                     applies=_bf16_moments, holds=lambda c: _stream_offload(c), observed=_moments_where),
     Rule(id="offload-engine/stream-moments-not-exact", mechanism=OPTIMIZER, key=STREAM_MOMENTS_KEY,
          text="with bf16 moments the stream engine's update is not the one without offload: Adam computes in fp32 "
               "but its moments are rounded to bf16 at every step (measured on the CPU stand-in: the shards follow "

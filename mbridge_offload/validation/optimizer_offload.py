@@ -76,7 +76,8 @@ RULES: tuple[Rule, ...] = guarded(
     Rule(id="optimizer-offload/fraction-zero", mechanism=OPTIMIZER, key="optimizer.optimizer_offload_fraction",
          text="with optimizer offload on and fraction 0 nothing is offloaded, yet the hybrid optimizer runs",
          applies=lambda c: optimizer_offload_on(c) and _fraction(c) is not None, holds=lambda c: _fraction(c) > 0.0,
-         fix=fixed(f"optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION}  (or optimizer.optimizer_cpu_offload=False)"),
+         fix=fixed(f"optimizer.optimizer_offload_fraction={SUGGESTED_FRACTION}  "
+                   "(or optimizer.optimizer_cpu_offload=False)"),
          severity="warning"),
     Rule(id="optimizer-offload/fraction-ignored", mechanism=OPTIMIZER, key="optimizer.optimizer_cpu_offload",
          text="optimizer_offload_fraction > 0 has no effect while optimizer_cpu_offload is False",
