@@ -490,7 +490,8 @@ TURNS_OFFLOAD_ON = [("offload-engine/needs-optimizer-offload", EXACT),
                     ("offload-engine/needs-optimizer-offload", DELAYED),
                     ("offload-engine/fetch-ahead-needs-stream", {**EXACT, FETCH_AHEAD: "on"}),
                     ("offload-engine/stream-moments-need-stream", {**EXACT, MOMENTS: "bf16"}),
-                    ("optimizer-offload/overlap-ignored", {"optimizer.overlap_cpu_optimizer_d2h_h2d": True})]
+                    ("optimizer-offload/overlap-ignored", {"optimizer.overlap_cpu_optimizer_d2h_h2d": True}),
+                    ("optimizer-offload/fraction-ignored", {})]
 WITHOUT_WHAT_OFFLOAD_NEEDS = {
     "nothing else": {},
     "no distributed optimizer": {"optimizer.use_distributed_optimizer": False, "ddp.use_distributed_optimizer": False},
@@ -510,6 +511,8 @@ def test_a_fix_that_turns_offload_on_brings_what_offload_needs(recipe, rule_id, 
     extra = WITHOUT_WHAT_OFFLOAD_NEEDS[lacking]
     if rule_id == "optimizer-offload/overlap-ignored" and lacking == "no overlap streams":
         pytest.skip("that rule fires only with the overlap on")
+    if rule_id == "optimizer-offload/fraction-ignored" and fraction == 0.0:
+        pytest.skip("that rule fires only with a fraction above 0")
     cfg = recipe(DENSE_OPT)
     for key, value in {**settings, **extra, "optimizer.optimizer_cpu_offload": False,
                        "optimizer.optimizer_offload_fraction": fraction}.items():
