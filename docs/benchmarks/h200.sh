@@ -663,6 +663,31 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         esac
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=full-device; auto_pair "$runs/planner-auto-7" "$case" "$args")
       done ;;
+    planner-auto-8)
+      # Thirtieth session (issue #15, docs/benchmarks/planner-auto-8/; ~12 min, split by CASES over calls, in this
+      # order): the full-device rule without recompute on tensor sizes no auto check has run, on devices an H100 can
+      # stand in for. planner-auto-7's 4B at 8192 tokens with full recompute ran out of memory at the rule's pick; the
+      # 4B at 8192 tokens without recompute, which would tell recompute from the longer sequence, needs an H200's
+      # 100 GiB. The first case keeps the 4B's widths and sequence and cuts its depth to 24 of 36 layers, so it fits.
+      # The second is the 8B's widths (hidden 4096) at 16 of 36 layers; the third the first auto check with
+      # activation offload (the 1.7B's recipe, 14 of 28 layers offloaded) under this rule. Each device is the rule's
+      # plan + margin at 0.6 + 0.05 GiB (plan_offload.py --json on the CPU, from the tree of the commit that adds this
+      # phase), where the reserve beside the steady peak is the 0.55 GiB allowance, not the loss's block, so auto picks
+      # 0.6 and the run there tests the allowance. check_auto's runs: at auto, 0.05 below and, where that trains,
+      # 0.10 below.
+      mkdir -p "$runs/planner-auto-8"
+      for case in ${CASES:-4b-24-layers-sl8192 8b-16-layers-sl4096 1p7b-activation-offload-sl8192}; do
+        case $case in
+          4b-24-layers-sl8192) args="69.91 qwen3_4b_pretrain_config model.tensor_model_parallel_size=1 \
+            model.num_layers=24 model.seq_length=8192 dataset.seq_length=8192" ;;
+          8b-16-layers-sl4096) args="70.32 qwen3_8b_pretrain_config model.tensor_model_parallel_size=1 \
+            model.num_layers=16 model.seq_length=4096 dataset.seq_length=4096" ;;
+          1p7b-activation-offload-sl8192) args="41.99 qwen3_1p7b_activation_offload_config model.seq_length=8192 \
+            dataset.seq_length=8192" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        (export MBRIDGE_OFFLOAD_RESERVE_RULE=full-device; auto_pair "$runs/planner-auto-8" "$case" "$args")
+      done ;;
     planner-auto-moe)
       # Twenty-sixth session (planner-auto-moe/, one H100, three calls: 2 cases, then 2, then 1; 482 s for two cases).
       # Issue #15, ~18 min; split by CASES over calls, in this order; every device fits an H100 too. auto
