@@ -499,14 +499,16 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # commit 181f30e: FRACTIONS=0.25,1 (526 s), committed as offload-engine/bench-stream-lazy/. Nineteenth session,
       # from the tree of commit 155fb59 (318 s, baselines 0.48 s, 15 % apart): offload-engine/bench-stream-lazy-2/.
       # Twentieth session, from the tree of commit 17e0846 (379 s, baselines 0.559 s, 28.2 % apart):
-      # offload-engine/bench-stream-lazy-3/.
+      # offload-engine/bench-stream-lazy-3/. Thirtieth session, from the tree of commit b81c250 on one H100 (257 s,
+      # baselines 0.366 s, 0.9 % apart, 1.04x): offload-engine/bench-stream-lazy-4/.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/stream-lazy-bench" --resume \
         --host-json "$(host_json)" --fractions ${FRACTIONS:-0.25} --configs engine-stream --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
     delayed-bench)
-      # NOT RUN YET (issue #16, ~6-7 min): the opt-in delayed mode (one-step delayed update) at fraction 1 against its
+      # Issue #16 (~6-7 min): the opt-in delayed mode (one-step delayed update) at fraction 1 against its
       # own baselines, 3 rounds interleaved, 33 steps each: its goal is <= 1.10x, unmeasured since the eighth session's
-      # engine-bench (bench-dense-1/), whose delayed runs ran before the engine's later changes.
+      # engine-bench (bench-dense-1/), whose delayed runs ran before the engine's later changes. Ran in the thirtieth
+      # session, from the tree of commit b81c250 on one H100 (317 s, 1.37x: not met): offload-engine/bench-delayed/.
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$runs/delayed-bench" --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-delayed --repeats 3 --baseline-runs 3 \
         train.train_iters=33 ;;
@@ -674,7 +676,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # plan + margin at 0.6 + 0.05 GiB (plan_offload.py --json on the CPU, from the tree of the commit that adds this
       # phase), where the reserve beside the steady peak is the 0.55 GiB allowance, not the loss's block, so auto picks
       # 0.6 and the run there tests the allowance. check_auto's runs: at auto, 0.05 below and, where that trains,
-      # 0.10 below.
+      # 0.10 below. Ran in the thirtieth session on an H100 (389 s, planner-auto-8/): each pick trained and 0.05 below
+      # ran out of memory on all three; full-device is the default since.
       mkdir -p "$runs/planner-auto-8"
       for case in ${CASES:-4b-24-layers-sl8192 8b-16-layers-sl4096 1p7b-activation-offload-sl8192}; do
         case $case in
@@ -709,7 +712,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
             dataset.seq_length=4096" ;;
           *) echo "unknown case $case"; exit 2 ;;
         esac
-        (unset MBRIDGE_OFFLOAD_RESERVE_RULE; auto_pair "$runs/planner-auto-moe" "$case" "$args")
+        (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-moe" "$case" "$args")
       done ;;
     reserve-snapshot)
       # Eighteenth session (issue #15, docs/benchmarks/reserve-snapshot/, from the tree of commit dda1b64, 80 s): what

@@ -8,12 +8,14 @@ import os
 from typing import Any
 
 from mbridge_offload.diagnosis.run_facts import OutOfMemory
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV, SUB_PAGE_GAPS_GIB
 from mbridge_offload.facts.units import GIB
 from mbridge_offload.planning import largest_host_fitting_fraction, plan, smallest_fitting_fraction, what_would_fit
+from mbridge_offload.planning.capacity import H100_80GB_GIB
 from mbridge_offload.planning.fraction_search import AUTO_STEP
 from mbridge_offload.planning.outside_pytorch import communicator_bytes, communicators, nccl_channels
 
-DEFAULT_GPU_GIB = 80.0  # the planner's default, where neither the OOM message nor the log says
+DEFAULT_GPU_GIB = H100_80GB_GIB  # the planner's default, where neither the OOM message nor the log says
 
 
 def current_fraction(cfg: Any) -> float:
@@ -31,7 +33,7 @@ def _cheapest(options: list[str]) -> list[str]:
     return sorted(options, key=lambda option: "--num-gpus" in option)
 
 
-def _why_less_free(oom: OutOfMemory | None, expandable: bool) -> str:
+def _why_less_free(oom: OutOfMemory | None, expandable: bool, reserve_rule: str) -> str:
     if oom is not None and oom.other_processes_gib:
         return f"other processes held {oom.other_processes_gib:.2f} GiB of it (torch's message)"
     if oom is not None and oom.reserved_unallocated_gib and oom.reserved_unallocated_gib >= oom.requested_gib:
@@ -39,6 +41,12 @@ def _why_less_free(oom: OutOfMemory | None, expandable: bool) -> str:
         return (f"PyTorch held {oom.reserved_unallocated_gib:.2f} GiB reserved but unallocated, more than the failed "
                 "request: fragmentation" + (" despite expandable segments" if expandable else
                                             " (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the remedy)"))
+    held = oom.reserved_unallocated_gib if oom is not None else None
+    if reserve_rule == FULL_DEVICE and held is not None and held > SUB_PAGE_GAPS_GIB:
+        # the gaps are remainders of the configuration's tensor sizes, which the rule does not predict
+        return (f"PyTorch held {held:.2f} GiB reserved but unallocated, more than the {FULL_DEVICE} reserve rule's "
+                f"{SUB_PAGE_GAPS_GIB:g} GiB allowance for the gaps a full device keeps "
+                f"({RESERVE_RULE_ENV}={FIRST_STEP} plans more room)")
     return "another process on it (nvidia-smi), or memory outside PyTorch above the plan's"
 
 
@@ -67,7 +75,7 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool,
         planned = at_failure.total_bytes_gpu / GIB
         less_free = (f"the planner fits fraction {failed:g} on {gpu_gib:.2f} GiB ({planned:.1f} "
                      f"GiB planned, {at_failure.margin_gib:.2f} GiB margin), so the GPU had less free than planned: "
-                     + _why_less_free(oom, expandable))
+                     + _why_less_free(oom, expandable, at_failure.reserve_rule))
         if shortfall is None:
             return _free_the_gpu(larger_fraction=failed < 1.0), less_free
     lacked = (f"the failed allocation lacked {shortfall:.2f} GiB" if shortfall is not None

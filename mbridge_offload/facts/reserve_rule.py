@@ -16,13 +16,16 @@ RESERVE_RULE_KEY = f"env_vars.{RESERVE_RULE_ENV}"
 STEADY_PEAK = "steady-peak"
 FIRST_STEP = "first-step"
 # first-step's block, and beside the steady peak only the free gaps smaller than a 20 MiB page, which a full device
-# cannot give back (docs/benchmarks/smallest-trains/): opt-in while the GPU checks of auto with it cover dense models
-# up to 4B on one GPU without recompute only (planner-auto-6/, planner-auto-7/)
+# cannot give back (docs/benchmarks/smallest-trains/). The default since the thirtieth session, where it applies (one
+# GPU, expandable segments, no activation recompute: planning/memory_plan.py); elsewhere first-step. Its GPU checks of
+# auto: a pick that trained on each of eight dense configurations on devices sized to its plan (planner-auto-6/ to
+# planner-auto-8/), six at the smallest fraction that trains and two one step above it; replayed on every committed
+# auto check, no pick at or below a fraction that ran out of memory (tests/planning/test_auto_checks.py).
 FULL_DEVICE = "full-device"
 # full-device's allowance for those gaps beside the steady peak, in GiB (why this figure: planning/memory_plan.py's
 # SUB_PAGE_GAPS_BYTES)
 SUB_PAGE_GAPS_GIB = 0.55
-DEFAULT_RESERVE_RULE = FIRST_STEP
+DEFAULT_RESERVE_RULE = FULL_DEVICE
 RESERVE_RULES = (FIRST_STEP, STEADY_PEAK, FULL_DEVICE)
 # What steady-peak counts, in the words of the plan's note where it is used. first-step counts the loss's block
 # beside step 1's memory before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/): in the
@@ -38,10 +41,11 @@ STEADY_PEAK_COUNTS = ("the loss's block beside the steady state's peak, as if a 
 # What full-device counts, in the words of the plan's note
 FULL_DEVICE_COUNTS = ("the loss's block beside step 1's memory as first-step does, and beside the steady peak only "
                       "an allowance for the free gaps smaller than a 20 MiB page that PyTorch cannot give back on a "
-                      "full device (0.52 GiB measured beside Qwen3-4B's peak: docs/benchmarks/reserve-snapshot/; "
-                      "other configurations' gaps are not predicted; not applied with activation recompute, whose run "
-                      "kept more); opt-in: auto trained at its pick on five dense configurations it was not set on, "
-                      "none over 4B, none with activation offload (docs/benchmarks/planner-auto-7/)")
+                      "full device (at most 0.58 GiB measured on a full device without recompute: "
+                      "docs/benchmarks/planner-auto-8/; each configuration's gaps are not predicted); auto trained at "
+                      "its pick on eight dense configurations it was not set on, up to the 8B's widths and with "
+                      "activation offload, at most one 0.05 step above the smallest fraction that trains "
+                      "(docs/benchmarks/planner-auto-8/)")
 
 
 def reserve_rule(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str:

@@ -8,10 +8,10 @@ import argparse
 import math
 from typing import Any
 
-from mbridge_offload.planning.capacity import gpu_memory_gib_here, host_memory_available_gib
+from mbridge_offload.planning.capacity import H100_80GB_GIB, gpu_memory_gib_here, host_memory_available_gib
 from mbridge_offload.planning.cost_model import H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS
 from mbridge_offload.planning.memory_plan import (DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MARGIN_GIB,
-                                                  HELDOUT_UNDERPREDICTION_SHARE,
+                                                  FULL_DEVICE_MARGIN_SHARE, HELDOUT_UNDERPREDICTION_SHARE,
                                                   HOST_MEMORY_AVAILABLE_NOW, HOST_MEMORY_GIVEN)
 
 
@@ -52,15 +52,18 @@ def add_plan_arguments(parser) -> None:
     """The planner's options, shared by plan_offload.py and run_recipe.py."""
     group = parser.add_argument_group("memory plan")
     group.add_argument("--gpu-memory-gib", type=GIB_ABOVE_0, metavar="G",
-                       help="GPU memory per device (default: this GPU's, else 80 for an H100 80GB)")
+                       help=f"GPU memory per device (default: this GPU's, else {H100_80GB_GIB:g}, an H100 80GB's)")
     group.add_argument("--host-memory-gib", type=GIB_ABOVE_0, metavar="H",
                        help="host memory per node (default: not checked for a plan or dry run; "
                             "this machine's MemAvailable when launching)")
     group.add_argument("--gpus-per-node", type=_ranks, metavar="N", help="ranks per node (default min(GPUs, 8))")
     group.add_argument("--margin-gib", type=GIB_AT_LEAST_0, default=None, metavar="M",
-                       help="GPU memory kept free beyond the planned whole-device total (default: "
-                            + f"{HELDOUT_UNDERPREDICTION_SHARE:.0%}".replace("%", "%%")  # argparse formats help with %
-                            + " of that total, the largest under-prediction measured on held-out runs)")
+                       help=("GPU memory kept free beyond the planned whole-device total (default: "
+                             f"{FULL_DEVICE_MARGIN_SHARE:.1%} of that total with the full-device reserve rule, the "
+                             "largest held-out under-prediction of PyTorch's peak; where that rule does not apply "
+                             "(several GPUs, fixed segments, activation recompute) "
+                             f"{HELDOUT_UNDERPREDICTION_SHARE:.0%}, the largest measured of the whole device)"
+                             ).replace("%", "%%"))  # argparse formats help with %
     group.add_argument("--host-margin-gib", type=GIB_AT_LEAST_0, default=DEFAULT_HOST_MARGIN_GIB, metavar="M",
                        help="host memory kept free per offloading rank beyond the planned peak of the first optimizer "
                             f"step, for what the H200 measurements do not cover (default {DEFAULT_HOST_MARGIN_GIB:g})")
@@ -95,7 +98,7 @@ def launch_gpu_memory_problem(given_gib: float | None, here_gib: float | None) -
 def plan_kwargs(args, launching: bool = False) -> dict[str, Any]:
     """Planner options from the command line. The host is only checked against this machine's
     memory when launching here; a plan for another node checks it when --host-memory-gib is given."""
-    gpu = args.gpu_memory_gib or gpu_memory_gib_here() or 80.0
+    gpu = args.gpu_memory_gib or gpu_memory_gib_here() or H100_80GB_GIB
     host, source = args.host_memory_gib, HOST_MEMORY_GIVEN
     if host is None and launching:
         host, source = host_memory_available_gib(), HOST_MEMORY_AVAILABLE_NOW

@@ -5,6 +5,11 @@ from __future__ import annotations
 from mbridge_offload.facts.proc import proc_kib
 from mbridge_offload.facts.units import GIB
 
+# What torch reports as an "80GB" H100's total memory (79.18 GiB: GPU makers' GB are 10^9 bytes, and CUDA keeps part),
+# measured on the H100 80GB HBM3 the device runs used: a plan made without a GPU is for one of these. 80 would be
+# 0.82 GiB more than the card has, which auto's 0.1 % margin with the full-device rule does not cover.
+H100_80GB_GIB = 79.18
+
 
 def host_memory_available_gib() -> float | None:
     """MemAvailable of this machine (the node a launch runs on), or None where unknown."""

@@ -60,6 +60,7 @@ from mbridge_offload.facts.units import GIB
 from mbridge_offload.validation.problem import Problem
 from mbridge_offload.planning.activations import (activation_bytes, activation_offload_pinned_bytes,
                                                   largest_loss_tensor_bytes, recomputes)
+from mbridge_offload.planning.capacity import H100_80GB_GIB
 from mbridge_offload.planning.cost_model import (H200_HOST_MEMORY_GBPS, H200_HOST_MEMORY_TOTAL_GBPS,
                                                  offload_time_lower_bound)
 from mbridge_offload.planning.data_loader import data_loader_pinned_bytes, data_loader_transient_bytes
@@ -91,22 +92,24 @@ ALLOCATOR_RESERVE_SHARE = 0.0095
 # at fraction 1 died at NCCL's allocation in step 1, where PyTorch creates three communicators after its cache has
 # grown (docs/benchmarks/alloc-tight/, NCCL's log). So the plan counts it all.
 EXPANDABLE_ALLOCATOR_RESERVE_BYTES = int(1.17 * GIB)
-# The full-device rule's reserve beside the steady peak (facts/reserve_rule.py's SUB_PAGE_GAPS_GIB, which the
-# validator's warning names too; expandable segments only). Before it fails an allocation, PyTorch unmaps every whole 20 MiB page of its free blocks; what a full device keeps is the
-# free gaps smaller than a page (docs/benchmarks/reserve-snapshot/, smallest-trains/). The largest measured beside a
-# peak: Qwen3-4B at 6144 tokens, 0.52 GiB in 90 gaps (reserve-snapshot-steady; 0.53 GiB at its out-of-memory error
-# in planner-auto-5/); the other dense configurations measured kept 0.02-0.13 GiB. Rounded up. It is not a bound: the
-# gaps are remainders of each configuration's tensor sizes, which the plan does not model yet, and two other 4B runs
-# held more beyond their peaks on devices with room (planner-auto-3/'s 4B at 2048 tokens 0.61 GiB, planner-auto-4/'s
-# at 8192 tokens 0.90-0.92), how much of it stuck not known: h200.sh's planner-auto-6 still owes the latter (an H200's
-# 100 GiB). On a full device it held on Qwen3-4B at 4096 tokens and at 3072 tokens, micro batch 2 (planner-auto-7/).
+# The full-device rule's reserve beside the steady peak (facts/reserve_rule.py's SUB_PAGE_GAPS_GIB; expandable
+# segments only). Before it fails an allocation, PyTorch unmaps every whole 20 MiB page of its free blocks; what a
+# full device keeps is the free gaps smaller than a page (docs/benchmarks/reserve-snapshot/, smallest-trains/). Read
+# from Qwen3-4B at 6144 tokens, 0.52 GiB in 90 gaps (reserve-snapshot-steady; 0.53 GiB at its out-of-memory error in
+# planner-auto-5/), rounded up; the other dense configurations measured then kept 0.02-0.13 GiB. It is not a bound:
+# the gaps are remainders of each configuration's tensor sizes, which the plan does not model. On full devices it
+# held on Qwen3-4B at 4096 tokens and at 3072 tokens, micro batch 2 (planner-auto-7/); the 4B's widths at 8192 tokens
+# (24 of 36 layers) kept 0.58 GiB at auto's pick, which the margin covered (planner-auto-8/). On devices with room
+# the allocator keeps more than a full device needs: the 36-layer 4B at 8192 tokens held 0.90-0.92 GiB beyond its
+# peak on 100 GiB of an H200 (planner-auto-4/), how much of it a full device keeps not measured (h200.sh's
+# planner-auto-6 owes it).
 SUB_PAGE_GAPS_BYTES = int(SUB_PAGE_GAPS_GIB * GIB)
 # What a run with activation recompute kept of them, so the full-device rule does not apply there: Qwen3-4B at 8192
 # tokens with full recompute ran out of memory at auto's pick (0.5) and 0.05 below on a device of the rule's plan +
 # margin + 0.05 GiB, PyTorch's peak planned to 0.05 %, with 1.0 GiB reserved but unallocated at each error
-# (docs/benchmarks/planner-auto-7/). Every run the allowance was read or checked on ran without recompute. That run
-# is also the only 4B checked at more than 6144 tokens a micro batch: recompute and the longer sequence are not told
-# apart, and the 4B at 8192 tokens without recompute (planner-auto-6's first case) is owed.
+# (docs/benchmarks/planner-auto-7/). The 4B's widths at the same 8192 tokens without recompute kept 0.58 GiB
+# (planner-auto-8/): recompute, not the sequence, made those gaps. first-step, used there instead, picked a fraction
+# that trained on that device, one step above the smallest that trains (planner-auto-8/first-step-recheck/).
 RECOMPUTE_GAPS_SEEN_GIB = 1.0
 # Either reserve is at least the loss's largest tensor (activations.largest_loss_tensor_bytes: the bf16 logits of a
 # micro batch, or the unfused cross entropy's fp32 copy) plus LOSS_TENSOR_RESERVE_SLACK_BYTES: the allocator can keep
@@ -115,17 +118,24 @@ RECOMPUTE_GAPS_SEEN_GIB = 1.0
 # tokens a micro batch, 1.170 GiB against 1.159 (alloc-conf/calibration/), and Qwen3-0.6B at 8192 tokens, 2.317 GiB
 # against 2.318 (planner-heldout-3/, the run the 1.17 GiB above was 4 % short of); the slack rounds the first up.
 LOSS_TENSOR_RESERVE_SLACK_BYTES = int(0.02 * GIB)
-# auto's margin, as a share of the planned total: the largest under-prediction of the device total measured on
+# auto's margin with the first-step and steady-peak rules (where full-device does not apply, or where they are
+# asked for), as a share of the planned total: the largest under-prediction of the device total measured on
 # held-out runs, 1.9 % in the seventh session (docs/benchmarks/planner-heldout/), rounded up, and kept. One held-out
 # run later broke it (planner-heldout-3/, Qwen3-0.6B at 8192 tokens at fraction 1: 4.2 %, the reserve 2.32 GiB
-# against 1.17 planned, one bf16 logits tensor); the reserve's loss-tensor term was set on that run instead. Today's
-# planner (the first-step rule since planner-auto-5/) under-predicts none of the 98 runs of the held-out table with
-# NVML's figure (+0.0 % to +12.1 %; 7 of them are runs its reserve terms were read from; planner-auto-moe/'s 10 MoE
-# runs +1.5 % to +2.2 %); a smaller margin has not been checked by a GPU run of auto. --margin-gib replaces it.
+# against 1.17 planned, one bf16 logits tensor); the reserve's loss-tensor term was set on that run instead. The
+# first-step rule under-predicts none of the 98 runs of the twenty-ninth session's held-out table with NVML's figure
+# (+0.0 % to +12.1 %; 7 of them are runs its reserve terms were read from; planner-auto-moe/'s 10 MoE runs +1.5 % to
+# +2.2 %). --margin-gib replaces it.
 HELDOUT_UNDERPREDICTION_SHARE = 0.02
 # The full-device rule's margin, as a share of the planned total. Of that plan, PyTorch's peak is the part planned as
 # measured rather than as an upper bound: its largest under-prediction on the held-out runs (HELDOUT and
-# smallest-trains/ and planner-auto-moe/, 98) is 0.045 % (0.03 GiB on planner-heldout-2's Qwen3-4B at 2048 tokens), rounded up.
+# smallest-trains/ and planner-auto-moe/, 98) is 0.045 % (0.03 GiB on planner-heldout-2's Qwen3-4B at 2048 tokens),
+# rounded up. On the full devices of auto's checks (planner-auto-6/ to -8/) the whole device of a run that trained was
+# at most 0.04 % over the plan (planner-auto-7/'s 4B at 4096 tokens). A larger margin misses the step goal: at 0.5 %
+# auto picks two steps above the smallest fraction that trains on planner-auto-6/'s 1.1B proxy and planner-auto-7/'s
+# 1.7B (replayed on the CPU: tests/planning/test_auto_checks.py). On devices with room the allocator keeps more than
+# a full device needs, up to 1.3 % over this plan on the held-out runs (alloc-conf/shell-env/'s 2-layer MoE proxy with
+# fine-grained activation offload, 1.09 GiB beyond its peak; planner-accuracy.md).
 FULL_DEVICE_MARGIN_SHARE = 0.001
 # The RSS of a training process beyond what it offloads and pins: measured before offload (2.6 GiB) and kept for MoE
 # models, on whose calibration runs the plan is 0.13 GiB under the step-end RSS at the median (-1.00 to +0.07). On
@@ -216,9 +226,9 @@ class Plan:
     # the reserve is the loss's largest tensor (+ slack), not the envelope: kept free on some runs, not on others
     allocator_reserve_is_loss_tensor: bool = False
     # which memory the loss's block is counted beside, and what beside the steady peak (facts/reserve_rule.py): the
-    # rule in force for this plan; steady-peak where first-step, the default, does not apply (first_step_rule_applies);
-    # full-device only where it was asked for and its readings were made (one GPU, expandable segments, no activation
-    # recompute), else first-step
+    # rule in force for this plan; full-device, the default, where its readings were made (one GPU, expandable
+    # segments, no activation recompute), else first-step; steady-peak where first-step does not apply
+    # (first_step_rule_applies) or where it was asked for
     reserve_rule: str = DEFAULT_RESERVE_RULE
     outside_pytorch_bytes_gpu: int  # CUDA context, library workspaces, communicators
     nccl_communicators: int  # of them: NCCL communicators (outside_pytorch.py), each of the bytes below
@@ -318,10 +328,11 @@ def _margin_source(margin_gib: float | None, full_device: bool = False) -> str:
         return "given (--margin-gib)"
     if full_device:
         return (f"{FULL_DEVICE_MARGIN_SHARE:.1%} of the planned total: the largest under-prediction of PyTorch's peak "
-                "on held-out runs (docs/benchmarks/planner-accuracy.md)")
+                "on held-out runs (docs/benchmarks/planner-accuracy.md), which also covers the largest of the whole "
+                "device on the full devices of auto's checks (docs/benchmarks/planner-auto-8/)")
     return (f"{HELDOUT_UNDERPREDICTION_SHARE:.0%} of the planned total: the largest under-prediction measured "
-            "on held-out runs of an earlier planner; this one under-plans none of them "
-            "(docs/benchmarks/planner-accuracy.md)")
+            "on held-out runs of an earlier planner; this one under-plans none of them by more than 0.6 % (the "
+            "recompute runs of docs/benchmarks/planner-auto-7/ and -8/; planner-accuracy.md)")
 
 
 def base_gpu_bytes(cfg) -> int:
@@ -382,29 +393,30 @@ def first_step_rule_applies(cfg, stream: bool) -> bool:
     and its reserve covers each held-out run's (tests/planning/test_accuracy.py); auto with it picks a fraction that
     trained on each of the five MoE auto checks (planner-auto-2/ to -4/), on planner-auto-4's 3-layer proxy at 8192
     tokens 0.65 instead of steady-peak's 0.7 (0.6 trained too: tests/planning/test_reserve_rule.py). full-device,
-    asked for, plans the 11 held-out MoE runs with expandable segments where its allowance sets the reserve -1.3 % to
+    the default, plans the 11 held-out MoE runs with expandable segments where its allowance sets the reserve -1.3 % to
     +0.6 %, within the dense runs' 2 % (the least: alloc-conf/shell-env's 2-layer proxy, 1.09 GiB kept beyond
-    its peak on a roomy device, which trained on a tight one in alloc-tight/ with 0.21). The stream engine's GPU state was not traced and pipeline stages were not recorded: those plan with the steady
-    peak."""
+    its peak on a roomy device, which trained on a tight one in alloc-tight/ with 0.21). The stream engine's GPU
+    state was not traced and pipeline stages were not recorded: those plan with the steady peak."""
     return not (stream or cfg.model.pipeline_model_parallel_size > 1)
 
 
 def _reserve_rule_notes(rule: str, applied: bool, asked: bool, loss_sets_reserve: bool,
                         full_device: bool = False) -> tuple[str, ...]:
-    """What the plan says about the rule its reserve was counted by: steady-peak and full-device where they were asked
-    for; where the rule cannot apply, only when it was asked for or the loss's block sets the reserve (where the rules
-    differ)."""
+    """What the plan says about the rule its reserve was counted by: steady-peak where it was asked for, full-device
+    wherever it applies; where full-device cannot apply, that it fell back to first-step; where a rule cannot apply at
+    all, only when it was asked for or the loss's block sets the reserve (where the rules differ)."""
     if rule == STEADY_PEAK:
         return (f"{RESERVE_RULE_ENV}={STEADY_PEAK}: the allocator's reserve counts {STEADY_PEAK_COUNTS}",)
     if full_device:
-        return (f"{RESERVE_RULE_ENV}={FULL_DEVICE}: the allocator's reserve counts {FULL_DEVICE_COUNTS}",)
+        default = "" if asked else f" (the default; {RESERVE_RULE_ENV}={FIRST_STEP} plans more room)"
+        return (f"the {FULL_DEVICE} reserve rule{default}: the allocator's reserve counts {FULL_DEVICE_COUNTS}",)
     if rule == FULL_DEVICE and applied:
         return (f"the {FULL_DEVICE} reserve rule needs one GPU, expandable segments and no activation recompute "
                 f"(PyTorch unmaps free pages only with expandable segments; its gaps were read on one GPU without "
                 f"recompute, sharded tensors leave other remainders, and a run with full recompute kept "
                 f"{RECOMPUTE_GAPS_SEEN_GIB} GiB of them on a full device, docs/benchmarks/planner-auto-7/): planned "
                 f"with {FIRST_STEP}",)
-    if not applied and (asked or loss_sets_reserve):  # full-device is only ever asked for
+    if not applied and (asked or loss_sets_reserve):
         return (f"the {rule} reserve rule does not apply to this configuration (the stream engine or several "
                 f"pipeline stages, where its reading was not made): planned with {STEADY_PEAK}, "
                 f"{STEADY_PEAK_COUNTS}",)
@@ -418,7 +430,7 @@ def allocator_expandable(cfg, environ=None) -> bool:
     return expandable_segments(conf[1] if conf else None)
 
 
-def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = 80.0,
+def plan(cfg, num_gpus: int, fraction: float | None = None, gpu_memory_gib: float = H100_80GB_GIB,
          host_memory_gib: float | None = None, margin_gib: float | None = None,
          host_link_gbps: float = DEFAULT_HOST_LINK_GBPS, gpus_per_node: int | None = None,
          host_memory_gbps: float = H200_HOST_MEMORY_GBPS, host_margin_gib: float = DEFAULT_HOST_MARGIN_GIB,

@@ -25,7 +25,8 @@ LOSS_TENSOR_RESERVE_NOTE = ("; the size of the loss's largest tensor of a micro 
 
 
 FIRST_STEP_LOSS_TENSOR_NOTE = ("; the loss's largest tensor of a micro batch beside step 1's memory before the GPU "
-                               "part's Adam moments (the first-step reserve rule: docs/benchmarks/reserve-snapshot/)")
+                               "part's Adam moments (the first-step and full-device reserve rules: "
+                               "docs/benchmarks/reserve-snapshot/)")
 
 
 def _loss_tensor_note(p: Plan) -> str:

@@ -96,7 +96,8 @@ def test_without_a_usable_gpu_the_check_refuses_in_one_line(tmp_path, capsys):
 def test_each_run_of_the_check_is_one_gpu_whatever_the_recipe_says(capsys):
     """The fourteenth session's Qwen3-4B pair (docs/benchmarks/planner-auto-3/4b-sl2048-mb2): the recipe asks for
     2 GPUs (TP 2); made TP 1 with micro batch 2 and global batch 2, the check's run took DP 2 and was refused. With
-    the check's own options it is one GPU: valid, and auto is planned for the whole optimizer state on that GPU."""
+    the check's own options it is one GPU: valid, and auto is planned for the whole optimizer state on that GPU: it
+    picks a fraction that check ran on its 81 GiB device and that trained there."""
     from mbridge_offload.bench.auto_check import launch_arguments
     from mbridge_offload.cli import run_recipe
 
@@ -106,7 +107,11 @@ def test_each_run_of_the_check_is_one_gpu_whatever_the_recipe_says(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "Validation for 1 GPU: OK" in out and "TP1 PP1 CP1 DP1" in out
-    assert "optimizer.optimizer_offload_fraction=auto -> 0.5 (" in out
+    picked = float(out.split("optimizer.optimizer_offload_fraction=auto -> ")[1].split()[0])
+    (check,) = json.loads((AUTO_RUNS.parent / "planner-auto-3/4b-sl2048-mb2/auto_check.json").read_text())
+    assert check["device_gib"] == 81
+    runs = {check[k]["fraction"]: check[k]["outcome"] for k in ("at_auto", "below", "two_below") if check.get(k)}
+    assert runs.get(picked) == "trained", (picked, runs)
 
 
 def test_an_nccl_allocation_that_found_the_gpu_full_is_out_of_memory():

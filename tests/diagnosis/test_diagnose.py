@@ -735,3 +735,30 @@ def test_an_oom_at_full_offload_without_a_config_asks_for_fewer_activations(diag
     header_off = [line.replace("ON, 100% of optimizer states on the CPU, D2H/H2D overlap on", "off") for line in _header(100)]
     without = diag.only(diag.write([*header_off, _iteration(1), f"[rank0]: {TORCH_OOM}"]), "runtime/cuda-oom")
     assert without.fix.startswith("optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=<larger>")
+
+
+def test_an_out_of_memory_error_the_full_device_plan_fits_names_the_gaps_beyond_its_allowance(built, monkeypatch):
+    """The default rule counts 0.55 GiB for the sub-page gaps a full device keeps; a configuration whose tensor sizes
+    leave more fails where its plan fits. The fix's basis names that (torch's message: reserved but unallocated, less
+    than the request, so not fragmentation) and the rule that plans more room; with first-step the plan does not fit
+    the failed run, so there is nothing to explain."""
+    from overrides import apply_overrides
+    from mbridge_offload.diagnosis.fixes import oom_fix
+    from mbridge_offload.facts.reserve_rule import RESERVE_RULE_ENV
+
+    # planner-auto-8/'s 4B widths at 8192 tokens (24 layers) on its 69.91 GiB device, where 0.6 trained with 0.58 GiB
+    # of gaps: the same run with 0.62 GiB of them
+    cfg = apply_overrides(built("qwen3_4b_pretrain_config"), [
+        "model.tensor_model_parallel_size=1", "model.num_layers=24", "model.seq_length=8192", "dataset.seq_length=8192",
+        "train.micro_batch_size=1", "train.global_batch_size=1", "optimizer.optimizer_cpu_offload=True",
+        "optimizer.optimizer_offload_fraction=0.6"])
+    oom = OutOfMemory(requested_gib=2.32, capacity_gib=69.91, free_gib=0.11, allocated_gib=64.7,
+                      reserved_unallocated_gib=0.62)
+    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+    fix, basis = oom_fix(cfg, 1, oom, expandable=True)
+    assert fix.endswith("optimizer.optimizer_offload_fraction=0.7")
+    assert ("PyTorch held 0.62 GiB reserved but unallocated, more than the full-device reserve rule's 0.55 GiB "
+            "allowance for the gaps a full device keeps (MBRIDGE_OFFLOAD_RESERVE_RULE=first-step plans more room)"
+            in basis)
+    monkeypatch.setenv(RESERVE_RULE_ENV, "first-step")
+    assert "allowance" not in oom_fix(cfg, 1, oom, expandable=True)[1]

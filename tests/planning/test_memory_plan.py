@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from overrides import apply_overrides
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV
 from mbridge_offload.planning import GIB, Plan, memory_plan, plan
 from mbridge_offload.planning.data_loader import data_loader_transient_bytes
 from mbridge_offload.planning.memory_plan import FIRST_STEP_HOST_BYTES_PER_OFFLOADED_PARAM, base_gpu_bytes
@@ -174,8 +175,10 @@ def test_offload_time_bound_is_the_floor_model_with_ranks_sharing_host_memory(bu
 
 def test_the_allocators_reserve_follows_the_setting_the_run_will_get(built, monkeypatch):
     """The recipes ask for expandable segments and run_recipe puts them in effect: the plan counts the reserve
-    measured with them; a recipe or a shell that turns them off gets the reserve measured without (larger)."""
+    measured with them; a recipe or a shell that turns them off gets the reserve measured without (larger). The
+    envelopes are first-step's and steady-peak's reserve beside the steady peak (full-device counts sub-page gaps)."""
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
     # 1024 tokens a micro batch: a loss tensor smaller than either envelope, which then decides
     cfg = apply_overrides(built("qwen3_1b_proxy_pretrain_config"), ["model.seq_length=1024", "dataset.seq_length=1024",
                                                                       "train.micro_batch_size=1", "train.global_batch_size=1"])
@@ -197,8 +200,9 @@ def test_the_allocators_reserve_follows_the_setting_the_run_will_get(built, monk
 def test_the_reserve_is_at_least_the_losss_largest_tensor(built, monkeypatch):
     """Long micro batches: the block the loss's largest tensor freed can stay beyond the peak, so the reserve grows
     with the tokens of a micro batch and the vocabulary, and doubles with the unfused cross entropy's fp32 copy; the
-    envelope of the setting stays the least."""
+    envelope of the setting stays the least (first-step's: full-device keeps the block and only sub-page gaps)."""
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
     base = built("qwen3_0p6b_pretrain_config")
     vocab = base.model.vocab_size
 
@@ -235,21 +239,26 @@ def test_the_plan_adds_up_and_is_frozen(built):
         Plan(16, 0.5)  # built by keyword only
 
 
-def test_the_margin_scales_with_the_plan_unless_given(built):
-    """Without --margin-gib, auto keeps the held-out share of the planned total free; a given margin replaces it."""
-    from mbridge_offload.planning.memory_plan import HELDOUT_UNDERPREDICTION_SHARE
+@pytest.mark.parametrize("rule", [FULL_DEVICE, FIRST_STEP])
+def test_the_margin_scales_with_the_plan_unless_given(built, monkeypatch, rule):
+    """Without --margin-gib, auto keeps the held-out share of the planned total free (full-device's, the default,
+    from PyTorch's peak; first-step's from the whole device); a given margin replaces it."""
+    from mbridge_offload.planning.memory_plan import FULL_DEVICE_MARGIN_SHARE, HELDOUT_UNDERPREDICTION_SHARE
 
+    monkeypatch.setenv(RESERVE_RULE_ENV, rule)
+    share = FULL_DEVICE_MARGIN_SHARE if rule == FULL_DEVICE else HELDOUT_UNDERPREDICTION_SHARE
     cfg = built("qwen3_1b_proxy_pretrain_config")
-    small, large = plan(cfg, 1, fraction=1.0), plan(cfg, 1, fraction=0.0)
+    small, large = plan(cfg, 1, fraction=1.0, expandable=True), plan(cfg, 1, fraction=0.0, expandable=True)
     for p in (small, large):
-        assert p.margin_gib == pytest.approx(HELDOUT_UNDERPREDICTION_SHARE * p.total_bytes_gpu / GIB)
+        assert p.reserve_rule == rule
+        assert p.margin_gib == pytest.approx(share * p.total_bytes_gpu / GIB)
         assert "held-out" in p.margin_source
     assert small.margin_gib < large.margin_gib
-    given = plan(cfg, 1, fraction=1.0, margin_gib=3.0)
+    given = plan(cfg, 1, fraction=1.0, margin_gib=3.0, expandable=True)
     assert given.margin_gib == 3.0 and "--margin-gib" in given.margin_source
     room = (small.total_bytes_gpu / GIB) + small.margin_gib
-    assert plan(cfg, 1, fraction=1.0, gpu_memory_gib=room + 0.01).fits_gpu
-    assert not plan(cfg, 1, fraction=1.0, gpu_memory_gib=room - 0.01).fits_gpu
+    assert plan(cfg, 1, fraction=1.0, gpu_memory_gib=room + 0.01, expandable=True).fits_gpu
+    assert not plan(cfg, 1, fraction=1.0, gpu_memory_gib=room - 0.01, expandable=True).fits_gpu
 
 
 def test_stream_engine_plan_adds_the_ring_on_the_gpu_and_drops_the_gradient_copy_on_the_host(built):

@@ -1,8 +1,9 @@
-"""The planner's reserve rules (facts/reserve_rule.py): first-step, the default, counts the loss's block beside step 1's
-memory before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/), on the configurations whose
-reading was made (one stage, dense or MoE, an engine other than stream); steady-peak counts it beside the steady
-state's peak; full-device (opt-in) counts first-step's block and, beside the steady peak, only an allowance for the
-sub-page gaps a full device keeps (smallest-trains/), on one GPU with expandable segments, else first-step. The plan says which rule it used where it is not the default."""
+"""The planner's reserve rules (facts/reserve_rule.py): first-step counts the loss's block beside step 1's memory
+before the GPU part's Adam moments exist (docs/benchmarks/reserve-snapshot/), on the configurations whose reading was
+made (one stage, dense or MoE, an engine other than stream); steady-peak counts it beside the steady state's peak;
+full-device, the default, counts first-step's block and, beside the steady peak, only an allowance for the sub-page
+gaps a full device keeps (smallest-trains/), on one GPU with expandable segments and without activation recompute,
+else first-step. The plan says which rule it used, and why where full-device fell back."""
 
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ def _cfg(built, recipe: str, tokens: int, *extra: str):
                                            "train.micro_batch_size=2", "train.global_batch_size=2", *extra])
 
 
-def _plans(cfg, monkeypatch, fraction: float):
-    """(the plan with steady-peak asked for, the plan with the default rule)."""
+def _plans(cfg, monkeypatch, fraction: float, num_gpus: int = 1):
+    """(the plan with steady-peak asked for, the plan with first-step asked for)."""
     monkeypatch.setenv(RESERVE_RULE_ENV, STEADY_PEAK)
-    steady = plan(cfg, 1, fraction=fraction, expandable=True)
-    monkeypatch.delenv(RESERVE_RULE_ENV)
-    return steady, plan(cfg, 1, fraction=fraction, expandable=True)
+    steady = plan(cfg, num_gpus, fraction=fraction, expandable=True)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
+    return steady, plan(cfg, num_gpus, fraction=fraction, expandable=True)
 
 
 def _gpu_moments(p) -> int:
@@ -60,7 +61,21 @@ def test_the_plan_says_which_rule_counted_the_block(built, monkeypatch):
     assert LOSS_TENSOR_RESERVE_NOTE in format_plan(steady) and FIRST_STEP_LOSS_TENSOR_NOTE not in format_plan(steady)
     assert FIRST_STEP_LOSS_TENSOR_NOTE in format_plan(first)
     assert any(f"{RESERVE_RULE_ENV}={STEADY_PEAK}" in note for note in steady.notes)
-    assert not any("reserve" in note for note in first.notes)  # the default rule, applied: nothing to explain
+    assert not any("reserve" in note for note in first.notes)  # first-step, applied: nothing to explain
+
+
+def test_the_default_is_full_device_and_its_plan_says_so_and_how_to_plan_more_room(built, monkeypatch):
+    cfg = _cfg(built, "qwen3_0p6b_pretrain_config", 8192)
+    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+    default = plan(cfg, 1, fraction=0.65, expandable=True)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    asked = plan(cfg, 1, fraction=0.65, expandable=True)
+    assert default.reserve_rule == FULL_DEVICE and default.total_bytes_gpu == asked.total_bytes_gpu
+    assert any(f"(the default; {RESERVE_RULE_ENV}={FIRST_STEP} plans more room)" in note for note in default.notes)
+    assert not any("the default" in note for note in asked.notes)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
+    first = plan(cfg, 1, fraction=0.65, expandable=True)  # here the loss's block sets both reserves: the margin differs
+    assert first.total_bytes_gpu / GIB + first.margin_gib > default.total_bytes_gpu / GIB + default.margin_gib
 
 
 STREAM = "++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream"
@@ -73,10 +88,7 @@ STREAM = "++env_vars.MBRIDGE_OFFLOAD_ENGINE=stream"
 def test_first_step_is_not_applied_where_its_reading_was_not_made_and_the_plan_says_so(built, monkeypatch, extra,
                                                                                        num_gpus):
     cfg = _cfg(built, "qwen3_0p6b_pretrain_config", 8192, *extra)
-    monkeypatch.setenv(RESERVE_RULE_ENV, STEADY_PEAK)
-    steady = plan(cfg, num_gpus, fraction=0.65, expandable=True)
-    monkeypatch.delenv(RESERVE_RULE_ENV)
-    first = plan(cfg, num_gpus, fraction=0.65, expandable=True)
+    steady, first = _plans(cfg, monkeypatch, 0.65, num_gpus)
     assert not first.unplanned, first.unplanned
     assert first.reserve_rule == STEADY_PEAK and first.total_bytes_gpu == steady.total_bytes_gpu
     assert any("first-step reserve rule does not apply to this configuration" in note for note in first.notes)
@@ -87,9 +99,9 @@ MOE_PROXY = ("qwen3_30b_a3b_proxy_pretrain_config", "model.num_layers=3")
 
 def test_first_step_and_full_device_apply_to_a_moe_model_on_one_stage(built, monkeypatch):
     """The MoE proxy's communicators made in the loop (two in step 1, three at the start of step 2) all come before
-    step 2's loss grows the segment (reserve-snapshot/order/), as the dense model's do: the default counts the loss's
-    block beside step 1's memory, which plans less than steady-peak where the GPU part keeps moments, and full-device
-    applies when asked."""
+    step 2's loss grows the segment (reserve-snapshot/order/), as the dense model's do: first-step counts the loss's
+    block beside step 1's memory, which plans less than steady-peak where the GPU part keeps moments, and full-device,
+    the default, applies too."""
     cfg = _cfg(built, MOE_PROXY[0], 8192, MOE_PROXY[1])
     steady, first = _plans(cfg, monkeypatch, 0.65)
     assert first.reserve_rule == FIRST_STEP and first.allocator_reserve_is_loss_tensor is False
@@ -99,7 +111,7 @@ def test_first_step_and_full_device_apply_to_a_moe_model_on_one_stage(built, mon
     assert first.total_bytes_gpu == max(allocated + envelope, allocated - _gpu_moments(first) + block) + outside
     assert first.total_bytes_gpu < steady.total_bytes_gpu
     assert not any("reserve" in note for note in first.notes)
-    monkeypatch.setenv(RESERVE_RULE_ENV, FULL_DEVICE)
+    monkeypatch.delenv(RESERVE_RULE_ENV)
     full = plan(cfg, 1, fraction=0.65, expandable=True)
     assert full.reserve_rule == FULL_DEVICE and full.total_bytes_gpu < first.total_bytes_gpu
 
@@ -107,7 +119,7 @@ def test_first_step_and_full_device_apply_to_a_moe_model_on_one_stage(built, mon
 def test_where_the_default_cannot_apply_the_plan_says_so_only_when_the_loss_sets_the_reserve(built, monkeypatch):
     """A stream-engine plan at 1024 tokens (its logits 0.58 GiB, under the 1.17 GiB envelope) plans the same with
     either rule, so it says nothing of them; at 8192 tokens the loss's block sets the reserve, and the note says which
-    rule counted it."""
+    rule counted it: the default's, full-device, which fell back to steady-peak."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     short = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 1024, STREAM), 1, fraction=0.65, expandable=True)
     assert not short.unplanned, short.unplanned
@@ -115,7 +127,7 @@ def test_where_the_default_cannot_apply_the_plan_says_so_only_when_the_loss_sets
     assert not any("reserve" in note for note in short.notes)
     long = plan(_cfg(built, "qwen3_0p6b_pretrain_config", 8192, STREAM), 1, fraction=0.65, expandable=True)
     assert long.allocator_reserve_is_loss_tensor
-    assert any("first-step reserve rule does not apply" in note for note in long.notes)
+    assert any(f"the {FULL_DEVICE} reserve rule does not apply" in note for note in long.notes)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.65, 1.0])
@@ -133,7 +145,7 @@ def test_full_device_counts_first_steps_block_and_only_the_sub_page_gaps_beside_
     assert full.total_bytes_gpu <= first.total_bytes_gpu
     assert full.margin_gib == pytest.approx(memory_plan.FULL_DEVICE_MARGIN_SHARE * full.total_bytes_gpu / GIB)
     assert "under-prediction of PyTorch's peak" in full.margin_source
-    assert any(f"{RESERVE_RULE_ENV}={FULL_DEVICE}" in note for note in full.notes)
+    assert any(f"the {FULL_DEVICE} reserve rule: the allocator's reserve counts" in note for note in full.notes)
 
 
 def test_full_device_falls_back_where_it_cannot_apply_and_the_plan_says_so(built, monkeypatch):
@@ -233,7 +245,7 @@ def test_the_block_beside_step_ones_memory_covers_what_the_communicators_found_r
     recipe, fraction, extra = ORDER_RUNS[run]
     cfg = apply_overrides(built(recipe), ["model.seq_length=8192", "dataset.seq_length=8192",
                                           "train.micro_batch_size=1", "train.global_batch_size=1", *extra])
-    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
     first = plan(cfg, 1, fraction=fraction, expandable=True)
     assert first.reserve_rule == FIRST_STEP
     steps = [json.loads(line) for line in (SNAPSHOTS / run / "metrics.rank0.jsonl").read_text().splitlines()]
@@ -249,31 +261,32 @@ def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(bu
     at 0.4 on 92.5 GiB of an H200; planner-auto-6/: the 1.1B proxy at 12288 tokens at 0.4 on 42.59 GiB of an H100;
     planner-auto-moe/: the 4- and 6-layer MoE proxies at 0.4 on 53.34 and 68.72 GiB of an H100; planner-auto-7/:
     Qwen3-4B at 4096 tokens at 0.55, at 3072 tokens micro batch 2 at 0.85, with full recompute at 0.5 and 0.45, and
-    Qwen3-1.7B at 8192 tokens micro batch 2 at 0.4, each on its own H100 device) is one whose planned
-    whole device, without auto's margin, is more than that device, with the allocator the run had. planner-auto/ (the
-    seventh session) is left out: its one out-of-memory run was beside another process (its README and log), which
-    its check could not yet tell apart."""
+    Qwen3-1.7B at 8192 tokens micro batch 2 at 0.4; planner-auto-8/: the 4B's widths at 8192 tokens, the 8B's widths
+    and Qwen3-1.7B with activation offload, each at 0.55; each on its own H100 device) is one whose planned whole
+    device with the default rule, without auto's margin, is more than that device, with the allocator the run had.
+    planner-auto/ (the seventh session) is left out: its one out-of-memory run was beside another process (its README
+    and log), which its check could not yet tell apart."""
     from mbridge_offload.facts.run_records import recorded_expandable_segments
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     checks = [c for c in auto_checks("planner-auto*") if c.case_dir.parent.name != "planner-auto"]
     out_of_memory = [(c, fraction, c.case_dir / Path(run["run_dir"]).name) for c in checks
                      for fraction, run in c.runs.items() if run["outcome"] == "out of memory"]
-    assert len(out_of_memory) == 9
+    assert len(out_of_memory) == 12
     for c, fraction, run_dir in out_of_memory:
         p = plan(c.cfg(built), 1, fraction=fraction, gpu_memory_gib=c.check["device_gib"],
                  expandable=recorded_expandable_segments(run_dir) is True)
         assert p.total_bytes_gpu > c.check["device_gib"] * GIB, (run_dir, p.total_bytes_gpu / GIB)
 
 
-def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_new_configuration(built, auto_checks,
-                                                                                          monkeypatch):
+def test_auto_with_first_step_picks_a_fraction_that_trained_on_each_new_configuration(built, auto_checks,
+                                                                                     monkeypatch):
     """planner-auto-5/ (nineteenth session): auto with the first-step rule on five dense configurations no constant
-    was set on, each at the device size given. The fraction today's planner picks for each was run there, and trained;
-    the plan at each run's fraction is at or above the whole device the run used (NVML)."""
+    was set on, each at the device size given. The fraction today's planner picks for each with that rule was run
+    there, and trained; the plan at each run's fraction is at or above the whole device the run used (NVML)."""
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
-    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+    monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
     checks = auto_checks("planner-auto-5")
     assert len(checks) == 5
     for c in checks:
@@ -288,8 +301,8 @@ def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_new_co
                 assert planned >= run["device_used_gib"], (case_dir.name, fraction, planned)
 
 
-def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_moe_configuration(built, auto_checks,
-                                                                                          monkeypatch):
+def test_auto_with_first_step_picks_a_fraction_that_trained_on_each_moe_configuration(built, auto_checks,
+                                                                                     monkeypatch):
     """The MoE proxies' auto checks (planner-auto-2/ to planner-auto-4/, each on the device size given, run when MoE
     plans counted the loss's block beside the steady peak): the fraction today's planner picks, with first-step, was
     run there and trained, with the allocator each run had; on at least one it is below steady-peak's pick (the
@@ -308,7 +321,7 @@ def test_auto_with_the_default_rule_picks_a_fraction_that_trained_on_each_moe_co
                       for run in runs.values()}
         assert len(expandable) == 1, case_dir
         options = {"gpu_memory_gib": check["device_gib"], "expandable": expandable.pop()}
-        monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+        monkeypatch.setenv(RESERVE_RULE_ENV, FIRST_STEP)
         picked, picked_plan = smallest_fitting_fraction(cfg, 1, **options)
         assert picked_plan.reserve_rule == FIRST_STEP
         assert picked in runs, f"{case_dir.name}: today's planner picks {picked}, which was not run there"

@@ -1,9 +1,10 @@
 """The smallest fraction that trains (docs/benchmarks/smallest-trains/, twentieth session): planner-auto-5's five
 configurations, each walked on down one 0.05 step per run beside the same ballast until a run did not train. No
-constant of the default planner's GPU plan was set on these runs (the opt-in full-device rule's allowance for the
-sub-page gaps was read from the 4B's, and the dense host base was chosen after them: neither is tested here). They
-hold auto's safety (it never picks a fraction below the smallest that trains) and what the plan's whole device is made of on a full device: PyTorch's peak, the memory outside
-PyTorch, and the free gaps smaller than a page that PyTorch cannot give back (reserve-snapshot/README.md)."""
+constant of the first-step rule's GPU plan was set on these runs; the full-device rule's allowance for the sub-page
+gaps (the default since the thirtieth session) was read from the 4B's, and the dense host base was chosen after
+them, so neither is held out here. They hold auto's safety (it never picks a fraction below the smallest that
+trains) and what the plan's whole device is made of on a full device: PyTorch's peak, the memory outside PyTorch,
+and the free gaps smaller than a page that PyTorch cannot give back (reserve-snapshot/README.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from overrides import apply_overrides
-from mbridge_offload.facts.reserve_rule import RESERVE_RULE_ENV
+from mbridge_offload.facts.reserve_rule import FIRST_STEP, FULL_DEVICE, RESERVE_RULE_ENV
 from mbridge_offload.planning import GIB, memory_plan, plan
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
@@ -52,11 +53,12 @@ def test_every_configuration_was_walked_down_to_a_failure(auto_checks):
         _smallest_that_trains(runs)  # asserts it
 
 
-def test_auto_never_picks_a_fraction_below_the_smallest_that_trains(built, auto_checks, monkeypatch):
-    """With the default rule, which was set before these runs."""
+@pytest.mark.parametrize("rule", [FIRST_STEP, FULL_DEVICE])
+def test_auto_never_picks_a_fraction_below_the_smallest_that_trains(built, auto_checks, monkeypatch, rule):
+    """With first-step, set before these runs, and full-device, the default, whose allowance the 4B's runs here set."""
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
-    monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
+    monkeypatch.setenv(RESERVE_RULE_ENV, rule)
     for case, (check, runs) in _configurations(auto_checks).items():
         cfg = apply_overrides(built(check["recipe"]), check["overrides"])
         picked, _ = smallest_fitting_fraction(cfg, 1, gpu_memory_gib=check["device_gib"], expandable=True)
@@ -69,7 +71,8 @@ def test_each_failure_is_planned_above_its_device_and_explained_by_its_unrelease
     """At each run that ran out of memory, the plan without auto's margin does not fit the device. And PyTorch's
     planned peak + the memory outside PyTorch + what the run still held reserved and unallocated when it failed
     (after PyTorch had released what it could: the sub-page gaps) is more than the device: the two planned parts are
-    not too low to explain the failure."""
+    not too low to explain the failure. With the default rule, full-device, whose allowance the 4B's failure here set
+    (0.53 GiB held at its error)."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     failures = [(check, f, run) for check, runs in _configurations(auto_checks).values() for f, run in runs.items()
                 if run["outcome"] == "out of memory"]
@@ -90,7 +93,7 @@ def test_at_the_smallest_fraction_a_run_used_its_planned_peak_and_outside_memory
     PyTorch's planned peak + the memory outside PyTorch, less at most the PyTorch peak's largest held-out
     over-prediction (0.3 %), plus at most the sub-page gaps of the 4B's history at its steady peak (another run of its
     configuration, reserve-snapshot-steady: 0.52 GiB, rounded up to the full-device rule's allowance): the 1.17 GiB
-    envelope the default plan counts beside the steady peak is not what such a run needs."""
+    envelope first-step counts beside the steady peak is not what such a run needs."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     for case, (check, runs) in _configurations(auto_checks).items():
         fraction = _smallest_that_trains(runs)

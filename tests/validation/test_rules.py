@@ -81,8 +81,6 @@ CASES = {
          "optimizer.exp_avg_sq_dtype": torch.bfloat16}),
     "planner/reserve-rule-known": case(DENSE_OPT, {"env_vars.MBRIDGE_OFFLOAD_RESERVE_RULE": "steady-peak"},
                                        {"env_vars.MBRIDGE_OFFLOAD_RESERVE_RULE": "tightest"}),
-    "planner/reserve-rule-full-device": case(DENSE_OPT, {"env_vars.MBRIDGE_OFFLOAD_RESERVE_RULE": "first-step"},
-                                             {"env_vars.MBRIDGE_OFFLOAD_RESERVE_RULE": "full-device"}),
     "offload-engine/known": case(DENSE_OPT, DELAYED, {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "fastest"}),
     "offload-engine/needs-optimizer-offload": case(DENSE_OPT, EXACT, {**EXACT, "optimizer.optimizer_cpu_offload": False,
                                                                       "optimizer.optimizer_offload_fraction": 0.0}),
@@ -344,9 +342,9 @@ def test_every_rule_has_a_passing_and_a_failing_case():
 PASS_BY_NOT_APPLYING = {
     "optimizer-offload/fraction-ignored", "optimizer-offload/overlap-ignored",
     "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
-    "planner/reserve-rule-full-device",  # a warning that holds nowhere it applies: the opt-in rule is unchecked
-    "offload-engine/fetch-ahead-measured",  # the same: fetch-ahead costs reserved memory for no measured gain
-    "offload-engine/stream-moments-not-exact",  # the same: bf16 moments round the moments at every step
+    # warnings that hold nowhere they apply: fetch-ahead costs reserved memory for no measured gain
+    "offload-engine/fetch-ahead-measured",
+    "offload-engine/stream-moments-not-exact",  # bf16 moments round the moments at every step
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
 
