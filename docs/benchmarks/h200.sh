@@ -603,7 +603,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     planner-auto-6)
       # Twenty-fifth session: its first three cases ran on an H100 (planner-auto-6/; the 1.7B cut after its run at auto).
       # Still owed (issue #15, ~17 min; split by CASES over calls, in this order, the 8B's runs the longest): auto with
-      # the opt-in full-device reserve rule (MBRIDGE_OFFLOAD_RESERVE_RULE=full-device: first-step's block, and beside
+      # the full-device reserve rule, the default since the thirtieth session (first-step's block, and beside
       # the steady peak only a 0.55 GiB allowance for the sub-page gaps a full device keeps, with a 0.1 % margin;
       # smallest-trains/) on seven dense configurations no auto check ran. Each device is the rule's plan + margin at
       # its pick + 0.05 GiB, so the run at auto's pick tests the allowance itself (a device halfway to the next
@@ -713,6 +713,26 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
           *) echo "unknown case $case"; exit 2 ;;
         esac
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-moe" "$case" "$args")
+      done ;;
+    planner-auto-moe-2)
+      # NOT RUN YET (issue #15, ~12 min on an H100; split by CASES over calls, in this order): the default full-device
+      # rule on the MoE proxy, which it has only been replayed on (planner-auto-moe/'s devices, sized for first-step).
+      # Three MoE proxy configurations no auto check ran, each device the rule's plan + margin at 0.5 + 0.05 GiB
+      # (plan_offload.py --json on the CPU, from the tree of the commit that adds this phase), where the 0.55 GiB
+      # allowance, not the loss's block, sets the reserve, so the run at auto's pick tests the allowance on MoE
+      # tensor sizes. check_auto's runs: at auto, 0.05 below and, where that trains, 0.10 below.
+      mkdir -p "$runs/planner-auto-moe-2"
+      for case in ${CASES:-moe-proxy-5-sl8192 moe-proxy-3-sl6144-mb2 moe-proxy-7-sl4096}; do
+        case $case in
+          moe-proxy-5-sl8192) args="63.38 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=5 model.seq_length=8192 \
+            dataset.seq_length=8192" ;;
+          moe-proxy-3-sl6144-mb2) args="48.86 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=3 \
+            model.seq_length=6144 dataset.seq_length=6144 train.micro_batch_size=2 train.global_batch_size=2" ;;
+          moe-proxy-7-sl4096) args="75.53 qwen3_30b_a3b_proxy_pretrain_config model.num_layers=7 model.seq_length=4096 \
+            dataset.seq_length=4096" ;;
+          *) echo "unknown case $case"; exit 2 ;;
+        esac
+        (unset MBRIDGE_OFFLOAD_RESERVE_RULE; auto_pair "$runs/planner-auto-moe-2" "$case" "$args")
       done ;;
     reserve-snapshot)
       # Eighteenth session (issue #15, docs/benchmarks/reserve-snapshot/, from the tree of commit dda1b64, 80 s): what
