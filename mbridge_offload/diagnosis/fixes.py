@@ -15,9 +15,6 @@ from mbridge_offload.planning.capacity import H100_80GB_GIB
 from mbridge_offload.planning.fraction_search import AUTO_STEP
 from mbridge_offload.planning.outside_pytorch import communicator_bytes, communicators, nccl_channels
 
-DEFAULT_GPU_GIB = H100_80GB_GIB  # the planner's default, where neither the OOM message nor the log says
-
-
 def current_fraction(cfg: Any) -> float:
     opt = cfg.optimizer
     return float(opt.optimizer_offload_fraction or 0.0) if opt.optimizer_cpu_offload else 0.0
@@ -67,7 +64,7 @@ def oom_fix(cfg: Any, num_gpus: int, oom: OutOfMemory | None, expandable: bool,
     the fix says why where the message tells, and with no measured shortfall it asks to free the GPU rather than
     pick a fraction that no number supports."""
     failed = current_fraction(cfg)
-    gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or planned_gpu_gib or DEFAULT_GPU_GIB
+    gpu_gib = (oom.capacity_gib if oom and oom.capacity_gib else None) or planned_gpu_gib or H100_80GB_GIB
     shortfall = oom.shortfall_gib if oom else None
     at_failure = plan(cfg, num_gpus, fraction=failed, gpu_memory_gib=gpu_gib, expandable=expandable)
     less_free = ""
@@ -127,12 +124,12 @@ def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None,
     than planned: the fix says so and asks for less host memory, never for more offload than what was killed."""
     failed = current_fraction(cfg)
     fraction, at = largest_host_fitting_fraction(cfg, num_gpus, host_memory_gib=host_gib,
-                                                 gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB, expandable=expandable)
+                                                 gpu_memory_gib=gpu_gib or H100_80GB_GIB, expandable=expandable)
     if fraction is None or at is None:
         return None
     if fraction >= failed:
         at_failure = plan(cfg, num_gpus, fraction=failed, host_memory_gib=host_gib,
-                          gpu_memory_gib=gpu_gib or DEFAULT_GPU_GIB, expandable=expandable)
+                          gpu_memory_gib=gpu_gib or H100_80GB_GIB, expandable=expandable)
         smaller = f"a smaller optimizer.optimizer_offload_fraction than {failed:g}, " if failed > 0 else ""
         return ("free the node's memory of other processes; if it had none, " + smaller
                 + "fewer ranks per node or more nodes (plan_offload.py --host-memory-gib <what was free> shows "
@@ -149,7 +146,7 @@ def host_fix(cfg: Any, num_gpus: int, host_gib: float, gpu_gib: float | None,
 
 def slowdown_fix(cfg: Any, num_gpus: int, gpu_gib: float | None, expandable: bool) -> tuple[str, str] | None:
     """After a slow fraction-1 run: the smallest fraction the GPU fits, with the overlap on."""
-    gpu = gpu_gib or DEFAULT_GPU_GIB
+    gpu = gpu_gib or H100_80GB_GIB
     fraction, fitting = smallest_fitting_fraction(cfg, num_gpus, gpu_memory_gib=gpu, expandable=expandable)
     if fraction is None or fraction >= 1.0:
         return None

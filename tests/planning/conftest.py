@@ -27,6 +27,10 @@ class AutoCheck:
 
         return apply_overrides(built(self.check["recipe"]), self.check["overrides"])
 
+    def run_folder(self, run: dict) -> Path:
+        """Where one of the check's runs is committed: its folder under the case's, named as it ran (run_dir)."""
+        return self.case_dir / Path(run["run_dir"]).name
+
 
 def _read_auto_checks(folder_glob: str) -> list[AutoCheck]:
     return [AutoCheck(case_dir=path.parent, check=check,

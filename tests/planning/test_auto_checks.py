@@ -174,7 +174,7 @@ def test_the_default_replayed_on_every_committed_check_never_picks_a_fraction_th
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     checks = [c for pattern in ("planner-auto-[3-8]", "planner-auto-moe", "planner-auto-8/first-step-recheck")
               for c in auto_checks(pattern)
-              if all(recorded_expandable_segments(c.case_dir / run["run_dir"].rsplit("/", 1)[1]) is True
+              if all(recorded_expandable_segments(c.run_folder(run)) is True
                      for run in c.runs.values())]
     confirmed = unconfirmed = 0
     for c in checks:

@@ -270,7 +270,7 @@ def test_no_fraction_that_ran_out_of_memory_in_an_auto_check_fits_todays_plan(bu
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     checks = [c for c in auto_checks("planner-auto*") if c.case_dir.parent.name != "planner-auto"]
-    out_of_memory = [(c, fraction, c.case_dir / Path(run["run_dir"]).name) for c in checks
+    out_of_memory = [(c, fraction, c.run_folder(run)) for c in checks
                      for fraction, run in c.runs.items() if run["outcome"] == "out of memory"]
     assert len(out_of_memory) == 12
     for c, fraction, run_dir in out_of_memory:
@@ -317,7 +317,7 @@ def test_auto_with_first_step_picks_a_fraction_that_trained_on_each_moe_configur
     lower = 0
     for c in checks:
         case_dir, check, cfg, runs = c.case_dir, c.check, c.cfg(built), c.runs
-        expandable = {recorded_expandable_segments(case_dir / Path(run["run_dir"]).name) is True
+        expandable = {recorded_expandable_segments(c.run_folder(run)) is True
                       for run in runs.values()}
         assert len(expandable) == 1, case_dir
         options = {"gpu_memory_gib": check["device_gib"], "expandable": expandable.pop()}

@@ -28,7 +28,7 @@ def _configurations(auto_checks) -> dict[str, tuple[dict, dict[float, dict]]]:
     its folder), the check's runs and the walk's together, as they ran on the H200."""
     found = {}
     for c in auto_checks("planner-auto-5"):
-        runs = {f: {**run, "folder": c.case_dir / Path(run["run_dir"]).name} for f, run in c.runs.items()}
+        runs = {f: {**run, "folder": c.run_folder(run)} for f, run in c.runs.items()}
         found[c.case_dir.name] = (c.check, runs)
     for line in (WALKS / "results.jsonl").read_text().splitlines():
         walked = json.loads(line)
