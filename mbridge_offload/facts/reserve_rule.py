@@ -20,7 +20,8 @@ FIRST_STEP = "first-step"
 # GPU, expandable segments, no activation recompute: planning/memory_plan.py); elsewhere first-step. Its GPU checks of
 # auto: a pick that trained on each of eight dense configurations on devices sized to its plan (planner-auto-6/ to
 # planner-auto-8/), six at the smallest fraction that trains and two one step above it; replayed on every committed
-# auto check, no pick at or below a fraction that ran out of memory (tests/planning/test_auto_checks.py).
+# auto check but the one whose runs set its allowance, no pick at or below a fraction that ran out of memory
+# (tests/planning/test_auto_checks.py).
 FULL_DEVICE = "full-device"
 # full-device's allowance for those gaps beside the steady peak, in GiB (why this figure: planning/memory_plan.py's
 # SUB_PAGE_GAPS_BYTES)

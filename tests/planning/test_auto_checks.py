@@ -167,15 +167,15 @@ def test_the_default_replayed_on_every_committed_check_never_picks_a_fraction_th
     with rules of their day and on devices sized for them), replayed with today's default: no pick is at or below a
     fraction that ran out of memory on that device, and each pick that was run there trained. Where the pick is below
     every fraction run there (devices sized for a rule that planned more), nothing was run to confirm it: those are
-    counted, not claimed."""
+    counted, not claimed. planner-auto-5/'s 4B at 6144 tokens is left out: its runs set the rule's allowance."""
     from mbridge_offload.facts.run_records import recorded_expandable_segments
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
     checks = [c for pattern in ("planner-auto-[3-8]", "planner-auto-moe", "planner-auto-8/first-step-recheck")
               for c in auto_checks(pattern)
-              if all(recorded_expandable_segments(c.run_folder(run)) is True
-                     for run in c.runs.values())]
+              if all(recorded_expandable_segments(c.run_folder(run)) is True for run in c.runs.values())
+              and c.case_dir.relative_to(c.case_dir.parents[1]).as_posix() != "planner-auto-5/4b-sl6144"]
     confirmed = unconfirmed = 0
     for c in checks:
         picked, _ = smallest_fitting_fraction(c.cfg(built), 1, gpu_memory_gib=c.check["device_gib"], expandable=True)
@@ -188,4 +188,4 @@ def test_the_default_replayed_on_every_committed_check_never_picks_a_fraction_th
         else:
             unconfirmed += picked < min(c.runs)
     print(f"{len(checks)} checks: {confirmed} picks run and trained, {unconfirmed} below every run")
-    assert len(checks) == 30 and confirmed >= 18
+    assert len(checks) == 29 and confirmed >= 18
