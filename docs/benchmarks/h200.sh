@@ -460,6 +460,29 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    delayed-profile)
+      # Issue #16 (~5 min on an H100): where the delayed mode's 0.137 s a step goes (offload-engine/bench-delayed/:
+      # 1.37x at fraction 1, and the training thread never waited at the drain). The dense proxy, 13 steps each, one
+      # after the other: no offload, delayed at fraction 1 with the default threads (the worker's Adam on cores - 1),
+      # and delayed with --cpu-threads 8 (the worker's Adam on 7 threads). PyTorch's profiler on steps 10-12, read by
+      # mbridge_offload.bench.gpu_trace: a gap in the training stream is the GPU's compute waiting, on an event (the
+      # H2D of the updated weights, the gradients' zeroing) or on the CPU launching work. If the worker's threads
+      # starve the training thread's launches, the run with 8 threads has fewer gaps and a shorter step. Steps 4-9,
+      # before the profiler starts, give each run's step time (metrics.rank0.jsonl). The traces are not kept.
+      d="$runs/delayed-profile"; mkdir -p "$d"
+      offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
+      for name in baseline delayed-1 delayed-1-threads-8; do
+        case $name in
+          baseline) extra="optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0" ;;
+          delayed-1) extra="$offload" ;;
+          delayed-1-threads-8) extra="--cpu-threads 8 $offload" ;;
+        esac
+        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/$name" train.train_iters=13 \
+          profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 $extra \
+          > "$d/$name.log" 2>&1; echo "$name: exit $?"
+        $py -m mbridge_offload.bench.gpu_trace "$d/$name/torch_profile/rank-0.json.gz" --out "$d/$name-gpu_trace.md"
+        rm -rf "$d/$name/torch_profile"
+      done ;;
     alloc-expandable)
       # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): the allocator's reserve once the recipes'
       # expandable segments are in effect, on calibration and held-out cases (docs/benchmarks/alloc-conf/run.sh).
