@@ -460,8 +460,16 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    d2h-queue)
+      # Issue #16, NOT RUN YET (plain torch, no bundle needed, ~1 min): does a step-end read on the training stream wait
+      # behind the gradients' 4.47 GB D2H on the copy stream (offload-engine/delayed-profile/'s reading of its ~75 ms
+      # gaps), and does issuing the D2H in pieces bound the wait? offload-engine/d2h-queue/d2h_queue.py.
+      d="$runs/d2h-queue"; mkdir -p "$d"
+      $py docs/benchmarks/offload-engine/d2h-queue/d2h_queue.py --gb 4.47 --tensors 300 --compute-ms 150 \
+        --piece-mb 256 --repeats 5 --out "$d/results.json" 2>&1 | tee "$d/d2h_queue.log" ;;
     delayed-profile)
-      # Issue #16 (~5 min on an H100): where the delayed mode's 0.137 s a step goes (offload-engine/bench-delayed/:
+      # Thirty-first session (issue #16, offload-engine/delayed-profile/, one H100, from the tree of commit aa10e26,
+      # 206 s): where the delayed mode's 0.137 s a step goes (offload-engine/bench-delayed/:
       # 1.37x at fraction 1, and the training thread never waited at the drain). The dense proxy, 13 steps each, one
       # after the other: no offload, delayed at fraction 1 with the default threads (the worker's Adam on cores - 1),
       # and delayed with --cpu-threads 8 (the worker's Adam on 7 threads). PyTorch's profiler on steps 10-12, read by
@@ -738,7 +746,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         (export MBRIDGE_OFFLOAD_RESERVE_RULE=first-step; auto_pair "$runs/planner-auto-moe" "$case" "$args")
       done ;;
     planner-auto-moe-2)
-      # NOT RUN YET (issue #15, ~12 min on an H100; split by CASES over calls, in this order): the default full-device
+      # Thirty-first session (issue #15, planner-auto-moe-2/, one H100, from the tree of commit aa10e26): its first two
+      # cases ran (CASES=moe-proxy-3-sl6144-mb2, 139 s; CASES=moe-proxy-5-sl8192, 114 s), auto's pick the smallest
+      # fraction that trains on both; CASES=moe-proxy-7-sl4096 is still to run. The default full-device
       # rule on the MoE proxy, which it has only been replayed on (planner-auto-moe/'s devices, sized for first-step).
       # Three MoE proxy configurations no auto check ran, each device the rule's plan + margin at 0.5 + 0.05 GiB
       # (plan_offload.py --json on the CPU, from the tree of the commit that adds this phase), where the 0.55 GiB

@@ -21,7 +21,7 @@ CALIBRATION = ("dense-1b-sweep", "moe-proxy-sweep", "moe-proxy-sweep-deep", "oom
                "alloc-conf/calibration")
 HELDOUT = ("planner-heldout-2", "planner-auto-2", "planner-auto-3", "alloc-conf/heldout", "alloc-conf/shell-env",
            "alloc-conf/recipe-env", "planner-heldout-3", "planner-heldout-4", "planner-auto-4", "planner-auto-5",
-           "smallest-trains", "planner-auto-moe", "planner-auto-7", "planner-auto-8")
+           "smallest-trains", "planner-auto-moe", "planner-auto-7", "planner-auto-8", "planner-auto-moe-2")
 REPEAT = re.compile(r"-repeat\d+$")  # a sweep's identical baseline runs after the first
 
 

@@ -14,7 +14,9 @@ trained, two steps below.
   planner-auto-7/'s recompute case again with the rule used there since, first-step (first-step-recheck/).
 - planner-auto-moe/ (twenty-sixth session): four configurations of the MoE proxy (2, 3, 4 and 6 layers, 4096 to 12288
   tokens, micro batch 1 and 2), run with the first-step rule, then the default (reserve-snapshot/order/): its first
-  auto checks on devices sized for its plan."""
+  auto checks on devices sized for its plan.
+- planner-auto-moe-2/ (thirty-first session): the MoE proxy with 3 layers at 6144 tokens (micro batch 2) and 5 layers
+  at 8192 tokens, run with the full-device rule, the default: its first checks on MoE."""
 
 from __future__ import annotations
 
@@ -76,12 +78,15 @@ def test_full_device_without_recompute_picks_the_smallest_fraction_that_trained_
     below the pick ran out of memory, and on the 1.7B 0.45 trained and 0.4 ran out (the step goal met on all three).
     planner-auto-8/: the same on the 4B's widths at 8192 tokens, the 8B's widths and activation offload, where 0.05
     below the pick ran out of memory on each (the 4B's widths used 69.795 GiB against 69.79 planned, within the
-    margin: its gaps, 0.58 GiB, were 0.03 over the allowance)."""
+    margin: its gaps, 0.58 GiB, were 0.03 over the allowance). planner-auto-moe-2/: the same on two MoE proxy
+    configurations (3 layers at 6144 tokens, micro batch 2; 5 layers at 8192 tokens), the rule's first checks on MoE,
+    where 0.45 ran out of memory below the pick (0.5) on each."""
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    checks = [c for c in [*auto_checks("planner-auto-7"), *auto_checks("planner-auto-8")]
+    checks = [c for c in [*auto_checks("planner-auto-7"), *auto_checks("planner-auto-8"),
+                          *auto_checks("planner-auto-moe-2")]
               if c.cfg(built).model.recompute_granularity is None]
     replayed = _replayed(built, checks, FULL_DEVICE)
-    assert len(replayed) == 6
+    assert len(replayed) == 8
     for case, check, runs, picked, picked_plan, planned in replayed:
         assert runs.get(picked, {}).get("outcome") == "trained", (case, picked)
         for fraction, run in runs.items():
@@ -163,8 +168,8 @@ def test_full_device_replayed_on_the_moe_checks_picks_lower_fractions_that_train
 def test_the_default_replayed_on_every_committed_check_never_picks_a_fraction_that_ran_out_of_memory(built,
                                                                                                      auto_checks,
                                                                                                      monkeypatch):
-    """Every auto check committed with expandable segments (planner-auto-3/ to -8/ and planner-auto-moe/, some run
-    with rules of their day and on devices sized for them), replayed with today's default: no pick is at or below a
+    """Every auto check committed with expandable segments (planner-auto-3/ to -8/, planner-auto-moe/ and -moe-2/, some
+    run with rules of their day and on devices sized for them), replayed with today's default: no pick is at or below a
     fraction that ran out of memory on that device, and each pick that was run there trained. Where the pick is below
     every fraction run there (devices sized for a rule that planned more), nothing was run to confirm it: those are
     counted, not claimed. planner-auto-5/'s 4B at 6144 tokens is left out: its runs set the rule's allowance."""
@@ -172,7 +177,8 @@ def test_the_default_replayed_on_every_committed_check_never_picks_a_fraction_th
     from mbridge_offload.planning.fraction_search import smallest_fitting_fraction
 
     monkeypatch.delenv(RESERVE_RULE_ENV, raising=False)
-    checks = [c for pattern in ("planner-auto-[3-8]", "planner-auto-moe", "planner-auto-8/first-step-recheck")
+    checks = [c for pattern in ("planner-auto-[3-8]", "planner-auto-moe", "planner-auto-moe-2",
+                                        "planner-auto-8/first-step-recheck")
               for c in auto_checks(pattern)
               if all(recorded_expandable_segments(c.run_folder(run)) is True for run in c.runs.values())
               and c.case_dir.relative_to(c.case_dir.parents[1]).as_posix() != "planner-auto-5/4b-sl6144"]
@@ -188,4 +194,4 @@ def test_the_default_replayed_on_every_committed_check_never_picks_a_fraction_th
         else:
             unconfirmed += picked < min(c.runs)
     print(f"{len(checks)} checks: {confirmed} picks run and trained, {unconfirmed} below every run")
-    assert len(checks) == 29 and confirmed >= 18
+    assert len(checks) == 31 and confirmed >= 20
