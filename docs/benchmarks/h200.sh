@@ -472,11 +472,12 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # 206 s): where the delayed mode's 0.137 s a step goes (offload-engine/bench-delayed/:
       # 1.37x at fraction 1, and the training thread never waited at the drain). The dense proxy, 13 steps each, one
       # after the other: no offload, delayed at fraction 1 with the default threads (the worker's Adam on cores - 1),
-      # and delayed with --cpu-threads 8 (the worker's Adam on 7 threads). PyTorch's profiler on steps 10-12, read by
+      # and delayed with --cpu-threads 8 (the worker's Adam on 7 threads). PyTorch's profiler asked for steps 10-12
+      # (Megatron Bridge's schedule: step 9 warms up, 10-11 are traced), read by
       # mbridge_offload.bench.gpu_trace: a gap in the training stream is the GPU's compute waiting, on an event (the
       # H2D of the updated weights, the gradients' zeroing) or on the CPU launching work. If the worker's threads
-      # starve the training thread's launches, the run with 8 threads has fewer gaps and a shorter step. Steps 4-9,
-      # before the profiler starts, give each run's step time (metrics.rank0.jsonl). The traces are not kept.
+      # starve the training thread's launches, the run with 8 threads has fewer gaps and a shorter step. Steps 4-8,
+      # before the profiler's warm-up, give each run's step time (metrics.rank0.jsonl). The traces are not kept.
       d="$runs/delayed-profile"; mkdir -p "$d"
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
       for name in baseline delayed-1 delayed-1-threads-8; do
