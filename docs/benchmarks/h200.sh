@@ -461,12 +461,35 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
     d2h-queue)
-      # Issue #16, NOT RUN YET (plain torch, no bundle needed, ~1 min): does a step-end read on the training stream wait
+      # Thirty-second session (issue #16, offload-engine/d2h-queue/, one H100, 28 s, from the working tree of fcb56f2
+      # with this loop over the connections added; plain torch, no bundle needed): does a step-end read on the training stream wait
       # behind the gradients' 4.47 GB D2H on the copy stream (offload-engine/delayed-profile/'s reading of its ~75 ms
-      # gaps), and does issuing the D2H in pieces bound the wait? offload-engine/d2h-queue/d2h_queue.py.
+      # gaps), and does issuing the D2H in pieces bound the wait? offload-engine/d2h-queue/d2h_queue.py. It does: 81.8 ms
+      # at once, 5.2 ms in 256 MiB pieces, with either number of hardware queues.
       d="$runs/d2h-queue"; mkdir -p "$d"
-      $py docs/benchmarks/offload-engine/d2h-queue/d2h_queue.py --gb 4.47 --tensors 300 --compute-ms 150 \
-        --piece-mb 256 --repeats 5 --out "$d/results.json" 2>&1 | tee "$d/d2h_queue.log" ;;
+      # Twice: with CUDA's default of 8 hardware queues, and with 1 (as Megatron sets for TP comm overlap).
+      for connections in default 1; do
+        ( if [ $connections = 1 ]; then export CUDA_DEVICE_MAX_CONNECTIONS=1; else unset CUDA_DEVICE_MAX_CONNECTIONS; fi
+          $py docs/benchmarks/offload-engine/d2h-queue/d2h_queue.py --gb 4.47 --tensors 300 --compute-ms 150 \
+            --piece-mb 256 --repeats 5 --out "$d/results-connections-$connections.json" 2>&1 \
+            | tee "$d/d2h_queue-connections-$connections.log" )
+      done ;;
+    d2h-pieces)
+      # Thirty-second session (issue #16, offload-engine/d2h-pieces/, one H100, from the working tree of fcb56f2 with
+      # gradient_copies.py's first version uncommitted; two calls: with the install, then 457 s resumed; delayed 1.16x, exact 1.40x).
+      # The exact and delayed modes with the gradients' copy to the host issued in
+      # pieces from a thread of its own (mbridge_offload/runtime/gradient_copies.py, after d2h-queue/ showed a
+      # step-end read waiting 81.8 ms behind the copy issued at once and 5.2 ms behind 256 MiB pieces). First the
+      # engine's GPU test (exact bit-identical to the library's offloaded path over 8 steps, delayed trains), then
+      # fraction 1 against its own baselines, 3 rounds interleaved, 33 steps each (delayed-bench's command with exact
+      # added): delayed was 1.37x there (goal 1.10x), with the gradients' 4.47 GB D2H run serially at each step's end.
+      d="$runs/d2h-pieces"; mkdir -p "$d"
+      [ -f "$d/gpu-tests.log" ] || $py -m pytest tests/runtime/test_gpu_engine.py -k exact_engine -v \
+        -p no:cacheprovider > "$d/gpu-tests.log" 2>&1
+      tail -n 4 "$d/gpu-tests.log"
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-exact --repeats 3 --baseline-runs 3 \
+        train.train_iters=33 ;;
     delayed-profile)
       # Thirty-first session (issue #16, offload-engine/delayed-profile/, one H100, from the tree of commit aa10e26,
       # 206 s): where the delayed mode's 0.137 s a step goes (offload-engine/bench-delayed/:
@@ -749,7 +772,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     planner-auto-moe-2)
       # Thirty-first session (issue #15, planner-auto-moe-2/, one H100, from the tree of commit aa10e26): its first two
       # cases ran (CASES=moe-proxy-3-sl6144-mb2, 139 s; CASES=moe-proxy-5-sl8192, 114 s), auto's pick the smallest
-      # fraction that trains on both; CASES=moe-proxy-7-sl4096 is still to run. The default full-device
+      # fraction that trains on both. Thirty-second session (one H100, from the working tree of fcb56f2 with the
+      # engine's gradient copies uncommitted, 225 s): CASES=moe-proxy-7-sl4096, auto's pick again the smallest
+      # fraction that trains. The default full-device
       # rule on the MoE proxy, which it has only been replayed on (planner-auto-moe/'s devices, sized for first-step).
       # Three MoE proxy configurations no auto check ran, each device the rule's plan + margin at 0.5 + 0.05 GiB
       # (plan_offload.py --json on the CPU, from the tree of the commit that adds this phase), where the 0.55 GiB

@@ -18,11 +18,10 @@ FIRST_STEP = "first-step"
 # first-step's block, and beside the steady peak only the free gaps smaller than a 20 MiB page, which a full device
 # cannot give back (docs/benchmarks/smallest-trains/). The default since the thirtieth session, where it applies (one
 # GPU, expandable segments, no activation recompute: planning/memory_plan.py); elsewhere first-step. Its GPU checks of
-# auto: a pick that trained on each of eight dense and two MoE proxy configurations on devices sized to its plan
-# (planner-auto-6/ to planner-auto-8/, planner-auto-moe-2/), eight at the smallest fraction that trains and two one step
-# above it; replayed on every committed
-# auto check but the one whose runs set its allowance, no pick at or below a fraction that ran out of memory
-# (tests/planning/test_auto_checks.py).
+# auto: a pick that trained on each of eight dense and three MoE proxy configurations on devices sized to its plan
+# (planner-auto-6/ to planner-auto-8/, planner-auto-moe-2/), nine at the smallest fraction that trains and two one
+# step above it; replayed on every committed auto check but the one whose runs set its allowance, no pick at or below
+# a fraction that ran out of memory (tests/planning/test_auto_checks.py).
 FULL_DEVICE = "full-device"
 # full-device's allowance for those gaps beside the steady peak, in GiB (why this figure: planning/memory_plan.py's
 # SUB_PAGE_GAPS_BYTES)
@@ -45,7 +44,7 @@ FULL_DEVICE_COUNTS = ("the loss's block beside step 1's memory as first-step doe
                       "an allowance for the free gaps smaller than a 20 MiB page that PyTorch cannot give back on a "
                       "full device (at most 0.58 GiB measured on a full device without recompute: "
                       "docs/benchmarks/planner-auto-8/; each configuration's gaps are not predicted); auto trained at "
-                      "its pick on eight dense and two MoE proxy configurations it was not set on, up to the 8B's "
+                      "its pick on eight dense and three MoE proxy configurations it was not set on, up to the 8B's "
                       "widths and with activation offload, at most one 0.05 step above the smallest fraction that "
                       "trains (docs/benchmarks/planner-auto-8/, planner-auto-moe-2/)")
 

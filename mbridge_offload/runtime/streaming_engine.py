@@ -17,8 +17,10 @@ CPU optimizers) and moves *when* it runs (docs/design/streaming-offload-engine.m
   forward and backward, which use the weights before it; the next ``optimizer.step()`` waits for it, then
   the library copies the weights as usual. Clipping is exact; the staleness is one step.
 
-Both modes leave the gradient buffer to be zeroed on the copy stream after the D2H (the next step's
-forward does not touch it; its backward waits for the zeroing), so the D2H overlaps the next forward.
+Both modes copy the gradients to the host from a thread of their own, in pieces (gradient_copies.py): a small read
+the training stream makes after the step then waits for one piece, not for the whole copy. They leave the gradient
+buffer to be zeroed on the copy stream after the D2H (the next step's forward does not touch it; its backward waits
+for the zeroing), so the D2H overlaps the next forward.
 
 What touches optimizer state or weights outside a training step drains the engine first: the next
 ``optimizer.step()``, checkpoint save and load, evaluation, the parameter-norm log, and any HDO step run
@@ -65,6 +67,8 @@ from typing import Any
 from mbridge_offload.facts.engine_messages import (CPU_STEP_FAILED, DELAYED_FP32_WEIGHTS,
                                                   STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER, UNKNOWN_ENGINE, WORKER_STOPPED)
 from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY, STREAM
+from mbridge_offload.runtime import gradient_copies
+from mbridge_offload.runtime.gradient_copies import COPY_THREAD, GradientCopies
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
@@ -89,8 +93,8 @@ class _Job:
     """One optimizer step handed to the worker."""
 
     order: list[int]  # chunk indices, in the order the worker takes them
-    d2h_events: dict[int, Any]  # chunk: CUDA event after its gradient copy
     ready: dict[int, threading.Event]  # chunk: its parameters are updated (exact: and cast to bf16)
+    copies: GradientCopies | None = None  # the gradients' copies to the host, issued by the copy thread
     done_events: dict[int, Any] = field(default_factory=dict)  # chunk: CUDA event after its H2D (and cast)
     waited: set[int] = field(default_factory=set)  # chunks the training stream already waits for
     finished: threading.Event = field(default_factory=threading.Event)
@@ -113,6 +117,7 @@ class StreamingEngine:
         self.wait_s = 0.0  # training thread blocked on the engine, since the metrics last read it
         self.step_s = 0.0  # training thread inside the engine's optimizer step (its enqueueing), likewise
         self.grads_free_event = None  # the gradient buffers may be zeroed after this event
+        self.copies_to_take: GradientCopies | None = None  # the pending step's copies, until enqueue_all takes them
         self.seen_params: set = set()  # model parameters whose own module's forward ran before the first step
         self.unseen_chunks: set[int] = set()
         self._maps_for = None
@@ -172,28 +177,57 @@ class StreamingEngine:
             self.unseen_chunks = {c for p, c in self.chunk_of_model.items() if p not in self.seen_params}
         hdo._sync_hdo_param_groups_to_sub_optimizers()  # this step's lr and weight decay, as the library does
         order = self.order()
-        current = torch.cuda.current_stream()
-        hdo._d2h_stream.wait_stream(current)
+        hdo._d2h_stream.wait_stream(torch.cuda.current_stream())  # the copies follow the clipping
         library_order = hdo.cpu_optimizers
         with torch.cuda.stream(hdo._d2h_stream):
-            hdo.cpu_optimizers = [library_order[i] for i in order]  # copies in the order the worker needs them
+            hdo.cpu_optimizers = []  # the library's call then sets only the gradients of what the GPU updates
             try:
                 hdo._set_sub_optimizer_grads()
             finally:
                 hdo.cpu_optimizers = library_order
-        self.grads_free_event = hdo._d2h_stream.record_event()
-        for cpu_param, gpu_param in hdo.cpu_copys_map_gpu_param.items():
-            grad = getattr(gpu_param, "decoupled_grad", gpu_param.grad)
-            if grad is not None:
+            # on the copy stream: a gradient made contiguous here is written before the copy thread reads it
+            copies = GradientCopies(stream=hdo._d2h_stream,
+                                    chunks=[(i, self._gradient_pairs(library_order[i])) for i in order])
+        for _, pairs in copies.chunks:
+            for _, grad in pairs:
                 # with bf16 gradients the main gradient is a temporary that optimizer.zero_grad() frees before the
-                # copy may have read it: the allocator must not hand its memory out before the copy stream is done
+                # copy may have read it: the copy thread holds it until its copy is enqueued, and the allocator
+                # must not hand its memory out before the copy stream is done
                 grad.record_stream(hdo._d2h_stream)
-        events = {i: hdo._cpu_optimizer_map_data_event.pop(opt, None) for i, opt in enumerate(library_order)}
         if hdo.gpu_optimizer:
             hdo.gpu_optimizer.step(closure)
-        job = _Job(order=order, d2h_events=events, ready={i: threading.Event() for i in order})
+        job = _Job(order=order, ready={i: threading.Event() for i in order}, copies=copies)
         self.job = job
+        self.copies_to_take = copies
+        gradient_copies.submit(copies)
         _worker().submit(self, job)
+
+    def _gradient_pairs(self, cpu_optimizer) -> list:
+        """What the library's ``_set_sub_optimizer_grads`` (megatron-core 0.19.2) does for one CPU optimizer, less the
+        copies: each host parameter's ``.grad`` is its host gradient buffer (made at the first step, pinned where
+        ``pin_cpu_grads`` says so), and the (host buffer, GPU gradient) pairs the copy thread fills it from.
+
+        One difference: a parameter without a GPU gradient gets no ``.grad``, so its Adam skips it; the library
+        leaves its last step's host gradient there. Megatron's distributed optimizer gives every offloaded shard a
+        gradient, so this does not arise under it."""
+        import torch
+
+        hdo = self.hdo
+        pairs = []
+        for param in _params_of(cpu_optimizer):
+            gpu_param = hdo.cpu_copys_map_gpu_param[param]
+            grad = getattr(gpu_param, "decoupled_grad", gpu_param.grad)
+            param.requires_grad = False
+            if grad is None:
+                param.grad = None
+                continue
+            if param not in hdo.cpu_copy_map_grad:
+                hdo.cpu_copy_map_grad[param] = torch.empty(param.shape, dtype=param.dtype,
+                                                           pin_memory=hdo.pin_cpu_grads, device="cpu")
+            param.grad = hdo.cpu_copy_map_grad[param]
+            # the copy thread copies flat slices; a distributed optimizer's gradient shards are contiguous already
+            pairs.append((param.grad, grad if grad.is_contiguous() else grad.contiguous()))
+        return pairs
 
     def run(self, job: _Job) -> None:
         """The worker's part of a step (worker thread)."""
@@ -207,9 +241,9 @@ class StreamingEngine:
                 self._worker_stream = torch.cuda.Stream()
             with torch.cuda.stream(self._worker_stream):
                 for chunk in job.order:
-                    event = job.d2h_events.get(chunk)
-                    if event is not None:
-                        event.synchronize()
+                    _wait(job.copies.copied[chunk], f"the gradients' copy of chunk {chunk}", COPY_THREAD)
+                    job.copies.raise_if_failed()
+                    job.copies.events[chunk].synchronize()
                     if self.mode == DELAYED and not job.done_events:
                         # the GPU fp32 weights may be overwritten only after this step's copy to the model
                         _wait(job.model_copied, "the training thread's copy of the weights")
@@ -300,6 +334,7 @@ class StreamingEngine:
         if job is None:
             return
         job.model_copied.set()  # no copy to the model is coming before this drain: nothing to wait for
+        self.enqueue_all()
         if not job.finished.is_set():
             started = time.perf_counter()
             _wait(job.finished, "the offloaded optimizer step")
@@ -325,18 +360,32 @@ class StreamingEngine:
     @staticmethod
     def _raise_if_failed(job: _Job) -> None:
         if job.error is not None:
-            raise EngineError(CPU_STEP_FAILED.format(kind=type(job.error).__name__, error=job.error)) from job.error
+            raise _failure(job.error) from job.error
 
     def unqueued(self) -> bool:
-        """Whether work of the pending update is still to be enqueued (the stream mode enqueues it during the
-        next forward; exact and delayed enqueue everything in their step)."""
-        return False
+        """Whether work of the pending update may still be unenqueued, so the gradient buffers' zeroing waits (the
+        stream mode enqueues its update during the next forward; exact and delayed their gradients' copies, on the
+        copy thread, until ``enqueue_all`` has taken their end)."""
+        return self.copies_to_take is not None
 
     def advance(self) -> None:
         """A module's forward is about to start (the stream mode enqueues its next chunks)."""
 
     def enqueue_all(self) -> None:
-        """Enqueue whatever of the pending update is not enqueued yet."""
+        """Make sure the pending update's gradient copies are all enqueued (the training thread waits for the copy
+        thread if need be); the gradient buffers may then be zeroed after the last one."""
+        copies = self.copies_to_take
+        if copies is None:
+            return
+        if not copies.all_enqueued.is_set():
+            started = time.perf_counter()
+            _wait(copies.all_enqueued, "the gradients' copies", COPY_THREAD)
+            self.wait_s += time.perf_counter() - started
+        self.copies_to_take = None
+        if copies.error is not None:
+            raise _failure(copies.error) from copies.error
+        self.grads_free_event = copies.last_event
+        issue_deferred_zeros()
 
     def take_wait_s(self) -> float:
         value, self.wait_s = self.wait_s, 0.0
@@ -382,11 +431,18 @@ class _Worker:
             engine.run(job)  # catches everything itself and always sets the job's events
 
 
-def _wait(event: threading.Event, what: str) -> None:
-    """Wait for ``event``, raising if the worker thread is gone (it would never set it)."""
+def _failure(error: BaseException) -> EngineError:
+    """The engine's error on the training thread for an error of its worker or copy thread."""
+    return EngineError(CPU_STEP_FAILED.format(kind=type(error).__name__, error=error))
+
+
+def _wait(event: threading.Event, what: str, thread: str = "worker") -> None:
+    """Wait for ``event``, which ``thread`` (the worker or the copy thread) sets, raising if that thread is gone (it
+    would never set it)."""
     while not event.wait(5.0):
-        if not (_WORKER and _WORKER[0].thread.is_alive()):
-            raise EngineError(WORKER_STOPPED.format(what=what))
+        alive = gradient_copies.alive() if thread == COPY_THREAD else bool(_WORKER and _WORKER[0].thread.is_alive())
+        if not alive:
+            raise EngineError(WORKER_STOPPED.format(thread=thread, what=what))
 
 
 _WORKER: list[_Worker] = []

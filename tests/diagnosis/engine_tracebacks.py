@@ -4,7 +4,7 @@ it (traceback.print_exc: the default excepthook's text, chained causes first) or
 
 Where it is cheap on a CPU the engine's own code raises it: a CPU optimizer step that fails on the real worker
 thread (``_worker().submit`` running ``StreamingEngine.run``) and reaches the training thread through
-``StreamingEngine.drain``; a worker thread found gone (``_wait``); ``install`` with an unknown engine; the stream
+``StreamingEngine.drain``; a worker or gradient copy thread found gone (``_wait``); ``install`` with an unknown engine; the stream
 mode's warning of a torch without ``_host_emptyCache``. The rest need a built distributed optimizer or a GPU: their
 EngineError is raised with the text formatted from the engine's own templates (facts/engine_messages.py), as the
 engine formats it.
@@ -24,7 +24,8 @@ import torch
 
 from mbridge_offload.facts import engine_messages as messages
 from mbridge_offload.facts.offload_engine import EXACT
-from mbridge_offload.runtime import streaming_engine
+from mbridge_offload.runtime import gradient_copies, streaming_engine
+from mbridge_offload.runtime.gradient_copies import GradientCopies
 from mbridge_offload.runtime.streaming_engine import EngineError, StreamingEngine, _Job
 
 
@@ -43,7 +44,7 @@ def _engine(fail) -> StreamingEngine:
     engine = object.__new__(StreamingEngine)
     engine.hdo = SimpleNamespace(cpu_optimizers=[_HostAdam(fail)], _h2d_stream=None,
                                  _sync_sub_optimizers_state_to_hdo=lambda: None)
-    engine.mode, engine.casts, engine.wait_s, engine.job = EXACT, {0: []}, 0.0, None
+    engine.mode, engine.casts, engine.wait_s, engine.job, engine.copies_to_take = EXACT, {0: []}, 0.0, None, None
     if torch.cuda.is_available():
         engine._worker_stream, engine._device, engine._threads = None, torch.cuda.current_device(), 1
     else:
@@ -51,10 +52,24 @@ def _engine(fail) -> StreamingEngine:
     return engine
 
 
+class _Done:
+    def synchronize(self) -> None:
+        pass
+
+
+def _copied_chunk() -> GradientCopies:
+    """Chunk 0's gradient copies, already enqueued (it has no gradients: the step under test fails in its Adam)."""
+    copies = GradientCopies(stream=None, chunks=[(0, [])])
+    copies.events[0] = _Done()
+    copies.copied[0].set()
+    copies.all_enqueued.set()
+    return copies
+
+
 def cpu_step_failed(fail) -> None:
     """The real path: the worker thread runs the step and keeps its error, the training thread's drain raises it."""
     engine = _engine(fail)
-    job = _Job(order=[0], d2h_events={}, ready={0: threading.Event()})
+    job = _Job(order=[0], ready={0: threading.Event()}, copies=_copied_chunk())
     engine.job = job
     streaming_engine._worker().submit(engine, job)
     engine.drain()
@@ -94,9 +109,19 @@ class _NeverSet(threading.Event):
 
 def worker_stopped() -> None:
     engine = _engine(lambda: None)
-    job = _Job(order=[0], d2h_events={}, ready={0: threading.Event()}, finished=_NeverSet())
+    job = _Job(order=[0], ready={0: threading.Event()}, copies=_copied_chunk(), finished=_NeverSet())
     engine.job = job
     streaming_engine._WORKER.clear()  # the worker thread is gone
+    engine.drain()
+
+
+def copy_thread_stopped() -> None:
+    """The drain waits for the gradients' copies to be enqueued, and the copy thread is gone."""
+    engine = _engine(lambda: None)
+    copies = GradientCopies(stream=None, chunks=[(0, [])], all_enqueued=_NeverSet())
+    engine.job = _Job(order=[0], ready={0: threading.Event()}, copies=copies)
+    engine.copies_to_take = copies
+    gradient_copies._THREAD.clear()  # no copy thread runs
     engine.drain()
 
 
@@ -115,6 +140,7 @@ SCENARIOS = {
     "cpu-step-keyerror": lambda: cpu_step_failed(_missing_state),
     "cpu-step-resume-keyerror": lambda: cpu_step_failed(_rebuilt_host_copy),
     "worker-stopped": worker_stopped,
+    "copy-thread-stopped": copy_thread_stopped,
     "unknown-engine": unknown_engine,
     "delayed-fp32-weights": _raise(messages.DELAYED_FP32_WEIGHTS.format(count=4)),
     "stream-outside-distributed-optimizer": _raise(messages.STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER),

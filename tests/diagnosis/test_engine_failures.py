@@ -45,6 +45,7 @@ def ranked(lines: list[str], rank: int) -> list[str]:
 MESSAGES = [
     ("cpu-step-keyerror", "engine/cpu-step-failed", LIBRARY_FIX),
     ("worker-stopped", "engine/worker-stopped", "fix the first error above this one"),
+    ("copy-thread-stopped", "engine/worker-stopped", "fix the first error above this one"),
     ("delayed-fp32-weights", "engine/delayed-fp32-weights", "++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact (or library), "
                                                             "or bf16 model parameters"),
     ("stream-outside-distributed-optimizer", "engine/stream-outside-distributed-optimizer",
@@ -229,7 +230,13 @@ def test_a_worker_thread_found_stopped_after_another_error_is_its_consequence(pr
     assert diagnosis.first_failure is found["runtime/host-memory-killed"]
     stopped = found["engine/worker-stopped"]
     assert "[runtime/host-memory-killed], which failed first (log.txt:1)" in stopped.consequence_of
-    assert stopped.measured == "waiting for the offloaded optimizer step"
+    assert stopped.measured == "the worker thread, waiting for the offloaded optimizer step"
+
+
+def test_a_gradient_copy_thread_found_stopped_is_named_as_such(printed, diag):
+    [finding] = diag(diag.write(printed["copy-thread-stopped"])).findings
+    assert finding.rule_id == "engine/worker-stopped"
+    assert finding.measured == "the gradient copy thread, waiting for the gradients' copies"
 
 
 def test_json_and_the_engine_failures_own_words(printed, capsys, diag):

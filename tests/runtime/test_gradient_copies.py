@@ -1,0 +1,122 @@
+"""The exact and delayed engines' gradient copies to the host, in pieces (mbridge_offload/runtime/gradient_copies.py):
+the cut into pieces, and what the copy thread's ``issue`` enqueues, waits for and hands on, on host tensors (no GPU
+here: the stream below records its events and what each wait was for, so the test sees the order a GPU would
+run them in; a GPU run checks the engine's update bit for bit, tests/runtime/test_gpu_engine.py)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import pytest
+import torch
+
+from mbridge_offload.runtime.gradient_copies import PIECES_IN_FLIGHT, GradientCopies, pieces_of
+
+
+@pytest.mark.parametrize("numels, piece", [([10, 3, 7], 4), ([5], 5), ([1, 1, 1, 1], 3), ([17, 2, 40, 1, 9], 11),
+                                           ([300], 1), ([0, 6, 0], 4), ([], 8)])
+def test_pieces_cover_every_element_once_in_order_and_none_is_over_its_size(numels, piece):
+    pieces = pieces_of(numels, piece)
+    flat = [(index, element) for p in pieces for index, start, stop in p for element in range(start, stop)]
+    assert flat == [(index, element) for index, numel in enumerate(numels) for element in range(numel)]
+    assert all(0 < sum(stop - start for _, start, stop in p) <= piece for p in pieces)
+    # only the last piece may be short: small tensors share a piece rather than each taking one
+    assert all(sum(stop - start for _, start, stop in p) == piece for p in pieces[:-1])
+
+
+def test_a_piece_of_no_element_is_refused():
+    with pytest.raises(ValueError, match="at least one element"):
+        pieces_of([4], 0)
+
+
+class _Event:
+    def __init__(self, log: list, number: int) -> None:
+        self.log, self.number = log, number
+
+    def synchronize(self) -> None:
+        self.log.append(("wait", self.number))
+
+
+class _Stream:
+    """Records each event it is asked for, in order; a copy on the host has finished when ``copy_`` returns, so
+    the log says only what was enqueued and waited for when."""
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self._numbers = itertools.count()
+
+    def record_event(self, event=None) -> _Event:
+        recorded = _Event(self.log, next(self._numbers))
+        self.log.append(("record", recorded.number))
+        return recorded
+
+
+def _pairs(numels: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.zeros(n), torch.randn(n)) for n in numels]
+
+
+def _pieces_and_waits(stream: _Stream, not_pieces: set[int]) -> tuple[list[int], list[int]]:
+    recorded = [n for what, n in stream.log if what == "record" and n not in not_pieces]
+    return recorded, [n for what, n in stream.log if what == "wait"]
+
+
+def test_issue_fills_every_host_buffer_with_pieces_over_the_whole_step_and_at_most_the_pieces_in_flight():
+    stream = _Stream()
+    piece = 256  # fp32 elements
+    chunks = [(2, _pairs([1000, 24])), (0, _pairs([3000])), (1, [])]
+    expected = [(host, grad.clone()) for _, pairs in chunks for host, grad in pairs]
+    copies = GradientCopies(stream=stream, chunks=chunks, piece_bytes=4 * piece)
+    copies.issue()
+    copies.raise_if_failed()
+    assert all(torch.equal(host, grad) for host, grad in expected)
+    assert copies.chunks == []  # the gradients are no longer held
+    assert all(done.is_set() for done in copies.copied.values()) and copies.all_enqueued.is_set()
+    ends = {chunk: copies.events[chunk].number for chunk in (2, 0, 1)}
+    assert ends[2] < ends[0] < ends[1] < copies.last_event.number  # in the worker's order, then the step's end
+    pieces, waits = _pieces_and_waits(stream, {*ends.values(), copies.last_event.number})
+    total = 1000 + 24 + 3000
+    assert len(pieces) == -(-total // piece)  # cut over the step: no chunk starts a piece of its own
+    # a chunk's end is recorded inside the piece that holds its last element: after the piece before it
+    for chunk, last_element in ((2, 1024 - 1), (0, total - 1)):
+        holding = last_element // piece
+        assert (holding == 0 or pieces[holding - 1] < ends[chunk]) and ends[chunk] < pieces[holding]
+    # before each piece is enqueued, the one PIECES_IN_FLIGHT before it has finished; the ends are never waited for
+    for k in range(PIECES_IN_FLIGHT, len(pieces)):
+        assert stream.log.index(("wait", pieces[k - PIECES_IN_FLIGHT])) < stream.log.index(("record", pieces[k]))
+    assert waits == pieces[:len(pieces) - PIECES_IN_FLIGHT]
+
+
+def test_the_pieces_in_flight_carry_over_to_the_next_copies():
+    """The dense and the expert optimizer of a MoE hand over their copies one after the other: the second's first
+    piece waits for the first's pieces still in flight."""
+    stream, in_flight = _Stream(), collections.deque()
+    first = GradientCopies(stream=stream, chunks=[(0, _pairs([512]))], piece_bytes=4 * 256)
+    first.issue(in_flight)
+    first_pieces, _ = _pieces_and_waits(stream, {first.events[0].number, first.last_event.number})
+    assert len(in_flight) == PIECES_IN_FLIGHT == len(first_pieces)
+    second = GradientCopies(stream=stream, chunks=[(0, _pairs([256]))], piece_bytes=4 * 256)
+    second.issue(in_flight)
+    [second_piece] = [n for what, n in stream.log if what == "record" and n > first.last_event.number
+                      and n not in (second.events[0].number, second.last_event.number)]
+    assert stream.log.index(("wait", first_pieces[0])) < stream.log.index(("record", second_piece))
+    assert in_flight[0].number == first_pieces[1]  # still in flight: the next copies wait for it first
+
+
+def test_a_failed_copy_is_kept_for_the_training_thread_and_releases_every_waiter():
+    stream = _Stream()
+    copies = GradientCopies(stream=stream, chunks=[(0, _pairs([8])), (1, [(torch.zeros(6), torch.randn(5))])])
+    copies.issue()
+    assert all(done.is_set() for done in copies.copied.values()) and copies.all_enqueued.is_set()
+    assert 1 not in copies.events and copies.last_event is None
+    with pytest.raises(RuntimeError):
+        copies.raise_if_failed()
+    # the error's traceback keeps the copy's frame: it holds no gradient
+    frames = [tb.tb_frame for tb in _walk(copies.error.__traceback__)]
+    assert not any(isinstance(v, torch.Tensor) for f in frames for v in f.f_locals.values())
+
+
+def _walk(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
