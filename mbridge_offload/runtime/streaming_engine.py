@@ -94,7 +94,7 @@ class _Job:
 
     order: list[int]  # chunk indices, in the order the worker takes them
     ready: dict[int, threading.Event]  # chunk: its parameters are updated (exact: and cast to bf16)
-    copies: GradientCopies | None = None  # the gradients' copies to the host, issued by the copy thread
+    copies: GradientCopies  # the gradients' copies to the host, issued by the copy thread
     done_events: dict[int, Any] = field(default_factory=dict)  # chunk: CUDA event after its H2D (and cast)
     waited: set[int] = field(default_factory=set)  # chunks the training stream already waits for
     finished: threading.Event = field(default_factory=threading.Event)
