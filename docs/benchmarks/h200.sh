@@ -41,6 +41,26 @@ auto_pair() {  # DIR CASE "DEVICE_GIB RECIPE OVERRIDES...": scripts/check_auto.p
   $py scripts/check_auto.py --recipe "${words[1]}" --device-gib "${words[0]}" --out "$dir/$case" "${words[@]:2}" 2>&1 \
     | tee "$dir/$case.log"
 }
+profiled_run() {  # NAME RUN_RECIPE_ARGS...: the dense proxy for 13 steps in folder $d, PyTorch's profiler on steps 10-12
+  # (Megatron Bridge's schedule: step 9 warms up, 10-11 are traced), read by mbridge_offload.bench.gpu_trace into
+  # $d/NAME-gpu_trace.md; the trace itself is not kept
+  local name=$1; shift
+  $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/$name" train.train_iters=13 \
+    profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 "$@" \
+    > "$d/$name.log" 2>&1; echo "$name: exit $?"
+  $py -m mbridge_offload.bench.gpu_trace "$d/$name/torch_profile/rank-0.json.gz" --out "$d/$name-gpu_trace.md"
+  rm -rf "$d/$name/torch_profile"
+}
+engine_gpu_test_and_bench() {  # in folder $d: the engine's GPU test (exact bit-identical to the library's offloaded
+  # path over 8 steps, delayed trains), then delayed and exact at fraction 1 against their own baselines, 3 rounds
+  # interleaved, 33 steps each (resumed where a cut call left it)
+  [ -f "$d/gpu-tests.log" ] || $py -m pytest tests/runtime/test_gpu_engine.py -k exact_engine -v \
+    -p no:cacheprovider > "$d/gpu-tests.log" 2>&1
+  tail -n 4 "$d/gpu-tests.log"
+  $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+    --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-exact --repeats 3 --baseline-runs 3 \
+    train.train_iters=33
+}
 host_json() { if [ -f "$runs/host/host.json" ]; then echo "$runs/host/host.json"; else echo docs/benchmarks/offload-overhead/host.json; fi; }
 save_phase() {  # PHASE: its folders under $RUNS as $OUT/PHASE.tgz (also when the call's time limit interrupts it)
   if [ -n "${OUT:-}" ]; then
@@ -460,6 +480,34 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    copy-window)
+      # Thirty-third session (issue #16, offload-engine/copy-window/; plain torch and the plugin's copy loop, no bundle
+      # needed): copy-pieces/'s profile still showed the training stream's own small copies waiting 13-32 ms behind the
+      # engine's copies in 128 MiB pieces with two in flight. Does a small copy of another stream wait for one piece,
+      # or until the copy thread's queue runs dry? Both directions; at once, one piece in flight, two; a thread holds
+      # the interpreter's lock as the training thread does, so the copy thread's wake-ups cost what they cost there.
+      d="$runs/copy-window"; mkdir -p "$d"
+      $py docs/benchmarks/offload-engine/copy-window/copy_window.py --gb 4.47 --tensors 300 --piece-mb 128 \
+        --every-ms 5 --out "$d/results.json" 2>&1 | tee "$d/copy_window.log" ;;
+    copy-pieces)
+      # Thirty-third session (issue #16, offload-engine/copy-pieces/, one H100, from the working tree of 63a0812 with the
+      # weight copies uncommitted and two pieces in flight; two calls: with the install, then 281 s resumed; exact
+      # bit-identical, delayed 1.29x, exact 1.50x; the profile still showed the training stream's copies waiting 13-32
+      # ms behind the engine's: copy-window is to tell whether one piece in flight does better). The exact and delayed
+      # engines with both copies in
+      # pieces from threads of their own, the gradients to the host (gradient_copies.py, built and measured in the
+      # thirty-second session, d2h-pieces/, then changed by a review) and now the updated weights back
+      # (weight_copies.py: the library's hook enqueued a chunk's 0.56-1.24 GB at once, and delayed-profile/ saw the
+      # training stream idle 12.2 ms of a 12.4 ms gap while only that H2D ran). First the profile of
+      # delayed-profile/ for no offload and delayed at fraction 1: are its ~75 ms a step of training stream idle behind
+      # the D2H gone? Then the engine's GPU test (exact bit-identical to the library's offloaded path over 8 steps),
+      # then fraction 1 against its own baselines, 3 rounds interleaved, 33 steps each (d2h-pieces' bench).
+      d="$runs/copy-pieces"; mkdir -p "$d"
+      offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
+      [ -f "$d/baseline-gpu_trace.md" ] || profiled_run baseline optimizer.optimizer_cpu_offload=False \
+        optimizer.optimizer_offload_fraction=0
+      [ -f "$d/delayed-1-gpu_trace.md" ] || profiled_run delayed-1 $offload
+      engine_gpu_test_and_bench ;;
     d2h-queue)
       # Thirty-second session (issue #16, offload-engine/d2h-queue/, one H100, 28 s, from the working tree of fcb56f2
       # with this loop over the connections added; plain torch, no bundle needed): does a step-end read on the training stream wait
@@ -484,12 +532,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # fraction 1 against its own baselines, 3 rounds interleaved, 33 steps each (delayed-bench's command with exact
       # added): delayed was 1.37x there (goal 1.10x), with the gradients' 4.47 GB D2H run serially at each step's end.
       d="$runs/d2h-pieces"; mkdir -p "$d"
-      [ -f "$d/gpu-tests.log" ] || $py -m pytest tests/runtime/test_gpu_engine.py -k exact_engine -v \
-        -p no:cacheprovider > "$d/gpu-tests.log" 2>&1
-      tail -n 4 "$d/gpu-tests.log"
-      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
-        --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-exact --repeats 3 --baseline-runs 3 \
-        train.train_iters=33 ;;
+      engine_gpu_test_and_bench ;;
     delayed-profile)
       # Thirty-first session (issue #16, offload-engine/delayed-profile/, one H100, from the tree of commit aa10e26,
       # 206 s): where the delayed mode's 0.137 s a step goes (offload-engine/bench-delayed/:
@@ -503,18 +546,9 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # before the profiler's warm-up, give each run's step time (metrics.rank0.jsonl). The traces are not kept.
       d="$runs/delayed-profile"; mkdir -p "$d"
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
-      for name in baseline delayed-1 delayed-1-threads-8; do
-        case $name in
-          baseline) extra="optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0" ;;
-          delayed-1) extra="$offload" ;;
-          delayed-1-threads-8) extra="--cpu-threads 8 $offload" ;;
-        esac
-        $py scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/$name" train.train_iters=13 \
-          profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 $extra \
-          > "$d/$name.log" 2>&1; echo "$name: exit $?"
-        $py -m mbridge_offload.bench.gpu_trace "$d/$name/torch_profile/rank-0.json.gz" --out "$d/$name-gpu_trace.md"
-        rm -rf "$d/$name/torch_profile"
-      done ;;
+      profiled_run baseline optimizer.optimizer_cpu_offload=False optimizer.optimizer_offload_fraction=0
+      profiled_run delayed-1 $offload
+      profiled_run delayed-1-threads-8 --cpu-threads 8 $offload ;;
     alloc-expandable)
       # Twelfth session (issue #15, docs/benchmarks/alloc-conf/): the allocator's reserve once the recipes'
       # expandable segments are in effect, on calibration and held-out cases (docs/benchmarks/alloc-conf/run.sh).

@@ -10,12 +10,13 @@ from __future__ import annotations
 from mbridge_offload.facts import offload_engine
 
 # --- streaming_engine.py ------------------------------------------------------------------------------------------
-# The worker or copy thread's error (job.error, copies.error), raised on the training thread at the next point that
-# waits for that thread;
+# The worker's or a copy thread's error (job.error, copies.error), raised on the training thread at the next point
+# that waits for that thread;
 # ``kind`` is the error's class name, ``error`` its text (raised ``from`` it, so its own traceback comes first).
 CPU_STEP_FAILED = "the streaming offload engine's CPU optimizer step failed: {kind}: {error}"
-# ``thread``: "worker" or "gradient copy" (the thread that copies the gradients to the host); ``what``: "the
-# offloaded optimizer step", "the update of chunk N", "the gradients' copy of chunk N", ...
+# ``thread``: "worker", "gradient copy" (the thread that copies the gradients to the host) or "weight copy" (the one
+# that copies the updated weights back); ``what``: "the offloaded optimizer step", "the update of chunk N", "the
+# gradients' copy of chunk N", ...
 WORKER_STOPPED = "the streaming offload engine's {thread} thread stopped while waiting for {what}"
 DELAYED_FP32_WEIGHTS = ("the delayed offload engine cannot run with {count} offloaded parameter(s) kept in fp32 in "
                         "the model: their fp32 copy is the live weight, which the delayed update would overwrite "

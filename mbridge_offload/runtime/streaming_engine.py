@@ -6,8 +6,8 @@ This engine keeps the library's arithmetic (the same torch AdamW on the same ten
 CPU optimizers) and moves *when* it runs (docs/design/streaming-offload-engine.md):
 
 - ``exact``: ``optimizer.step()`` copies the clipped gradients to the host (D2H) and returns; a worker thread
-  runs the CPU Adam chunk by chunk in the order the forward first uses the parameters, copies each chunk's
-  parameters back (H2D) and casts them into the model's bf16 weights. Each module's forward waits (a
+  runs the CPU Adam chunk by chunk in the order the forward first uses the parameters; the weight copy thread copies
+  each chunk's parameters back (H2D) and casts them into the model's bf16 weights. Each module's forward waits (a
   forward pre-hook) for its own parameters only. The update is the library's: gradients after the library's
   clipping, the learning rate of the same step, the same kernel.
 - ``stream`` (mbridge_offload/runtime/streamed_states.py): no CPU Adam at all; Adam's moments stay on the host
@@ -17,10 +17,11 @@ CPU optimizers) and moves *when* it runs (docs/design/streaming-offload-engine.m
   forward and backward, which use the weights before it; the next ``optimizer.step()`` waits for it, then
   the library copies the weights as usual. Clipping is exact; the staleness is one step.
 
-Both modes copy the gradients to the host from a thread of their own, in pieces (gradient_copies.py): a small read
-the training stream makes after the step then waits for one piece, not for the whole copy. They leave the gradient
-buffer to be zeroed on the copy stream after the D2H (the next step's forward does not touch it; its backward waits
-for the zeroing), so the D2H overlaps the next forward.
+Both modes copy the gradients to the host from a thread of their own, in pieces (gradient_copies.py), and the updated
+weights back from another (weight_copies.py), so that a small copy the training stream makes in either direction (a
+read after the step, a micro batch's inputs) need not wait for the whole copy (copy_pieces.py: how far that holds).
+They leave the gradient buffer to be zeroed on the copy stream after the D2H (the next step's forward does not touch
+it; its backward waits for the zeroing), so the D2H overlaps the next forward.
 
 What touches optimizer state or weights outside a training step drains the engine first: the next
 ``optimizer.step()``, checkpoint save and load, evaluation, the parameter-norm log, and any HDO step run
@@ -58,6 +59,7 @@ dense one.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -67,8 +69,10 @@ from typing import Any
 from mbridge_offload.facts.engine_messages import (CPU_STEP_FAILED, DELAYED_FP32_WEIGHTS,
                                                   STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER, UNKNOWN_ENGINE, WORKER_STOPPED)
 from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY, STREAM
-from mbridge_offload.runtime import gradient_copies
+from mbridge_offload.runtime import gradient_copies, weight_copies
 from mbridge_offload.runtime.gradient_copies import COPY_THREAD, GradientCopies
+from mbridge_offload.runtime.serial_thread import LazySerialThread, SerialThread
+from mbridge_offload.runtime.weight_copies import WEIGHT_COPY_THREAD, ChunkUpload, UploadsEnd
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
@@ -200,7 +204,8 @@ class StreamingEngine:
         self.job = job
         self.copies_to_take = copies
         gradient_copies.submit(copies)
-        _worker().submit(self, job)
+        weight_copies.start()
+        _WORKER.submit((self, job))
 
     def _gradient_pairs(self, cpu_optimizer) -> list:
         """What the library's ``_set_sub_optimizer_grads`` (megatron-core 0.19.2) does for one CPU optimizer, less the
@@ -230,7 +235,10 @@ class StreamingEngine:
         return pairs
 
     def run(self, job: _Job) -> None:
-        """The worker's part of a step (worker thread)."""
+        """The worker's part of a step (worker thread): each chunk's Adam once its gradients are on the host, then its
+        weights handed to the weight copy thread, which marks the chunk ready (``_uploaded``). The job ends on that
+        thread too, after every upload handed to it (``UploadsEnd``), also when a chunk failed: nothing of the job is
+        still enqueued once the training thread sees it finished."""
         import torch
 
         hdo = self.hdo
@@ -240,28 +248,32 @@ class StreamingEngine:
                 torch.set_num_threads(self._threads)  # OpenMP's thread count is per thread: set it here
                 self._worker_stream = torch.cuda.Stream()
             with torch.cuda.stream(self._worker_stream):
-                for chunk in job.order:
-                    _wait(job.copies.copied[chunk], f"the gradients' copy of chunk {chunk}", COPY_THREAD)
+                for position, chunk in enumerate(job.order):
+                    if job.error is not None:  # an upload failed: the training thread raises it; update no further
+                        break
+                    _wait(job.copies.copied[chunk], f"the gradients' copy of chunk {chunk}", (COPY_THREAD,))
                     job.copies.raise_if_failed()
                     job.copies.events[chunk].synchronize()
-                    if self.mode == DELAYED and not job.done_events:
+                    if self.mode == DELAYED and position == 0:
                         # the GPU fp32 weights may be overwritten only after this step's copy to the model
-                        _wait(job.model_copied, "the training thread's copy of the weights")
+                        _wait(job.model_copied, "the training thread's copy of the weights", ())
                         if job.model_copied_event is not None:
                             hdo._h2d_stream.wait_event(job.model_copied_event)
-                    hdo.cpu_optimizers[chunk].step()  # Adam, then the library's hook copies it back (H2D)
-                    if self.mode == EXACT:
-                        with torch.cuda.stream(hdo._h2d_stream):
-                            for main, model_view in self.casts[chunk]:
-                                model_view.copy_(main)
-                    job.done_events[chunk] = hdo._h2d_stream.record_event()
-                    job.ready[chunk].set()
+                    optimizer = hdo.cpu_optimizers[chunk]
+                    weight_copies.step_without_copy_back(optimizer)  # Adam; its copies back are the thread's
+                    weight_copies.submit(ChunkUpload(
+                        stream=hdo._h2d_stream,
+                        pairs=[(hdo.cpu_copys_map_gpu_param[param], param) for param in _params_of(optimizer)],
+                        casts=self.casts[chunk] if self.mode == EXACT else [],
+                        done=functools.partial(_uploaded, job, chunk), failed=functools.partial(_job_failed, job)))
         except BaseException as error:  # noqa: BLE001  (handed to the training thread, which raises it)
-            job.error = error
-            for ready in job.ready.values():
-                ready.set()
+            _job_failed(job, error)
         finally:
-            job.finished.set()
+            try:
+                weight_copies.submit(UploadsEnd(done=job.finished.set))
+            except BaseException as error:  # noqa: BLE001  (no thread would end the job otherwise)
+                _job_failed(job, error)
+                job.finished.set()
 
     # --- waiting for it ---
     def gate(self, model_params) -> None:
@@ -379,7 +391,7 @@ class StreamingEngine:
             return
         if not copies.all_enqueued.is_set():
             started = time.perf_counter()
-            _wait(copies.all_enqueued, "the gradients' copies", COPY_THREAD)
+            _wait(copies.all_enqueued, "the gradients' copies", (COPY_THREAD,))
             self.wait_s += time.perf_counter() - started
         self.copies_to_take = None
         if copies.error is not None:
@@ -394,6 +406,22 @@ class StreamingEngine:
     def take_step_s(self) -> float:
         value, self.step_s = self.step_s, 0.0
         return value
+
+
+def _uploaded(job: _Job, chunk: int, event) -> None:
+    """The weight copy thread enqueued ``chunk``'s copies back (and casts): the training stream may wait on
+    ``event``."""
+    job.done_events[chunk] = event
+    job.ready[chunk].set()
+
+
+def _job_failed(job: _Job, error: BaseException) -> None:
+    """The worker's or the weight copy thread's error: kept for the training thread, whose waits for a chunk return
+    (and raise it). The job still ends on the weight copy thread, after what was handed to it."""
+    if job.error is None:
+        job.error = error
+    for ready in job.ready.values():
+        ready.set()
 
 
 def processing_order(first_use: list[int], chunks: int) -> list[int]:
@@ -412,46 +440,36 @@ def _model_shard_view(owner, model_param):
     return owner.buffers[gbuf_index].buckets[bucket_id].param_data.view(-1)[world_range.start:world_range.end]
 
 
-class _Worker:
-    """One thread per process runs the engines' jobs in the order they were handed over."""
-
-    def __init__(self) -> None:
-        import queue
-
-        self.queue: Any = queue.Queue()
-        self.thread = threading.Thread(target=self._loop, name="mbridge-offload-engine", daemon=True)
-        self.thread.start()
-
-    def submit(self, engine: StreamingEngine, job: _Job) -> None:
-        self.queue.put((engine, job))
-
-    def _loop(self) -> None:
-        while True:
-            engine, job = self.queue.get()
-            engine.run(job)  # catches everything itself and always sets the job's events
-
-
 def _failure(error: BaseException) -> EngineError:
     """The engine's error on the training thread for an error of its worker or copy thread."""
     return EngineError(CPU_STEP_FAILED.format(kind=type(error).__name__, error=error))
 
 
-def _wait(event: threading.Event, what: str, thread: str = "worker") -> None:
-    """Wait for ``event``, which ``thread`` (the worker or the copy thread) sets, raising if that thread is gone (it
-    would never set it)."""
+WORKER_THREAD = "worker"
+_STEP_THREADS = (WORKER_THREAD, WEIGHT_COPY_THREAD)  # what finishes a chunk of the update: its Adam, its copy back
+
+
+def _alive(thread: str) -> bool:
+    if thread == COPY_THREAD:
+        return gradient_copies.alive()
+    if thread == WEIGHT_COPY_THREAD:
+        return weight_copies.alive()
+    return _WORKER.alive()
+
+
+def _wait(event: threading.Event, what: str, threads: tuple[str, ...] = _STEP_THREADS) -> None:
+    """Wait for ``event``, which ``threads`` (the worker, the gradient or the weight copy thread) set, raising if one
+    of them is gone (it would never set it)."""
     while not event.wait(5.0):
-        alive = gradient_copies.alive() if thread == COPY_THREAD else bool(_WORKER and _WORKER[0].thread.is_alive())
-        if not alive:
-            raise EngineError(WORKER_STOPPED.format(thread=thread, what=what))
+        stopped = next((thread for thread in threads if not _alive(thread)), None)
+        if stopped is not None:
+            raise EngineError(WORKER_STOPPED.format(thread=stopped, what=what))
 
 
-_WORKER: list[_Worker] = []
-
-
-def _worker() -> _Worker:
-    if not _WORKER:
-        _WORKER.append(_Worker())
-    return _WORKER[0]
+# one thread per process runs the engines' jobs in the order they were handed over (run catches everything itself
+# and always sets the job's events)
+_WORKER = LazySerialThread(lambda: SerialThread(name="mbridge-offload-engine",
+                                                handle=lambda item: item[0].run(item[1])))
 
 
 def engines() -> list[StreamingEngine]:
@@ -739,11 +757,17 @@ def _zero_after_updates(ddp, zero) -> None:
     import torch
 
     pending = [e for e in engines() if e.grads_free_event is not None]
+    # a deferred zeroing follows the training stream where it was asked for, not where it is issued (the end of the
+    # first forward, which does not touch the gradient buffers): its memsets then run under that forward
+    asked = ddp.__dict__.pop("_mbridge_offload_zero_asked", None)
     if not pending:
         zero(ddp)
         return
     stream = pending[0].zero_stream
-    stream.wait_stream(torch.cuda.current_stream())
+    if asked is not None:
+        stream.wait_event(asked)
+    else:
+        stream.wait_stream(torch.cuda.current_stream())
     for engine in pending:
         stream.wait_event(engine.grads_free_event)
     with torch.cuda.stream(stream):
@@ -773,6 +797,10 @@ def _install_grad_zeroing(ddp_class) -> None:
         if any(e.unqueued() for e in engines()):
             # the update still to be enqueued reads these gradients: their memsets after its last chunk
             _reset_grad_bookkeeping(self)
+            if not getattr(self.ddp_config, "reuse_grad_buf_for_mxfp8_param_ag", False):
+                # the memsets may run under the first forward, which then leaves the gradient buffer alone (with
+                # that option the forward's parameter all-gather is staged in it: they wait for the forward)
+                self._mbridge_offload_zero_asked = torch.cuda.current_stream().record_event()
             if self not in _DEFERRED_ZEROS:
                 _DEFERRED_ZEROS.append(self)
             return None

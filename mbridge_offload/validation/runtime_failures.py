@@ -233,7 +233,7 @@ ENGINE_MESSAGES: dict[str, EngineMessage] = {
         messages.CPU_STEP_FAILED, fields={"kind": r"[\w.]+", "error": r".*"},
         measured="the worker's error: {kind}: {error}", carries="error"),
     "engine/worker-stopped": EngineMessage(messages.WORKER_STOPPED,
-                                           fields={"thread": r"worker|gradient copy", "what": r".+"},
+                                           fields={"thread": r"worker|gradient copy|weight copy", "what": r".+"},
                                            measured="the {thread} thread, waiting for {what}"),
     "engine/delayed-fp32-weights": EngineMessage(messages.DELAYED_FP32_WEIGHTS, fields={"count": r"\d+"},
                                                  measured="{count} offloaded parameter(s) in fp32"),
@@ -592,15 +592,15 @@ RULES: tuple[Rule, ...] = (
     # the plugin's offload engine (its messages: ENGINE_MESSAGES)
     _engine_rule("engine/cpu-step-failed", ENGINE_KEY,
                  "the offload engine's worker thread failed in the CPU optimizer step (the host's Adam on the "
-                 "offloaded share, which the exact and delayed engines run beside the next step's forward), or its "
-                 "gradient copy thread in the gradients' copy to the host; the training thread raised that thread's "
-                 "error at the next point that waited for it",
+                 "offloaded share, which the exact and delayed engines run beside the next step's forward), or one of "
+                 "its copy threads (the gradients to the host, the updated weights back); the training thread raised "
+                 "that thread's error at the next point that waited for it",
                  fix=f"{LIBRARY_FIX}  (the library's own CPU step instead of the engine's worker thread)"),
     _engine_rule("engine/worker-stopped", ENGINE_KEY,
-                 "the offload engine's worker thread, which runs the offloaded optimizer step, or its gradient copy "
-                 "thread, which copies the gradients to the host, had stopped while the training thread waited for "
-                 "it: the engine hands its own errors to the training thread, so "
-                 "something else ended the thread or the process around it, and that is the failure to fix",
+                 "the offload engine's worker thread, which runs the offloaded optimizer step, or one of its copy "
+                 "threads (the gradients to the host, the updated weights back) had stopped while the training "
+                 "thread waited for it: the engine hands its own errors to the training thread, so something else "
+                 "ended the thread or the process around it, and that is the failure to fix",
                  fix=f"fix the first error above this one in the output (every rank's); with none there: {LIBRARY_FIX}"),
     _engine_rule("engine/delayed-fp32-weights", ENGINE_KEY,
                  "the delayed offload engine refused to start: offloaded parameters are fp32 in the model itself, so "

@@ -3,17 +3,18 @@
 it (traceback.print_exc: the default excepthook's text, chained causes first) or the line the engine prints.
 
 Where it is cheap on a CPU the engine's own code raises it: a CPU optimizer step that fails on the real worker
-thread (``_worker().submit`` running ``StreamingEngine.run``) and reaches the training thread through
-``StreamingEngine.drain``; a worker or gradient copy thread found gone (``_wait``); ``install`` with an unknown engine; the stream
-mode's warning of a torch without ``_host_emptyCache``. The rest need a built distributed optimizer or a GPU: their
-EngineError is raised with the text formatted from the engine's own templates (facts/engine_messages.py), as the
-engine formats it.
+thread (``_WORKER.submit`` running ``StreamingEngine.run``) and reaches the training thread through
+``StreamingEngine.drain``; a worker, gradient or weight copy thread found gone (``_wait``); ``install`` with an
+unknown engine; the stream mode's warning of a torch without ``_host_emptyCache``. The rest need a built distributed
+optimizer or a GPU: their EngineError is raised with the text formatted from the engine's own templates
+(facts/engine_messages.py), as the engine formats it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+from collections import OrderedDict
 import sys
 import threading
 import traceback
@@ -24,9 +25,14 @@ import torch
 
 from mbridge_offload.facts import engine_messages as messages
 from mbridge_offload.facts.offload_engine import EXACT
-from mbridge_offload.runtime import gradient_copies, streaming_engine
+from mbridge_offload.runtime import gradient_copies, streaming_engine, weight_copies
 from mbridge_offload.runtime.gradient_copies import GradientCopies
 from mbridge_offload.runtime.streaming_engine import EngineError, StreamingEngine, _Job
+
+
+def param_copy_back_gpu_hook(optimizer, args, kwargs) -> None:
+    """Named as the library's hook (megatron-core's HybridDeviceOptimizer), which the worker's step leaves out."""
+    raise AssertionError("the worker's step ran the library's copy-back hook")
 
 
 class _HostAdam:
@@ -34,6 +40,8 @@ class _HostAdam:
 
     def __init__(self, fail) -> None:
         self.param_groups, self.fail = [], fail
+        # the library's copy-back hook, which the worker's step leaves to the weight copy thread
+        self._optimizer_step_post_hooks = OrderedDict({0: param_copy_back_gpu_hook})
 
     def step(self):
         self.fail()
@@ -71,7 +79,7 @@ def cpu_step_failed(fail) -> None:
     engine = _engine(fail)
     job = _Job(order=[0], ready={0: threading.Event()}, copies=_copied_chunk())
     engine.job = job
-    streaming_engine._worker().submit(engine, job)
+    streaming_engine._WORKER.submit((engine, job))
     engine.drain()
 
 
@@ -101,9 +109,17 @@ def _rebuilt_host_copy() -> None:
 
 
 class _NeverSet(threading.Event):
-    """An event nobody sets, whose wait returns at once (``_wait`` then looks for the worker thread)."""
+    """An event nobody sets, whose wait returns at once (``_wait`` then looks for the thread that would set it); a
+    wait that never gives up fails after a few rounds instead of hanging the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds = 0
 
     def wait(self, timeout=None) -> bool:
+        self.rounds += 1
+        if self.rounds > 3:
+            raise AssertionError("the wait went on although the thread that would end it is gone")
         return False
 
 
@@ -111,7 +127,7 @@ def worker_stopped() -> None:
     engine = _engine(lambda: None)
     job = _Job(order=[0], ready={0: threading.Event()}, copies=_copied_chunk(), finished=_NeverSet())
     engine.job = job
-    streaming_engine._WORKER.clear()  # the worker thread is gone
+    streaming_engine._WORKER.forget()  # the worker thread is gone
     engine.drain()
 
 
@@ -121,7 +137,17 @@ def copy_thread_stopped() -> None:
     copies = GradientCopies(stream=None, chunks=[(0, [])], all_enqueued=_NeverSet())
     engine.job = _Job(order=[0], ready={0: threading.Event()}, copies=copies)
     engine.copies_to_take = copies
-    gradient_copies._THREAD.clear()  # no copy thread runs
+    gradient_copies._THREAD.forget()  # no copy thread runs
+    engine.drain()
+
+
+def weight_copy_thread_stopped() -> None:
+    """The drain waits for the step's end, which the weight copy thread marks after the last chunk's copies back; the
+    worker runs, and the weight copy thread is gone."""
+    engine = _engine(lambda: None)
+    engine.job = _Job(order=[0], ready={0: threading.Event()}, copies=_copied_chunk(), finished=_NeverSet())
+    streaming_engine._WORKER.start()
+    weight_copies._THREAD.forget()  # no weight copy thread runs
     engine.drain()
 
 
@@ -141,6 +167,7 @@ SCENARIOS = {
     "cpu-step-resume-keyerror": lambda: cpu_step_failed(_rebuilt_host_copy),
     "worker-stopped": worker_stopped,
     "copy-thread-stopped": copy_thread_stopped,
+    "weight-copy-thread-stopped": weight_copy_thread_stopped,
     "unknown-engine": unknown_engine,
     "delayed-fp32-weights": _raise(messages.DELAYED_FP32_WEIGHTS.format(count=4)),
     "stream-outside-distributed-optimizer": _raise(messages.STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER),

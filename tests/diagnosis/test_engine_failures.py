@@ -46,6 +46,7 @@ MESSAGES = [
     ("cpu-step-keyerror", "engine/cpu-step-failed", LIBRARY_FIX),
     ("worker-stopped", "engine/worker-stopped", "fix the first error above this one"),
     ("copy-thread-stopped", "engine/worker-stopped", "fix the first error above this one"),
+    ("weight-copy-thread-stopped", "engine/worker-stopped", "fix the first error above this one"),
     ("delayed-fp32-weights", "engine/delayed-fp32-weights", "++env_vars.MBRIDGE_OFFLOAD_ENGINE=exact (or library), "
                                                             "or bf16 model parameters"),
     ("stream-outside-distributed-optimizer", "engine/stream-outside-distributed-optimizer",
@@ -237,6 +238,12 @@ def test_a_gradient_copy_thread_found_stopped_is_named_as_such(printed, diag):
     [finding] = diag(diag.write(printed["copy-thread-stopped"])).findings
     assert finding.rule_id == "engine/worker-stopped"
     assert finding.measured == "the gradient copy thread, waiting for the gradients' copies"
+
+
+def test_a_weight_copy_thread_found_stopped_is_named_as_such(printed, diag):
+    [finding] = diag(diag.write(printed["weight-copy-thread-stopped"])).findings
+    assert finding.rule_id == "engine/worker-stopped"
+    assert finding.measured == "the weight copy thread, waiting for the offloaded optimizer step"
 
 
 def test_json_and_the_engine_failures_own_words(printed, capsys, diag):

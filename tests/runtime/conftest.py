@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,30 @@ class StreamScenarios:
 @pytest.fixture(scope="session")
 def stream_scenarios() -> StreamScenarios:
     return StreamScenarios()
+
+
+# A stand-in CUDA stream for the copy threads' tests (test_gradient_copies.py, test_weight_copies.py): it numbers each
+# event it records and logs what was recorded and waited for, in order. A copy on the host has finished when ``copy_``
+# returns, so the log says what a GPU would have had enqueued and waited for, and when.
+class LoggedEvent:
+    def __init__(self, log: list, number: int) -> None:
+        self.log, self.number = log, number
+
+    def synchronize(self) -> None:
+        self.log.append(("wait", self.number))
+
+
+class LoggedStream:
+    def __init__(self) -> None:
+        self.log: list = []
+        self._numbers = itertools.count()
+
+    def record_event(self, event=None) -> LoggedEvent:
+        recorded = LoggedEvent(self.log, next(self._numbers))
+        self.log.append(("record", recorded.number))
+        return recorded
+
+
+@pytest.fixture
+def logged_stream() -> LoggedStream:
+    return LoggedStream()

@@ -6,12 +6,12 @@ run them in; a GPU run checks the engine's update bit for bit, tests/runtime/tes
 from __future__ import annotations
 
 import collections
-import itertools
 
 import pytest
 import torch
 
-from mbridge_offload.runtime.gradient_copies import PIECES_IN_FLIGHT, GradientCopies, pieces_of
+from mbridge_offload.runtime.copy_pieces import PIECES_IN_FLIGHT, copy_in_pieces, pieces_of
+from mbridge_offload.runtime.gradient_copies import GradientCopies
 
 
 @pytest.mark.parametrize("numels, piece", [([10, 3, 7], 4), ([5], 5), ([1, 1, 1, 1], 3), ([17, 2, 40, 1, 9], 11),
@@ -30,39 +30,17 @@ def test_a_piece_of_no_element_is_refused():
         pieces_of([4], 0)
 
 
-class _Event:
-    def __init__(self, log: list, number: int) -> None:
-        self.log, self.number = log, number
-
-    def synchronize(self) -> None:
-        self.log.append(("wait", self.number))
-
-
-class _Stream:
-    """Records each event it is asked for, in order; a copy on the host has finished when ``copy_`` returns, so
-    the log says only what was enqueued and waited for when."""
-
-    def __init__(self) -> None:
-        self.log: list = []
-        self._numbers = itertools.count()
-
-    def record_event(self, event=None) -> _Event:
-        recorded = _Event(self.log, next(self._numbers))
-        self.log.append(("record", recorded.number))
-        return recorded
-
-
 def _pairs(numels: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.zeros(n), torch.randn(n)) for n in numels]
 
 
-def _pieces_and_waits(stream: _Stream, not_pieces: set[int]) -> tuple[list[int], list[int]]:
+def _pieces_and_waits(stream, not_pieces: set[int]) -> tuple[list[int], list[int]]:
     recorded = [n for what, n in stream.log if what == "record" and n not in not_pieces]
     return recorded, [n for what, n in stream.log if what == "wait"]
 
 
-def test_issue_fills_every_host_buffer_with_pieces_over_the_whole_step_and_at_most_the_pieces_in_flight():
-    stream = _Stream()
+def test_issue_fills_every_host_buffer_with_pieces_over_the_whole_step_and_at_most_the_pieces_in_flight(logged_stream):
+    stream = logged_stream
     piece = 256  # fp32 elements
     chunks = [(2, _pairs([1000, 24])), (0, _pairs([3000])), (1, [])]
     expected = [(host, grad.clone()) for _, pairs in chunks for host, grad in pairs]
@@ -87,29 +65,43 @@ def test_issue_fills_every_host_buffer_with_pieces_over_the_whole_step_and_at_mo
     assert waits == pieces[:len(pieces) - PIECES_IN_FLIGHT]
 
 
-def test_the_pieces_in_flight_carry_over_to_the_next_copies():
+def test_the_pieces_in_flight_carry_over_to_the_next_copies(logged_stream):
     """The dense and the expert optimizer of a MoE hand over their copies one after the other: the second's first
     piece waits for the first's pieces still in flight."""
-    stream, in_flight = _Stream(), collections.deque()
-    first = GradientCopies(stream=stream, chunks=[(0, _pairs([512]))], piece_bytes=4 * 256)
+    stream, in_flight = logged_stream, collections.deque()
+    first = GradientCopies(stream=stream, chunks=[(0, _pairs([256 * (PIECES_IN_FLIGHT + 1)]))], piece_bytes=4 * 256)
     first.issue(in_flight)
     first_pieces, _ = _pieces_and_waits(stream, {first.events[0].number, first.last_event.number})
-    assert len(in_flight) == PIECES_IN_FLIGHT == len(first_pieces)
+    assert [event.number for event in in_flight] == first_pieces[-PIECES_IN_FLIGHT:]
     second = GradientCopies(stream=stream, chunks=[(0, _pairs([256]))], piece_bytes=4 * 256)
     second.issue(in_flight)
     [second_piece] = [n for what, n in stream.log if what == "record" and n > first.last_event.number
                       and n not in (second.events[0].number, second.last_event.number)]
-    assert stream.log.index(("wait", first_pieces[0])) < stream.log.index(("record", second_piece))
-    assert in_flight[0].number == first_pieces[1]  # still in flight: the next copies wait for it first
+    assert stream.log.index(("wait", first_pieces[-PIECES_IN_FLIGHT])) < stream.log.index(("record", second_piece))
+    # still in flight: the next copies wait for them first
+    assert [event.number for event in in_flight] == [*first_pieces, second_piece][-PIECES_IN_FLIGHT:]
 
 
-def test_a_failed_copy_is_kept_for_the_training_thread_and_releases_every_waiter():
-    stream = _Stream()
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_copy_in_pieces_enqueues_a_piece_once_the_one_its_window_before_has_finished(window, logged_stream):
+    stream, in_flight = logged_stream, collections.deque()
+    pairs = _pairs([1000, 600])
+    copy_in_pieces(pairs, stream=stream, piece_bytes=4 * 256, in_flight=in_flight, window=window)
+    assert all(torch.equal(host, grad) for host, grad in pairs)
+    pieces, waits = _pieces_and_waits(stream, set())
+    assert len(pieces) == -(-1600 // 256) and waits == pieces[:len(pieces) - window]
+    for k in range(window, len(pieces)):
+        assert stream.log.index(("wait", pieces[k - window])) < stream.log.index(("record", pieces[k]))
+    assert len(in_flight) == window
+
+
+def test_a_failed_copy_is_kept_for_the_training_thread_and_releases_every_waiter(logged_stream):
+    stream = logged_stream
     copies = GradientCopies(stream=stream, chunks=[(0, _pairs([8])), (1, [(torch.zeros(6), torch.randn(5))])])
     copies.issue()
     assert all(done.is_set() for done in copies.copied.values()) and copies.all_enqueued.is_set()
     assert 1 not in copies.events and copies.last_event is None
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match="copy 1 of 2: 5 elements into 6"):
         copies.raise_if_failed()
     # the error's traceback keeps the copy's frame: it holds no gradient
     frames = [tb.tb_frame for tb in _walk(copies.error.__traceback__)]
