@@ -480,6 +480,14 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    copy-window-bench)
+      # Thirty-third session (issue #16, offload-engine/copy-window-bench/, not run yet; ~9 min after the install):
+      # the delayed mode at fraction 1 with two pieces of its copies in flight (the default, copy-pieces/: 1.29x) and
+      # with one (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1), against their own baselines, 3 rounds interleaved, 33 steps.
+      d="$runs/copy-window-bench"; mkdir -p "$d"
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-delayed-one-piece --repeats 3 \
+        --baseline-runs 3 train.train_iters=33 ;;
     copy-window)
       # Thirty-third session (issue #16, offload-engine/copy-window/; plain torch and the plugin's copy loop, no bundle
       # needed): copy-pieces/'s profile still showed the training stream's own small copies waiting 13-32 ms behind the

@@ -7,7 +7,10 @@ profiling.profile_step_end=E`` (Megatron Bridge's profiler: ``<out>/torch_profil
     python -m mbridge_offload.bench.gpu_trace <out>/torch_profile/rank-0.json.gz [--gap-ms 0.5]
 
 The training stream is the one with the most kernel time. A gap in it is time the GPU's compute waited: on an
-event (an offload engine's gate, a copy), or on the CPU launching work.
+event (an offload engine's gate, a copy), or on the CPU launching work. Which of the two: the work after the gap was
+launched by the CPU (the CUDA runtime call with the same correlation id) some time before the gap ended. Launched
+long before, the GPU held it (it waited on an event, or a copy on the copy engine's queue); launched just before, the
+CPU was late (the launching thread was busy or blocked). The report gives that lead and the CPU op that launched it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class GpuEvent:
     name: str
     category: str  # kernel, gpu_memcpy, gpu_memset
     nbytes: int  # copies only
+    correlation: int | None = None  # the CUDA runtime call that launched it (Launch)
 
     @property
     def copy_kind(self) -> str | None:
@@ -56,9 +60,45 @@ def load_events(path: Path) -> tuple[list[GpuEvent], list[tuple[float, float]]]:
             steps[name] = (min(first, start), max(last, end))
         elif category in ("kernel", "gpu_memcpy", "gpu_memset"):
             args = event.get("args", {})
+            correlation = args.get("correlation")
             events.append(GpuEvent(stream=int(args.get("stream", event.get("tid", 0))), start_us=start, end_us=end,
-                                   name=name, category=category, nbytes=int(args.get("bytes", 0) or 0)))
+                                   name=name, category=category, nbytes=int(args.get("bytes", 0) or 0),
+                                   correlation=int(correlation) if correlation is not None else None))
     return sorted(events, key=lambda e: e.start_us), sorted((gpu_steps or cpu_steps).values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """The CPU side of a GPU event: the CUDA runtime (or driver) call that enqueued it, and the innermost CPU op
+    running on that thread around it (what the training loop was doing: ``aten::copy_``, ``aten::mm``, ...)."""
+
+    start_us: float
+    end_us: float
+    call: str  # cudaLaunchKernel, cudaMemcpyAsync, ...
+    op: str  # "" when no CPU op encloses it
+
+
+def load_launches(path: Path) -> dict[int, Launch]:
+    """By correlation id, the launches of a Chrome trace written by torch.profiler (empty if it has none)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        trace = json.load(handle)
+    calls, ops = [], {}
+    for event in trace.get("traceEvents", trace if isinstance(trace, list) else []):
+        if event.get("ph") != "X" or "dur" not in event:
+            continue
+        category = event.get("cat", "")
+        start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
+        if category in ("cuda_runtime", "cuda_driver") and event.get("args", {}).get("correlation") is not None:
+            calls.append((start, end, event.get("tid"), event.get("name", ""), int(event["args"]["correlation"])))
+        elif category == "cpu_op":
+            ops.setdefault(event.get("tid"), []).append((start, end, event.get("name", "")))
+    launches = {}
+    for start, end, thread, call, correlation in calls:
+        around = [op for op in ops.get(thread, []) if op[0] <= start and end <= op[1]]
+        op = min(around, key=lambda o: o[1] - o[0])[2] if around else ""
+        launches[correlation] = Launch(start_us=start, end_us=end, call=call, op=op)
+    return launches
 
 
 def union_us(spans: list[tuple[float, float]]) -> float:
@@ -89,14 +129,28 @@ def training_stream(events: list[GpuEvent]) -> int:
 
 def gaps(events: list[GpuEvent], stream: int, min_us: float) -> list[tuple[float, float, str, str]]:
     """The idle spans of ``stream`` of at least ``min_us``: (start, end, the work before, the work after)."""
+    return [(start, end, before, after.name) for start, end, before, after in _gaps(events, stream, min_us)]
+
+
+def _gaps(events: list[GpuEvent], stream: int, min_us: float) -> list[tuple[float, float, str, GpuEvent]]:
     own = [e for e in events if e.stream == stream]
     found, end, before = [], None, ""
     for event in own:
         if end is not None and event.start_us - end >= min_us:
-            found.append((end, event.start_us, before, event.name))
+            found.append((end, event.start_us, before, event))
         if end is None or event.end_us > end:
             end, before = event.end_us, event.name
     return found
+
+
+def launch_lead(after: GpuEvent, gap_end_us: float, launches: dict[int, Launch]) -> tuple[str, str]:
+    """(how long before the gap's end the work after it was launched, in ms, and by what), or ("-", "-") when the
+    trace does not link it to a launch."""
+    launch = launches.get(after.correlation) if after.correlation is not None else None
+    if launch is None:
+        return "-", "-"
+    by = f"{launch.op[:40]} ({launch.call})" if launch.op else launch.call
+    return f"{(gap_end_us - launch.end_us) / 1e3:.2f}", by
 
 
 def report(path: Path, gap_ms: float = 0.5) -> str:
@@ -122,20 +176,24 @@ def report(path: Path, gap_ms: float = 0.5) -> str:
         kernels = sum(1 for e in own if e.category == "kernel")
         label = f"{stream} (training)" if stream == main else str(stream)
         lines.append(f"| {label} | {busy:.1f} | {busy / span_ms:.0%} | {kernels} | {'; '.join(copies) or '-'} |")
-    idle = gaps(inside, main, gap_ms * 1e3)
+    idle = _gaps(inside, main, gap_ms * 1e3)
+    launches = load_launches(path)
     idle_ms = sum(b - a for a, b, _, _ in idle) / 1e3
     lines += ["", f"Training stream idle in gaps of >= {gap_ms} ms: {idle_ms:.1f} ms over {len(idle)} gap(s) "
               f"({idle_ms / max(len(steps), 1):.1f} ms per step). The longest:", "",
-              "| at (ms from the first step) | gap (ms) | other streams busy meanwhile (ms) | before | after |",
-              "|---|---|---|---|---|"]
+              "| at (ms from the first step) | gap (ms) | other streams busy meanwhile (ms) | before | after | "
+              "after: launched (ms before the gap's end) | after: launched by |",
+              "|---|---|---|---|---|---|---|"]
     for start, end, before, after in sorted(idle, key=lambda g: g[0] - g[1])[:12]:
         others = {}
         for stream in sorted({e.stream for e in inside} - {main}):
             busy = overlap_us([(e.start_us, e.end_us) for e in inside if e.stream == stream], (start, end)) / 1e3
             if busy > 0.05:
                 others[stream] = busy
+        lead, by = launch_lead(after, end, launches)
         lines.append(f"| {(start - window[0]) / 1e3:.1f} | {(end - start) / 1e3:.2f} | "
-                     f"{', '.join(f'{s}: {ms:.1f}' for s, ms in others.items()) or '-'} | {before[:50]} | {after[:50]} |")
+                     f"{', '.join(f'{s}: {ms:.1f}' for s, ms in others.items()) or '-'} | {before[:50]} | "
+                     f"{after.name[:50]} | {lead} | {by} |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,7 @@ from overrides.grammar import key_of
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one, run_status
 from mbridge_offload.facts.cores import available_cores
-from mbridge_offload.facts.offload_engine import FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY
+from mbridge_offload.facts.offload_engine import COPY_WINDOW_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY
 from mbridge_offload.runtime.run_outcome import recorded
 
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
@@ -27,7 +27,8 @@ OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
 GOALS = {"tuned": {0.25: 1.05, 1.0: 1.25}, "engine-exact": {0.25: 1.05, 1.0: 1.30},
          "engine-stream": {0.25: 1.05, 1.0: 1.30}, "engine-stream-fetch-ahead": {0.25: 1.05, 1.0: 1.30},
          "engine-stream-bf16-moments": {1.0: 1.10},  # not the update without offload: an opt-in mode's goal
-         "engine-delayed": {1.0: 1.10}}
+         "engine-delayed": {1.0: 1.10}, "engine-delayed-one-piece": {1.0: 1.10},
+         "engine-exact-one-piece": {0.25: 1.05, 1.0: 1.30}}
 DEFAULT_ROUNDS = 3  # interleaved rounds, each with its own baseline (issue #16: slowdowns against the same run)
 MIN_MEASURED_STEPS = 30  # steady-state steps per run that a speed figure needs (issue #16)
 DEFAULT_CONFIGS = ("stock-all-cores", "stock-1-thread", "overlap-on", "overlap-chunked", "tuned")
@@ -71,6 +72,11 @@ def configurations(cores: int) -> dict[str, dict]:
                   "means": f"run_recipe.py's offload tuning (threads per rank, overlap in {chunks} chunks, "
                            "pinned buffers)"},
         **engines,
+        **{f"engine-{mode}-one-piece": {**engines[f"engine-{mode}"], "config": f"engine-{mode}-one-piece",
+                                        "overrides": [f"++{COPY_WINDOW_KEY}=1"],
+                                        "means": f"engine-{mode} with one piece of its copies in flight instead of "
+                                                 f"two ({COPY_WINDOW_KEY}=1, mbridge_offload/runtime/copy_pieces.py)"}
+           for mode in ("exact", "delayed")},
         "engine-stream-fetch-ahead": {**engines["engine-stream"], "config": "engine-stream-fetch-ahead",
                                       "overrides": [f"++{FETCH_AHEAD_KEY}=on"],
                                       "means": "engine-stream with fetch-ahead on (mbridge_offload/runtime/"

@@ -48,6 +48,36 @@ def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
     return DEFAULT_ENGINE if value is None else value
 
 
+# The exact and delayed modes' copies in pieces (mbridge_offload/runtime/copy_pieces.py): how many pieces each copy
+# thread keeps enqueued and unfinished. Two is what ran on a GPU (docs/benchmarks/offload-engine/copy-pieces/); one
+# leaves the copy engine's queue empty after each piece, for a copy of another stream to get in, at the cost of the
+# interpreter's lock after each piece. A setting to compare them (bench_offload's -one-piece configurations).
+COPY_WINDOW_ENV = "MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT"
+COPY_WINDOW_KEY = f"env_vars.{COPY_WINDOW_ENV}"
+DEFAULT_COPY_WINDOW = 2
+COPY_WINDOWS = range(1, 5)  # more than a few in flight is the copy enqueued at once again
+COPY_WINDOW_KNOWN_FIX = (f"++{COPY_WINDOW_KEY}=1  (or 2, the default, up to {COPY_WINDOWS[-1]}; a value in the shell "
+                         "wins: set it there)")
+
+
+def copy_window_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
+    """MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT as a run sees it (the shell's, else the config's), or None where unset."""
+    value = run_env(COPY_WINDOW_ENV, env_vars, environ)
+    return None if value is None else value.strip()
+
+
+def copy_window(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> int:
+    """The pieces each copy thread keeps in flight: the setting, else the default; ValueError for one that is not a
+    whole number in COPY_WINDOWS (the validator refuses it before the launch, with the same fix)."""
+    value = copy_window_setting(env_vars, environ)
+    if value is None:
+        return DEFAULT_COPY_WINDOW
+    if not value.isdigit() or int(value) not in COPY_WINDOWS:
+        raise ValueError(f"{COPY_WINDOW_ENV}={value!r}: the pieces in flight are a whole number from "
+                         f"{COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]}. Fix: {COPY_WINDOW_KNOWN_FIX}")
+    return int(value)
+
+
 # The stream mode's fetch-ahead (mbridge_offload/runtime/fetch_ahead.py): the next update's chunks after the ring's come
 # up during the backward, into memory it has freed. Opt-in: on one H100 and the 4-layer MoE proxy it kept the update and
 # the peak allocated but added its buffers to the reserved memory, with no step-time gain resolved

@@ -23,11 +23,15 @@ does; it has not run yet, so the default stays what the engine ran with.
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Callable
 from typing import Any
 
+from mbridge_offload.facts.offload_engine import DEFAULT_COPY_WINDOW, copy_window
+from mbridge_offload.runtime.serial_thread import SerialThread
+
 PIECE_BYTES = 128 * 2**20
-PIECES_IN_FLIGHT = 2
+PIECES_IN_FLIGHT = DEFAULT_COPY_WINDOW  # a run's MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT sets the threads' window
 
 
 def pieces_of(numels: list[int], piece_numel: int) -> list[list[tuple[int, int, int]]]:
@@ -93,3 +97,19 @@ def copy_in_pieces(pairs: list[tuple[Any, Any]], *, stream, piece_bytes: int, in
     finally:
         # an error's traceback keeps this frame: it must not hold the tensors (a gradient the allocator would free)
         pairs = destination = source = None
+
+
+def copy_thread(name: str) -> SerialThread:
+    """A thread named ``name`` on the current CUDA device that runs ``item.issue(in_flight, window)`` for each item
+    handed to it (a step's gradient copies, a chunk's upload): its pieces in flight kept from one item to the next
+    (steps, and the dense and the expert optimizer of a MoE), its window the run's
+    MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT. ``issue`` catches everything itself and reports it where it is waited
+    for."""
+    import torch
+
+    device = torch.cuda.current_device()
+    in_flight: collections.deque = collections.deque()
+    window = copy_window(None, os.environ)  # the run's env_vars are in the environment by its first step
+    return SerialThread(name=name, start=lambda: torch.cuda.set_device(device),
+                        handle=lambda item: item.issue(in_flight, window))
+

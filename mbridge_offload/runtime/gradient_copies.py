@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces, record_blocking
-from mbridge_offload.runtime.serial_thread import LazySerialThread, SerialThread
+from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces, copy_thread, record_blocking
+from mbridge_offload.runtime.serial_thread import LazySerialThread
 
 COPY_THREAD = "gradient copy"
 
@@ -42,7 +42,7 @@ class GradientCopies:
     def __post_init__(self) -> None:
         self.copied = {chunk: threading.Event() for chunk, _ in self.chunks}
 
-    def issue(self, in_flight: collections.deque | None = None) -> None:
+    def issue(self, in_flight: collections.deque | None = None, window: int | None = None) -> None:
         """Enqueue every copy (the copy thread). ``in_flight``: the events of the pieces enqueued and maybe not
         finished, kept by the copy thread from one call to the next (the dense and the expert optimizer's copies
         of a MoE follow each other)."""
@@ -67,7 +67,7 @@ class GradientCopies:
                 end_chunks(0)
                 # pieces cut over the whole step's tensors: a chunk's end is an event, not a piece of its own
                 copy_in_pieces(pairs, stream=self.stream, piece_bytes=self.piece_bytes, in_flight=in_flight,
-                               tensor_done=end_chunks)
+                               tensor_done=end_chunks, window=window)
                 end_chunks(len(pairs))
                 self.last_event = self._record()
         except BaseException as error:  # noqa: BLE001  (raised where the copies are waited for)
@@ -87,19 +87,7 @@ class GradientCopies:
             raise self.error
 
 
-def _copy_thread() -> SerialThread:
-    """The process's copy thread, on the current CUDA device; the window of pieces in flight is kept across steps
-    and across the dense and the expert optimizer's copies."""
-    import torch
-
-    device = torch.cuda.current_device()
-    in_flight: collections.deque = collections.deque()
-    # issue catches everything itself and always sets its events
-    return SerialThread(name="mbridge-offload-gradient-copy", start=lambda: torch.cuda.set_device(device),
-                        handle=lambda copies: copies.issue(in_flight))
-
-
-_THREAD = LazySerialThread(_copy_thread)
+_THREAD = LazySerialThread(lambda: copy_thread("mbridge-offload-gradient-copy"))
 
 
 def submit(copies: GradientCopies) -> None:

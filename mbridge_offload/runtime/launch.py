@@ -26,9 +26,10 @@ from pathlib import Path
 
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
-from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, ENGINE_MODES, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS,
-                                                  STREAM, STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS, engine_mode,
-                                                  fetch_ahead_on, stream_moments)
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_WINDOW_ENV, DEFAULT_COPY_WINDOW, DELAYED,
+                                                  ENGINE_MODES, EXACT, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
+                                                  STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS, copy_window,
+                                                  copy_window_setting, engine_mode, fetch_ahead_on, stream_moments)
 from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
 from mbridge_offload.runtime.memory_history import write_on_failure  # a no-op unless it records
 from mbridge_offload.runtime.stopping import how_it_ended, interrupt_as_terminate
@@ -126,6 +127,9 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
             lines.append(f"  {FETCH_AHEAD_HEADER}: {FETCH_AHEAD_SAYS}")
         if mode == STREAM and stream_moments(cfg.env_vars, os.environ) == BF16_MOMENTS:
             lines.append(f"  {STREAM_MOMENTS_HEADER}: {STREAM_MOMENTS_SAYS}")
+        if mode in (EXACT, DELAYED) and copy_window_setting(cfg.env_vars, os.environ) is not None:
+            lines.append(f"  copies: {copy_window(cfg.env_vars, os.environ)} piece(s) in flight ({COPY_WINDOW_ENV}; "
+                         f"{DEFAULT_COPY_WINDOW} by default)")
     lines.append(f"  CPU threads per rank: {torch.get_num_threads()}: {threads_reason}")
     lines.append(f"  {allocator_line(allocator_conf(cfg.env_vars, os.environ))}")
     if settings.warm_communicators:

@@ -1,5 +1,6 @@
 """A daemon thread that runs the items handed to it one at a time, in the order they came: the streaming engine's
-worker (the CPU Adam of each step) and its gradient copy thread (the D2H pieces of each step).
+worker (the CPU Adam of each step) and its two copy threads (copy_pieces.copy_thread: the gradients' D2H pieces of
+each step, the updated weights' H2D pieces of each chunk).
 
 What the training thread waits for, such a thread sets. So a wait asks ``alive()`` while it waits: a thread that is
 gone would never set it (streaming_engine._wait).

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces
-from mbridge_offload.runtime.serial_thread import LazySerialThread, SerialThread
+from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces, copy_thread
+from mbridge_offload.runtime.serial_thread import LazySerialThread
 
 WEIGHT_COPY_THREAD = "weight copy"
 # the library's post-step hook that copies a CPU optimizer's parameters back (megatron-core 0.19.2,
@@ -66,7 +66,7 @@ class ChunkUpload:
     failed: Callable[[BaseException], None]
     piece_bytes: int = PIECE_BYTES
 
-    def issue(self, in_flight: collections.deque | None = None) -> None:
+    def issue(self, in_flight: collections.deque | None = None, window: int | None = None) -> None:
         """Enqueue the chunk (the weight copy thread); an error goes to ``failed``, never out of here."""
         import torch
 
@@ -74,7 +74,8 @@ class ChunkUpload:
         try:
             # the GPU fp32 parameters are the optimizer's leaves (they may require grad), and grad mode is per thread
             with torch.no_grad(), torch.cuda.stream(self.stream):
-                copy_in_pieces(self.pairs, stream=self.stream, piece_bytes=self.piece_bytes, in_flight=in_flight)
+                copy_in_pieces(self.pairs, stream=self.stream, piece_bytes=self.piece_bytes, in_flight=in_flight,
+                               window=window)
                 for main, model_view in self.casts:
                     model_view.copy_(main)
                 event = self.stream.record_event()
@@ -92,20 +93,11 @@ class UploadsEnd:
 
     done: Callable[[], None]
 
-    def issue(self, in_flight: collections.deque | None = None) -> None:
+    def issue(self, in_flight: collections.deque | None = None, window: int | None = None) -> None:
         self.done()
 
 
-def _weight_copy_thread() -> SerialThread:
-    import torch
-
-    device = torch.cuda.current_device()
-    in_flight: collections.deque = collections.deque()
-    return SerialThread(name="mbridge-offload-weight-copy", start=lambda: torch.cuda.set_device(device),
-                        handle=lambda upload: upload.issue(in_flight))
-
-
-_THREAD = LazySerialThread(_weight_copy_thread)
+_THREAD = LazySerialThread(lambda: copy_thread("mbridge-offload-weight-copy"))
 
 
 def start() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_WINDOW_ENV, COPY_WINDOW_KEY, COPY_WINDOW_KNOWN_FIX,
+                                                 COPY_WINDOWS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
                                                  FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
                                                  STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX, STREAM_MOMENTS_MEASURED,
-                                                 engine_mode, fetch_ahead_on, fetch_ahead_setting,
+                                                 copy_window_setting, engine_mode, fetch_ahead_on, fetch_ahead_setting,
                                                  stream_host_bytes_per_param, stream_moments)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
@@ -84,6 +85,11 @@ def _shards(ctx: Context) -> str:
 def _set(ctx: Context, key: str) -> bool:
     section, name = key.split(".")
     return bool(getattr(getattr(ctx.cfg, section), name, False))
+
+
+def _copy_window_known(ctx: Context) -> bool:
+    value = copy_window_setting(ctx.cfg.env_vars, ctx.environ)
+    return value is not None and value.isdigit() and int(value) in COPY_WINDOWS
 
 
 def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY, applies=_streaming_offload,
@@ -189,6 +195,21 @@ RULES: tuple[Rule, ...] = guarded(
          applies=lambda c: _stream_offload(c) and fetch_ahead_on(c.cfg.env_vars, c.environ), holds=lambda c: False,
          observed=lambda c: "on", fix=fixed(f"++{FETCH_AHEAD_KEY}=off  (the run to compare with)"),
          severity="warning"),
+    _engine_rule("copy-pieces-in-flight-known", f"the exact and delayed engines' copies keep a whole number from "
+                 f"{COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]} of pieces in flight ({COPY_WINDOW_ENV})", key=COPY_WINDOW_KEY,
+                 applies=lambda c: c.env(COPY_WINDOW_ENV) is not None, holds=lambda c: _copy_window_known(c),
+                 observed=lambda c: repr(copy_window_setting(c.cfg.env_vars, c.environ)), fix=COPY_WINDOW_KNOWN_FIX),
+    Rule(id="offload-engine/copy-pieces-need-exact-or-delayed", mechanism=OPTIMIZER, key=COPY_WINDOW_KEY,
+         text="the pieces in flight are the exact and delayed engines' copies: with another engine, or with optimizer "
+              "offload off, the setting would be ignored",
+         applies=lambda c: c.env(COPY_WINDOW_ENV) is not None,
+         holds=lambda c: _streaming_offload(c) and _mode(c) in (EXACT, DELAYED), observed=_mode,
+         # the fix names the delayed engine: with it, the overlap streams it needs where the config has them off
+         fix=lambda c: (f"++{ENGINE_KEY}=delayed {offload_on_fix(c)}"
+                        f"{'' if c.opt.overlap_cpu_optimizer_d2h_h2d else ' ' + _OVERLAP_ON}"
+                        f"  (or exact; or drop {COPY_WINDOW_KEY})"),
+         fix_text=f"++{ENGINE_KEY}=delayed {OFFLOAD_ON_TEXT} [{_OVERLAP_ON} where it is off]  (or exact; or drop "
+                  f"{COPY_WINDOW_KEY})"),
     _engine_rule("stream-moments-known", f"the stream engine's moments ({STREAM_MOMENTS_ENV}) are one of "
                  f"{', '.join(MOMENT_BYTES)}", key=STREAM_MOMENTS_KEY,
                  applies=lambda c: c.env(STREAM_MOMENTS_ENV) is not None, holds=lambda c: _moments(c) in MOMENT_BYTES,

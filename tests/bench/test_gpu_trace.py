@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from mbridge_offload.bench.gpu_trace import gaps, load_events, report, training_stream, union_us
+from mbridge_offload.bench.gpu_trace import gaps, load_events, load_launches, report, training_stream, union_us
 
 
 def _event(name, cat, ts, dur, stream, **args):
@@ -58,3 +58,31 @@ def test_reads_streams_copies_and_gaps(tmp_path):
     assert "DtoH 0.10 GB in 4.0 ms (25.0 GB/s)" in text
     assert "2.0 ms over 1 gap(s)" in text
     assert "| 21: 2.0, 22: 0.5 |" in text  # what ran while the training stream waited (the HtoD ended before)
+
+
+def test_a_gap_says_when_and_by_what_the_work_after_it_was_launched(tmp_path):
+    """Two gaps of the training stream: after the first, a copy the CPU had launched 4 ms before the gap ended (the
+    GPU held it: an event or the copy engine's queue); after the second, a kernel launched 0.1 ms before (the CPU was
+    late). The launching op is the innermost CPU op around the runtime call on its thread."""
+    events = [
+        _event("ProfilerStep#3", "gpu_user_annotation", 0, 30_000, 7),
+        _event("gemm", "kernel", 0, 2_000, 7, correlation=1),
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 10_000, 10, 7, correlation=2, bytes=4),
+        _event("gemm", "kernel", 20_000, 5_000, 7, correlation=3),
+        {"ph": "X", "name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": 5_900, "dur": 100, "tid": 1,
+         "args": {"correlation": 2}},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 19_880, "dur": 20, "tid": 1,
+         "args": {"correlation": 3}},
+        {"ph": "X", "name": "aten::item", "cat": "cpu_op", "ts": 5_000, "dur": 6_000, "tid": 1},
+        {"ph": "X", "name": "aten::_local_scalar_dense", "cat": "cpu_op", "ts": 5_800, "dur": 4_300, "tid": 1},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 19_000, "dur": 1_000, "tid": 2},  # another thread
+    ]
+    path = tmp_path / "rank-0.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    launches = load_launches(path)
+    assert launches[2].op == "aten::_local_scalar_dense" and launches[3].op == ""
+    rows = {line.split(" | ")[1]: line for line in report(path, gap_ms=1.0).splitlines() if line.startswith("| ")
+            and line.split(" | ")[1].replace(".", "").isdigit()}
+    assert rows["8.00"].endswith("| 4.00 | aten::_local_scalar_dense (cudaMemcpyAsync) |")
+    assert rows["9.99"].endswith("| 0.10 | cudaLaunchKernel |")

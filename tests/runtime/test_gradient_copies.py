@@ -112,3 +112,12 @@ def _walk(tb):
     while tb is not None:
         yield tb
         tb = tb.tb_next
+
+
+def test_the_copy_thread_window_reaches_the_pieces(logged_stream):
+    """The copy thread passes the run's window (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT) to each step's copies."""
+    copies = GradientCopies(stream=logged_stream, chunks=[(0, _pairs([1024]))], piece_bytes=4 * 256)
+    copies.issue(collections.deque(), window=1)
+    pieces, waits = _pieces_and_waits(logged_stream, {copies.events[0].number, copies.last_event.number})
+    assert len(pieces) == 4 and waits == pieces[:3]  # each piece waited for before the next: one in flight
+

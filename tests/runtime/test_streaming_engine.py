@@ -59,16 +59,22 @@ def test_install_refuses_an_unknown_mode_and_the_library_changes_nothing():
     assert HybridDeviceOptimizer.step is step
 
 
-def test_run_header_says_which_engine_runs_and_what_it_guarantees(recipe, tmp_path):
+def test_run_header_says_which_engine_runs_and_what_it_guarantees(recipe, tmp_path, monkeypatch):
+    from overrides import apply_overrides
     from recipes import with_offload_engine, with_optimizer_offload
     from mbridge_offload.runtime.launch import LaunchSettings, run_header
 
     cfg = with_offload_engine(with_optimizer_offload(recipe("qwen3_1b_proxy_pretrain_config"), 1.0, True), "exact")
     settings = LaunchSettings(recipe_name="r", num_gpus=1, out_dir=tmp_path, cpu_threads="auto", tuning_lines=(),
                               run_lines=(), overlap_chunks=8, topology="1 GPU", offload_lines=())
+    monkeypatch.delenv("MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT", raising=False)
     header = run_header(cfg, settings, "test")
     assert f"offload engine: exact: {ENGINE_MODES['exact']}" in header
     assert "bit-identical in deterministic mode" in header
+    assert "in flight" not in header  # the default window is not a setting to report
+    one_piece = apply_overrides(cfg, ["++env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1"])
+    assert ("copies: 1 piece(s) in flight (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT; 2 by default)"
+            in run_header(one_piece, settings, "test"))
 
 
 def test_diagnose_reads_the_allocator_setting_the_run_header_names(recipe, tmp_path, monkeypatch):

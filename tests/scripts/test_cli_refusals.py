@@ -339,6 +339,7 @@ def test_what_git_ignores_and_kept_runs_with_resume_are_taken():
     ({"MBRIDGE_OFFLOAD_NOCACHE": "1"}, "Did you mean MBRIDGE_OFFLOAD_NO_CACHE?"),  # a typo does nothing
     ({"MBRIDGE_OFFLOAD_ENGIN": "exact"}, "Did you mean MBRIDGE_OFFLOAD_ENGINE?"),
     ({"MBRIDGE_OFFLOAD_STREAM_MOMENT": "bf16"}, "Did you mean MBRIDGE_OFFLOAD_STREAM_MOMENTS?"),
+    ({"MBRIDGE_OFFLOAD_COPY_PIECE_IN_FLIGHT": "1"}, "Did you mean MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT?"),
 ])
 @pytest.mark.parametrize("command,argv", [
     ("run_recipe", ["--recipe", RECIPE, "--dry-run"]),
@@ -360,7 +361,7 @@ def test_good_plugin_environment_values_are_taken(monkeypatch, tmp_path, capsys)
 
     for name, value in {"MBRIDGE_OFFLOAD_NO_CACHE": "1", "MBRIDGE_OFFLOAD_NO_WORKER": "0",
                         "MBRIDGE_OFFLOAD_WORKER_IDLE_S": "30.5", "MBRIDGE_OFFLOAD_CACHE_DIR": str(tmp_path / "new"),
-                        "MBRIDGE_OFFLOAD_ENGINE": "exact"}.items():
+                        "MBRIDGE_OFFLOAD_ENGINE": "exact", "MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT": "1"}.items():
         monkeypatch.setenv(name, value)
     assert main(["--list"]) == 0
     assert RECIPE in capsys.readouterr().out

@@ -59,6 +59,7 @@ DELAYED = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "delayed"}
 STREAM = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}
 FETCH_AHEAD = "env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD"
 MOMENTS = "env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS"
+COPY_WINDOW = "env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT"
 RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
@@ -95,6 +96,10 @@ CASES = {
     "offload-engine/fetch-ahead-known": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "off"}, {**STREAM, FETCH_AHEAD: "yes"}),
     "offload-engine/fetch-ahead-needs-stream": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "on"}, {**EXACT, FETCH_AHEAD: "on"}),
     "offload-engine/fetch-ahead-measured": case(DENSE_OPT, {**STREAM, FETCH_AHEAD: "off"}, {**STREAM, FETCH_AHEAD: "on"}),
+    "offload-engine/copy-pieces-in-flight-known": case(DENSE_OPT, {**DELAYED, COPY_WINDOW: "1"},
+                                                       {**DELAYED, COPY_WINDOW: "5"}),
+    "offload-engine/copy-pieces-need-exact-or-delayed": case(DENSE_OPT, {**EXACT, COPY_WINDOW: "2"},
+                                                             {**STREAM, COPY_WINDOW: "1"}),
     "offload-engine/stream-moments-known": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**STREAM, MOMENTS: "fp16"}),
     "offload-engine/stream-moments-need-stream": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**EXACT, MOMENTS: "bf16"}),
     "offload-engine/stream-moments-not-exact": case(DENSE_OPT, {**STREAM, MOMENTS: "fp32"}, {**STREAM, MOMENTS: "bf16"}),

@@ -1,0 +1,28 @@
+"""MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT as the exact and delayed engines' copy threads read it (facts/offload_engine.py):
+the shell's value over the config's, the default where neither sets it, and a refusal that names the value and the
+fix for anything but a whole number the engine allows."""
+
+import pytest
+
+from mbridge_offload.facts.offload_engine import (COPY_WINDOW_ENV, COPY_WINDOWS, DEFAULT_COPY_WINDOW, copy_window,
+                                                 copy_window_setting)
+from mbridge_offload.runtime.copy_pieces import PIECES_IN_FLIGHT
+
+
+def test_unset_is_the_default_the_engine_ran_with():
+    assert copy_window(None, {}) == DEFAULT_COPY_WINDOW == PIECES_IN_FLIGHT == 2
+    assert copy_window_setting({}, {}) is None
+
+
+def test_the_shell_wins_over_the_config():
+    assert copy_window({COPY_WINDOW_ENV: 3}, {}) == 3
+    assert copy_window({COPY_WINDOW_ENV: 3}, {COPY_WINDOW_ENV: " 1 "}) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "5", "-1", "1.5", "two", "", "2 pieces"])
+def test_anything_else_is_refused_with_the_value_and_the_fix(value):
+    with pytest.raises(ValueError) as refused:
+        copy_window(None, {COPY_WINDOW_ENV: value})
+    text = str(refused.value)
+    assert f"{COPY_WINDOW_ENV}={value.strip()!r}" in text
+    assert f"from {COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]}" in text and "Fix: ++env_vars." in text
