@@ -490,7 +490,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         --baseline-runs 3 train.train_iters=33 ;;
     copy-window)
       # Thirty-third session (issue #16, offload-engine/copy-window/; plain torch and the plugin's copy loop, no bundle
-      # needed): copy-pieces/'s profile still showed the training stream's own small copies waiting 13-32 ms behind the
+      # needed): copy-pieces/'s profile still showed the training stream's own small copies waiting 8-32 ms behind the
       # engine's copies in 128 MiB pieces with two in flight. Does a small copy of another stream wait for one piece,
       # or until the copy thread's queue runs dry? Both directions; at once, one piece in flight, two; a thread holds
       # the interpreter's lock as the training thread does, so the copy thread's wake-ups cost what they cost there.
@@ -505,7 +505,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # engines with both copies in
       # pieces from threads of their own, the gradients to the host (gradient_copies.py, built and measured in the
       # thirty-second session, d2h-pieces/, then changed by a review) and now the updated weights back
-      # (weight_copies.py: the library's hook enqueued a chunk's 0.56-1.24 GB at once, and delayed-profile/ saw the
+      # (weight_copies.py: the library's hook enqueued a chunk's ~0.5-1.24 GB at once, and delayed-profile/ saw the
       # training stream idle 12.2 ms of a 12.4 ms gap while only that H2D ran). First the profile of
       # delayed-profile/ for no offload and delayed at fraction 1: are its ~75 ms a step of training stream idle behind
       # the D2H gone? Then the engine's GPU test (exact bit-identical to the library's offloaded path over 8 steps),

@@ -13,7 +13,7 @@ So a thread of the engine's own issues them in pieces of about ``PIECE_BYTES``, 
 before it has finished. Two in flight, so that the copy engine has the next piece queued while the thread, woken by
 the last one's end, waits for the interpreter's lock, which the training thread holds while it launches kernels (up
 to the 5 ms switch interval, two 128 MiB pieces' copy). But in copy-pieces/'s profile, with two in flight, the
-training stream's own small copies still waited 13-32 ms behind the engine's: the copy engine seems to go on serving
+training stream's own small copies still waited 8-32 ms behind the engine's: the copy engine seems to go on serving
 a stream that has a copy queued, so another stream's copy gets in only when the thread's queue runs dry. One in
 flight (d2h-queue/'s test: a read waited for one 256 MiB piece) would leave that gap after every piece, at the cost
 of the lock's wait. copy-window/'s script measures both, with a thread that holds the lock as the training thread

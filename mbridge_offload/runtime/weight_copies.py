@@ -1,8 +1,8 @@
 """The updated weights' copy back to the GPU (the exact and delayed engines' H2D, issue #16).
 
 The library's hook after each CPU optimizer's step (``HybridDeviceOptimizer``'s ``param_copy_back_gpu_hook``)
-enqueues the chunk's copies at once on the H2D stream: ~0.56 GB for a chunk of the dense proxy's eight, 1.24 GB for
-the one that holds its embedding. A small H2D of the training stream (a micro batch's inputs) waits for all of it,
+enqueues the chunk's copies at once on the H2D stream: about half a GB for most chunks of the dense proxy, 1.24 GB
+or more for the one that holds its embedding (arithmetic from its shapes). A small H2D of the training stream (a micro batch's inputs) waits for all of it,
 and the compute after it waits too (copy_pieces.py). So the engine's worker runs each chunk's Adam without that hook
 (``step_without_copy_back``) and hands the chunk to a thread of its own, which enqueues the same copies in pieces
 (``copy_pieces.copy_in_pieces``), then, in exact mode, the chunk's cast into the model's bf16 weights, then records

@@ -2,7 +2,7 @@
 flight? Plain torch and the plugin's own loop (mbridge_offload/runtime/copy_pieces.py), no Megatron: issue #16.
 
 copy-pieces/'s profile of the delayed mode (both copies in 128 MiB pieces, two in flight) still showed the training
-stream idle 13-32 ms at a time with only the engine's copy stream busy, each gap ending with the training stream's own
+stream idle 8-32 ms at a time with only the engine's copy stream busy, each gap ending with the training stream's own
 small copy in the same direction. The reading to test: while the copy thread keeps a piece queued behind the running
 one, the copy engine goes on serving that stream and a small copy of another stream waits until the thread's queue
 runs dry (the end of a chunk, or of the step's copy), not for one piece. With one piece in flight the queue is empty
