@@ -500,7 +500,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     copy-pieces)
       # Thirty-third session (issue #16, offload-engine/copy-pieces/, one H100, from the working tree of 63a0812 with the
       # weight copies uncommitted and two pieces in flight; two calls: with the install, then 281 s resumed; exact
-      # bit-identical, delayed 1.29x, exact 1.50x; the profile still showed the training stream's copies waiting 13-32
+      # bit-identical, delayed 1.29x, exact 1.50x; the profile still showed the training stream's copies waiting 8-32
       # ms behind the engine's: copy-window is to tell whether one piece in flight does better). The exact and delayed
       # engines with both copies in
       # pieces from threads of their own, the gradients to the host (gradient_copies.py, built and measured in the

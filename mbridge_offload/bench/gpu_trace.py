@@ -41,17 +41,22 @@ class GpuEvent:
         return next((kind for kind in COPY_KINDS if kind in self.name), "other")
 
 
-def load_events(path: Path) -> tuple[list[GpuEvent], list[tuple[float, float]]]:
-    """(the GPU's kernels, copies and memsets; the profiled steps' spans on the GPU, or the CPU's when the trace
-    has no GPU annotation) of a Chrome trace written by torch.profiler."""
+def read_trace(path: Path) -> list[dict]:
+    """The complete ("X") events of a Chrome trace written by torch.profiler (.json or .json.gz), read once for
+    ``load_events`` and ``load_launches`` (a profiled run's trace can take hundreds of MB)."""
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as handle:
         trace = json.load(handle)
+    return [event for event in trace.get("traceEvents", trace if isinstance(trace, list) else [])
+            if event.get("ph") == "X" and "dur" in event]
+
+
+def load_events(trace: Path | list[dict]) -> tuple[list[GpuEvent], list[tuple[float, float]]]:
+    """(the GPU's kernels, copies and memsets; the profiled steps' spans on the GPU, or the CPU's when the trace
+    has no GPU annotation) of a Chrome trace (its path, or ``read_trace``'s events)."""
     # a step's GPU annotation is written once per stream that ran work in it: one span per step name
     events, gpu_steps, cpu_steps = [], {}, {}
-    for event in trace.get("traceEvents", trace if isinstance(trace, list) else []):
-        if event.get("ph") != "X" or "dur" not in event:
-            continue
+    for event in trace if isinstance(trace, list) else read_trace(trace):
         category, name = event.get("cat", ""), event.get("name", "")
         start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
         if name.startswith("ProfilerStep#"):
@@ -78,15 +83,11 @@ class Launch:
     op: str  # "" when no CPU op encloses it
 
 
-def load_launches(path: Path) -> dict[int, Launch]:
-    """By correlation id, the launches of a Chrome trace written by torch.profiler (empty if it has none)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as handle:
-        trace = json.load(handle)
+def load_launches(trace: Path | list[dict]) -> dict[int, Launch]:
+    """By correlation id, the launches of a Chrome trace (its path, or ``read_trace``'s events; empty if it has
+    none)."""
     calls, ops = [], {}
-    for event in trace.get("traceEvents", trace if isinstance(trace, list) else []):
-        if event.get("ph") != "X" or "dur" not in event:
-            continue
+    for event in trace if isinstance(trace, list) else read_trace(trace):
         category = event.get("cat", "")
         start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
         if category in ("cuda_runtime", "cuda_driver") and event.get("args", {}).get("correlation") is not None:
@@ -154,7 +155,8 @@ def launch_lead(after: GpuEvent, gap_end_us: float, launches: dict[int, Launch])
 
 
 def report(path: Path, gap_ms: float = 0.5) -> str:
-    events, steps = load_events(path)
+    trace = read_trace(path)
+    events, steps = load_events(trace)
     main = training_stream(events)
     window = (steps[0][0], steps[-1][1]) if steps else (events[0].start_us, max(e.end_us for e in events))
     inside = [e for e in events if e.end_us > window[0] and e.start_us < window[1]]
@@ -177,7 +179,7 @@ def report(path: Path, gap_ms: float = 0.5) -> str:
         label = f"{stream} (training)" if stream == main else str(stream)
         lines.append(f"| {label} | {busy:.1f} | {busy / span_ms:.0%} | {kernels} | {'; '.join(copies) or '-'} |")
     idle = _gaps(inside, main, gap_ms * 1e3)
-    launches = load_launches(path)
+    launches = load_launches(trace)
     idle_ms = sum(b - a for a, b, _, _ in idle) / 1e3
     lines += ["", f"Training stream idle in gaps of >= {gap_ms} ms: {idle_ms:.1f} ms over {len(idle)} gap(s) "
               f"({idle_ms / max(len(steps), 1):.1f} ms per step). The longest:", "",

@@ -14,8 +14,7 @@ from mbridge_offload.facts import offload_engine
 # that waits for that thread;
 # ``kind`` is the error's class name, ``error`` its text (raised ``from`` it, so its own traceback comes first).
 CPU_STEP_FAILED = "the streaming offload engine's CPU optimizer step failed: {kind}: {error}"
-# ``thread``: "worker", "gradient copy" (the thread that copies the gradients to the host) or "weight copy" (the one
-# that copies the updated weights back); ``what``: "the offloaded optimizer step", "the update of chunk N", "the
+# ``thread``: one of offload_engine.ENGINE_THREADS; ``what``: "the offloaded optimizer step", "the update of chunk N", "the
 # gradients' copy of chunk N", ...
 WORKER_STOPPED = "the streaming offload engine's {thread} thread stopped while waiting for {what}"
 DELAYED_FP32_WEIGHTS = ("the delayed offload engine cannot run with {count} offloaded parameter(s) kept in fp32 in "

@@ -48,6 +48,12 @@ def engine_mode(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
     return DEFAULT_ENGINE if value is None else value
 
 
+# The exact and delayed engines' threads by the names their WORKER_STOPPED message (engine_messages.py) gives them: the
+# worker (the CPU Adam), the thread that copies the gradients to the host, the one that copies the updated weights back
+WORKER_THREAD, GRADIENT_COPY_THREAD, WEIGHT_COPY_THREAD = "worker", "gradient copy", "weight copy"
+ENGINE_THREADS = (WORKER_THREAD, GRADIENT_COPY_THREAD, WEIGHT_COPY_THREAD)
+
+
 # The exact and delayed modes' copies in pieces (mbridge_offload/runtime/copy_pieces.py): how many pieces each copy
 # thread keeps enqueued and unfinished. Two is what ran on a GPU (docs/benchmarks/offload-engine/copy-pieces/); one
 # leaves the copy engine's queue empty after each piece, for a copy of another stream to get in, at the cost of the
@@ -66,13 +72,18 @@ def copy_window_setting(env_vars: Mapping[str, object] | None, environ: Mapping[
     return None if value is None else value.strip()
 
 
+def copy_window_known(value: str) -> bool:
+    """Whether a setting of MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT is a whole number in COPY_WINDOWS."""
+    return value.isdigit() and int(value) in COPY_WINDOWS
+
+
 def copy_window(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> int:
-    """The pieces each copy thread keeps in flight: the setting, else the default; ValueError for one that is not a
-    whole number in COPY_WINDOWS (the validator refuses it before the launch, with the same fix)."""
+    """The pieces each copy thread keeps in flight: the setting, else the default; ValueError for one that is not
+    ``copy_window_known`` (the validator refuses it before the launch, with the same fix)."""
     value = copy_window_setting(env_vars, environ)
     if value is None:
         return DEFAULT_COPY_WINDOW
-    if not value.isdigit() or int(value) not in COPY_WINDOWS:
+    if not copy_window_known(value):
         raise ValueError(f"{COPY_WINDOW_ENV}={value!r}: the pieces in flight are a whole number from "
                          f"{COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]}. Fix: {COPY_WINDOW_KNOWN_FIX}")
     return int(value)

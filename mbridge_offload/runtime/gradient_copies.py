@@ -23,9 +23,6 @@ from typing import Any
 from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces, copy_thread, record_blocking
 from mbridge_offload.runtime.serial_thread import LazySerialThread
 
-COPY_THREAD = "gradient copy"
-
-
 @dataclass
 class GradientCopies:
     """One step's copies: for each chunk, in the order they are issued, its (host buffer, GPU gradient) pairs."""

@@ -68,11 +68,12 @@ from typing import Any
 
 from mbridge_offload.facts.engine_messages import (CPU_STEP_FAILED, DELAYED_FP32_WEIGHTS,
                                                   STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER, UNKNOWN_ENGINE, WORKER_STOPPED)
-from mbridge_offload.facts.offload_engine import DELAYED, ENGINE_MODES, EXACT, LIBRARY, STREAM
+from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_MODES, EXACT, GRADIENT_COPY_THREAD, LIBRARY, STREAM,
+                                                  WEIGHT_COPY_THREAD, WORKER_THREAD)
 from mbridge_offload.runtime import gradient_copies, weight_copies
-from mbridge_offload.runtime.gradient_copies import COPY_THREAD, GradientCopies
+from mbridge_offload.runtime.gradient_copies import GradientCopies
 from mbridge_offload.runtime.serial_thread import LazySerialThread, SerialThread
-from mbridge_offload.runtime.weight_copies import WEIGHT_COPY_THREAD, ChunkUpload, UploadsEnd
+from mbridge_offload.runtime.weight_copies import ChunkUpload, UploadsEnd
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
@@ -251,7 +252,7 @@ class StreamingEngine:
                 for position, chunk in enumerate(job.order):
                     if job.error is not None:  # an upload failed: the training thread raises it; update no further
                         break
-                    _wait(job.copies.copied[chunk], f"the gradients' copy of chunk {chunk}", (COPY_THREAD,))
+                    _wait(job.copies.copied[chunk], f"the gradients' copy of chunk {chunk}", (GRADIENT_COPY_THREAD,))
                     job.copies.raise_if_failed()
                     job.copies.events[chunk].synchronize()
                     if self.mode == DELAYED and position == 0:
@@ -391,7 +392,7 @@ class StreamingEngine:
             return
         if not copies.all_enqueued.is_set():
             started = time.perf_counter()
-            _wait(copies.all_enqueued, "the gradients' copies", (COPY_THREAD,))
+            _wait(copies.all_enqueued, "the gradients' copies", (GRADIENT_COPY_THREAD,))
             self.wait_s += time.perf_counter() - started
         self.copies_to_take = None
         if copies.error is not None:
@@ -445,12 +446,11 @@ def _failure(error: BaseException) -> EngineError:
     return EngineError(CPU_STEP_FAILED.format(kind=type(error).__name__, error=error))
 
 
-WORKER_THREAD = "worker"
 _STEP_THREADS = (WORKER_THREAD, WEIGHT_COPY_THREAD)  # what finishes a chunk of the update: its Adam, its copy back
 
 
 def _alive(thread: str) -> bool:
-    if thread == COPY_THREAD:
+    if thread == GRADIENT_COPY_THREAD:
         return gradient_copies.alive()
     if thread == WEIGHT_COPY_THREAD:
         return weight_copies.alive()

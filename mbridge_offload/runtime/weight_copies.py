@@ -1,13 +1,13 @@
 """The updated weights' copy back to the GPU (the exact and delayed engines' H2D, issue #16).
 
 The library's hook after each CPU optimizer's step (``HybridDeviceOptimizer``'s ``param_copy_back_gpu_hook``)
-enqueues the chunk's copies at once on the H2D stream: about half a GB for most chunks of the dense proxy, 1.24 GB
-or more for the one that holds its embedding (arithmetic from its shapes). A small H2D of the training stream (a micro batch's inputs) waits for all of it,
-and the compute after it waits too (copy_pieces.py). So the engine's worker runs each chunk's Adam without that hook
-(``step_without_copy_back``) and hands the chunk to a thread of its own, which enqueues the same copies in pieces
-(``copy_pieces.copy_in_pieces``), then, in exact mode, the chunk's cast into the model's bf16 weights, then records
-the event the training stream waits on for that chunk. The window of pieces in flight is kept across chunks, steps
-and the dense and the expert optimizer of a MoE.
+enqueues the chunk's copies at once on the H2D stream: about half a GB for most chunks of the dense proxy, 1.24 GB or
+more for the one that holds its embedding (arithmetic from its shapes). A small H2D of the training stream (a micro
+batch's inputs) waits for all of it, and the compute after it waits too (copy_pieces.py). So the engine's worker runs
+each chunk's Adam without that hook (``step_without_copy_back``) and hands the chunk to a thread of its own, which
+enqueues the same copies in pieces (``copy_pieces.copy_in_pieces``), then, in exact mode, the chunk's cast into the
+model's bf16 weights, then records the event the training stream waits on for that chunk. The window of pieces in
+flight is kept across chunks, steps and the dense and the expert optimizer of a MoE.
 
 The tensors and their values are the library's: each host parameter copied into its GPU fp32 parameter
 (``cpu_copys_map_gpu_param``) in the hook's order, by the same ``copy_``; only when each copy is enqueued changes.
@@ -24,7 +24,6 @@ from typing import Any
 from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces, copy_thread
 from mbridge_offload.runtime.serial_thread import LazySerialThread
 
-WEIGHT_COPY_THREAD = "weight copy"
 # the library's post-step hook that copies a CPU optimizer's parameters back (megatron-core 0.19.2,
 # hybrid_optimizer.py's _register_param_copy_back_gpu_hook), found by its function's name
 LIBRARY_COPY_BACK = "param_copy_back_gpu_hook"

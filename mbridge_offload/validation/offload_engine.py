@@ -8,8 +8,8 @@ from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_WINDOW_ENV,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
                                                  FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
                                                  STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX, STREAM_MOMENTS_MEASURED,
-                                                 copy_window_setting, engine_mode, fetch_ahead_on, fetch_ahead_setting,
-                                                 stream_host_bytes_per_param, stream_moments)
+                                                 copy_window_known, copy_window_setting, engine_mode, fetch_ahead_on,
+                                                 fetch_ahead_setting, stream_host_bytes_per_param, stream_moments)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
@@ -85,11 +85,6 @@ def _shards(ctx: Context) -> str:
 def _set(ctx: Context, key: str) -> bool:
     section, name = key.split(".")
     return bool(getattr(getattr(ctx.cfg, section), name, False))
-
-
-def _copy_window_known(ctx: Context) -> bool:
-    value = copy_window_setting(ctx.cfg.env_vars, ctx.environ)
-    return value is not None and value.isdigit() and int(value) in COPY_WINDOWS
 
 
 def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY, applies=_streaming_offload,
@@ -196,8 +191,9 @@ RULES: tuple[Rule, ...] = guarded(
          observed=lambda c: "on", fix=fixed(f"++{FETCH_AHEAD_KEY}=off  (the run to compare with)"),
          severity="warning"),
     _engine_rule("copy-pieces-in-flight-known", f"the exact and delayed engines' copies keep a whole number from "
-                 f"{COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]} of pieces in flight ({COPY_WINDOW_ENV})", key=COPY_WINDOW_KEY,
-                 applies=lambda c: c.env(COPY_WINDOW_ENV) is not None, holds=lambda c: _copy_window_known(c),
+                 f"{COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]} of pieces in flight ({COPY_WINDOW_ENV})",
+                 key=COPY_WINDOW_KEY, applies=lambda c: c.env(COPY_WINDOW_ENV) is not None,
+                 holds=lambda c: copy_window_known(copy_window_setting(c.cfg.env_vars, c.environ)),
                  observed=lambda c: repr(copy_window_setting(c.cfg.env_vars, c.environ)), fix=COPY_WINDOW_KNOWN_FIX),
     Rule(id="offload-engine/copy-pieces-need-exact-or-delayed", mechanism=OPTIMIZER, key=COPY_WINDOW_KEY,
          text="the pieces in flight are the exact and delayed engines' copies: with another engine, or with optimizer "

@@ -22,7 +22,7 @@ from functools import cached_property
 
 from mbridge_offload.facts import engine_messages as messages
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import ENGINE_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_ENV
+from mbridge_offload.facts.offload_engine import ENGINE_KEY, ENGINE_THREADS, FETCH_AHEAD_KEY, STREAM_MOMENTS_ENV
 from mbridge_offload.validation.rule import RUNTIME, Context, Rule
 
 # torch's caching allocator's out-of-memory: its message (every torch release), and the exception's name where
@@ -233,7 +233,7 @@ ENGINE_MESSAGES: dict[str, EngineMessage] = {
         messages.CPU_STEP_FAILED, fields={"kind": r"[\w.]+", "error": r".*"},
         measured="the worker's error: {kind}: {error}", carries="error"),
     "engine/worker-stopped": EngineMessage(messages.WORKER_STOPPED,
-                                           fields={"thread": r"worker|gradient copy|weight copy", "what": r".+"},
+                                           fields={"thread": "|".join(ENGINE_THREADS), "what": r".+"},
                                            measured="the {thread} thread, waiting for {what}"),
     "engine/delayed-fp32-weights": EngineMessage(messages.DELAYED_FP32_WEIGHTS, fields={"count": r"\d+"},
                                                  measured="{count} offloaded parameter(s) in fp32"),
