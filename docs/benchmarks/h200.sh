@@ -481,22 +481,26 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
     copy-window-bench)
-      # Thirty-third session (issue #16, offload-engine/copy-window-bench/, not run yet; ~9 min after the install):
-      # the delayed mode at fraction 1 with two pieces of its copies in flight (the default, copy-pieces/: 1.29x) and
-      # with one (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1), against their own baselines, 3 rounds interleaved, 33 steps.
+      # Thirty-third session (issue #16, offload-engine/copy-window-bench/; run in the thirty-fourth, one noisy H100,
+      # baselines 14.1 % apart, 2 calls: with the install, then 318 s resumed: two in flight 1.16x, one 1.28x): the
+      # delayed mode at fraction 1 with two pieces of its copies in flight (the default) and with one
+      # (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1), against their own baselines, 3 rounds interleaved, 33 steps.
       d="$runs/copy-window-bench"; mkdir -p "$d"
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
         --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-delayed-one-piece --repeats 3 \
         --baseline-runs 3 train.train_iters=33 ;;
     copy-window)
-      # Thirty-third session (issue #16, offload-engine/copy-window/; plain torch and the plugin's copy loop, no bundle
-      # needed): copy-pieces/'s profile still showed the training stream's own small copies waiting 8-32 ms behind the
-      # engine's copies in 128 MiB pieces with two in flight. Does a small copy of another stream wait for one piece,
-      # or until the copy thread's queue runs dry? Both directions; at once, one piece in flight, two; a thread holds
-      # the interpreter's lock as the training thread does, so the copy thread's wake-ups cost what they cost there.
+      # Thirty-fourth session (issue #16, offload-engine/copy-window/; plain torch and the plugin's copy loop, no bundle
+      # needed, ~1-2 min expected): copy-pieces/'s profile showed the training stream's own small copies waiting 8-32
+      # ms behind the engine's copies in 128 MiB pieces with two in flight. Does a small copy of another stream wait
+      # for one piece, or until the copy thread's queue runs dry? Both directions; at once, one piece in flight, two;
+      # a thread launches small kernels as the training thread does. The small copy is timed behind a 3 ms sleep
+      # kernel, so the events time the GPU's wait and not the launching thread's. The thirty-fourth session ran the
+      # first version (commit e5c52b3: no gate, a pure-Python thread holding the lock; 388 s on one H100): it measured
+      # the interpreter's lock, not the copy queue (README there).
       d="$runs/copy-window"; mkdir -p "$d"
       $py docs/benchmarks/offload-engine/copy-window/copy_window.py --gb 4.47 --tensors 300 --piece-mb 128 \
-        --every-ms 5 --out "$d/results.json" 2>&1 | tee "$d/copy_window.log" ;;
+        --every-ms 5 --gate-ms 3 --out "$d/results.json" 2>&1 | tee "$d/copy_window.log" ;;
     copy-pieces)
       # Thirty-third session (issue #16, offload-engine/copy-pieces/, one H100, from the working tree of 63a0812 with the
       # weight copies uncommitted and two pieces in flight; two calls: with the install, then 281 s resumed; exact
