@@ -21,7 +21,9 @@ and, for each fraction, each configuration in a fresh process, each run of at le
   marked ``same_run_as``;
 - engine-exact / engine-delayed (chosen with --configs): tuned, with the streaming offload engine's mode
   (mbridge_offload/runtime/streaming_engine.py); engine-exact-one-piece / engine-delayed-one-piece: the same with
-  one piece of their copies in flight instead of two (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1).
+  one piece of their copies in flight instead of two (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1);
+  engine-exact-by-region / engine-delayed-by-region: the same with the gradient buffers zeroed by region
+  (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, mbridge_offload/runtime/grad_regions.py).
 
 ``--deterministic`` launches every run bit-reproducible (run_recipe.py --deterministic): identical runs then take
 the same path (on the MoE proxy the same expert routing, which sets its step time), and loss parity is judged at the

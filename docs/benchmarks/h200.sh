@@ -480,6 +480,25 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    zero-by-region)
+      # Thirty-fourth session (issue #16, offload-engine/zero-by-region/, not run yet; an estimate: ~3 min of GPU test
+      # and profile, then ~10 min of bench, after the install): the gradient buffers zeroed by region
+      # (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, runtime/grad_regions.py, design section 12), built and run on the CPU
+      # stand-in only. First the engine's GPU test (exact by region bit-identical to the library's offloaded path,
+      # delayed by region to delayed, 8 steps: a wait missing on a GPU stream would part the losses), then the
+      # delayed mode's profile by region (copy-pieces/'s delayed-1 showed the training stream idle behind the D2H
+      # before the first backward), then the delayed mode with and without it against their own baselines, 3 rounds
+      # interleaved, 33 steps.
+      d="$runs/zero-by-region"; mkdir -p "$d"
+      [ -f "$d/gpu-tests.log" ] || $py -m pytest tests/runtime/test_gpu_engine.py -k zeroing_by_region -v \
+        -p no:cacheprovider > "$d/gpu-tests.log" 2>&1
+      tail -n 4 "$d/gpu-tests.log"
+      [ -f "$d/delayed-by-region-gpu_trace.md" ] || profiled_run delayed-by-region --offload-engine delayed \
+        optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
+        ++env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION=on
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-delayed-by-region --repeats 3 \
+        --baseline-runs 3 train.train_iters=33 ;;
     copy-window-bench)
       # Thirty-third session (issue #16, offload-engine/copy-window-bench/; run in the thirty-fourth, one noisy H100,
       # baselines 14.1 % apart, 2 calls: with the install, then 318 s resumed: two in flight 1.16x, one 1.28x): the

@@ -19,7 +19,7 @@ from overrides.grammar import key_of
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one, run_status
 from mbridge_offload.facts.cores import available_cores
-from mbridge_offload.facts.offload_engine import COPY_WINDOW_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY
+from mbridge_offload.facts.offload_engine import COPY_WINDOW_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY, ZERO_BY_REGION_KEY
 from mbridge_offload.runtime.run_outcome import recorded
 
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
@@ -28,6 +28,7 @@ GOALS = {"tuned": {0.25: 1.05, 1.0: 1.25}, "engine-exact": {0.25: 1.05, 1.0: 1.3
          "engine-stream": {0.25: 1.05, 1.0: 1.30}, "engine-stream-fetch-ahead": {0.25: 1.05, 1.0: 1.30},
          "engine-stream-bf16-moments": {1.0: 1.10},  # not the update without offload: an opt-in mode's goal
          "engine-delayed": {1.0: 1.10}, "engine-delayed-one-piece": {1.0: 1.10},
+         "engine-delayed-by-region": {1.0: 1.10}, "engine-exact-by-region": {0.25: 1.05, 1.0: 1.30},
          "engine-exact-one-piece": {0.25: 1.05, 1.0: 1.30}}
 DEFAULT_ROUNDS = 3  # interleaved rounds, each with its own baseline (issue #16: slowdowns against the same run)
 MIN_MEASURED_STEPS = 30  # steady-state steps per run that a speed figure needs (issue #16)
@@ -76,6 +77,11 @@ def configurations(cores: int) -> dict[str, dict]:
                                         "overrides": [f"++{COPY_WINDOW_KEY}=1"],
                                         "means": f"engine-{mode} with one piece of its copies in flight instead of "
                                                  f"two ({COPY_WINDOW_KEY}=1, mbridge_offload/runtime/copy_pieces.py)"}
+           for mode in ("exact", "delayed")},
+        **{f"engine-{mode}-by-region": {**engines[f"engine-{mode}"], "config": f"engine-{mode}-by-region",
+                                        "overrides": [f"++{ZERO_BY_REGION_KEY}=on"],
+                                        "means": f"engine-{mode} with the gradient buffers zeroed by region "
+                                                 f"({ZERO_BY_REGION_KEY}=on, mbridge_offload/runtime/grad_regions.py)"}
            for mode in ("exact", "delayed")},
         "engine-stream-fetch-ahead": {**engines["engine-stream"], "config": "engine-stream-fetch-ahead",
                                       "overrides": [f"++{FETCH_AHEAD_KEY}=on"],

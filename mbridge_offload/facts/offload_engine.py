@@ -89,6 +89,31 @@ def copy_window(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
     return int(value)
 
 
+# The exact and delayed modes' zeroing of the gradient buffers by region (mbridge_offload/runtime/grad_regions.py,
+# docs/design/streaming-offload-engine.md section 12): each region zeroed after the copies that read it, the backward
+# waiting per region before it first writes there, instead of the whole buffer after the whole D2H. Opt-in: built and
+# run on the CPU stand-in, not yet on a GPU.
+ZERO_BY_REGION_ENV = "MBRIDGE_OFFLOAD_ZERO_BY_REGION"
+ZERO_BY_REGION_KEY = f"env_vars.{ZERO_BY_REGION_ENV}"
+ZERO_BY_REGION_VALUES = ("on", "off")
+REGION_BYTES = 128 * 2**20  # a region's size before it is cut at a parameter's start (a bucket's bounds cut too)
+ZERO_BY_REGION_HEADER = f"zeroing by region: on ({ZERO_BY_REGION_ENV})"
+ZERO_BY_REGION_SAYS = ("each gradient buffer is zeroed region by region after the copies that read it, and the "
+                       "backward waits per region before its first write there, not for the whole copy to the host; "
+                       "the same memsets of the same memory (the delayed mode also copies in the order the backward "
+                       "writes). Run on the CPU stand-in only: compare the step time with it off on your model")
+
+
+def zero_by_region_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
+    """MBRIDGE_OFFLOAD_ZERO_BY_REGION as a run sees it (the shell's, else the config's), or None where unset."""
+    value = run_env(ZERO_BY_REGION_ENV, env_vars, environ)
+    return None if value is None else value.strip()
+
+
+def zero_by_region_on(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> bool:
+    return zero_by_region_setting(env_vars, environ) == "on"
+
+
 # The stream mode's fetch-ahead (mbridge_offload/runtime/fetch_ahead.py): the next update's chunks after the ring's come
 # up during the backward, into memory it has freed. Opt-in: on one H100 and the 4-layer MoE proxy it kept the update and
 # the peak allocated but added its buffers to the reserved memory, with no step-time gain resolved

@@ -18,18 +18,24 @@ import collections
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from mbridge_offload.runtime.copy_pieces import PIECE_BYTES, copy_in_pieces, copy_thread, record_blocking
 from mbridge_offload.runtime.serial_thread import LazySerialThread
 
 @dataclass
 class GradientCopies:
-    """One step's copies: for each chunk, in the order they are issued, its (host buffer, GPU gradient) pairs."""
+    """One step's copies: for each chunk, in the order they are issued, its (host buffer, GPU gradient) pairs. A
+    chunk may come back in several runs (the delayed mode with the zeroing by region issues the pairs in the order
+    the next backward writes the gradient buffer): it ends after its last run."""
 
     stream: Any  # the library's D2H stream
     chunks: list[tuple[int, list[tuple[Any, Any]]]]
     piece_bytes: int = PIECE_BYTES
+    # (pairs enqueued, callback): called with a CUDA event after that many pairs' copies (a region's last reader;
+    # grad_regions.RegionZeroing.copies_ended)
+    region_ends: list[tuple[int, Callable[[Any], None]]] = field(default_factory=list)
+    zeroings: list = field(default_factory=list)  # grad_regions.RegionZeroing: told when the copies fail
     copied: dict[int, threading.Event] = field(default_factory=dict)  # chunk: its copies are enqueued
     events: dict[int, Any] = field(default_factory=dict)  # chunk: CUDA event after its last copy
     all_enqueued: threading.Event = field(default_factory=threading.Event)
@@ -48,27 +54,38 @@ class GradientCopies:
         in_flight = collections.deque() if in_flight is None else in_flight
         pairs = [pair for _, chunk_pairs in self.chunks for pair in chunk_pairs]
         # a chunk's copies end with its last pair's; a chunk without pairs ends where the one before it does
-        chunk_ends = list(itertools.accumulate(len(chunk_pairs) for _, chunk_pairs in self.chunks))
-        order = [chunk for chunk, _ in self.chunks]
-        finished = 0  # chunks whose end event is recorded
+        chunk_ends: dict[int, int] = {}
+        for chunk, enqueued in zip((chunk for chunk, _ in self.chunks),
+                                   itertools.accumulate(len(chunk_pairs) for _, chunk_pairs in self.chunks)):
+            chunk_ends[chunk] = enqueued
+        marks = sorted([(enqueued, 0, index, chunk) for index, (chunk, enqueued) in enumerate(chunk_ends.items())]
+                       + [(enqueued, 1, index, None) for index, (enqueued, _) in enumerate(self.region_ends)])
+        passed = 0  # marks whose event is recorded
 
-        def end_chunks(pairs_enqueued: int) -> None:
-            nonlocal finished
-            while finished < len(order) and chunk_ends[finished] <= pairs_enqueued:
-                self.events[order[finished]] = self._record()
-                self.copied[order[finished]].set()
-                finished += 1
+        def end_marks(pairs_enqueued: int) -> None:
+            nonlocal passed
+            while passed < len(marks) and marks[passed][0] <= pairs_enqueued:
+                _, kind, index, chunk = marks[passed]
+                event = self._record()
+                if kind == 0:
+                    self.events[chunk] = event
+                    self.copied[chunk].set()
+                else:
+                    self.region_ends[index][1](event)
+                passed += 1
 
         try:
             with torch.cuda.stream(self.stream):
-                end_chunks(0)
+                end_marks(0)
                 # pieces cut over the whole step's tensors: a chunk's end is an event, not a piece of its own
                 copy_in_pieces(pairs, stream=self.stream, piece_bytes=self.piece_bytes, in_flight=in_flight,
-                               tensor_done=end_chunks, window=window)
-                end_chunks(len(pairs))
+                               tensor_done=end_marks, window=window)
+                end_marks(len(pairs))
                 self.last_event = self._record()
         except BaseException as error:  # noqa: BLE001  (raised where the copies are waited for)
             self.error = error
+            for zeroing in self.zeroings:
+                zeroing.fail(error)
         finally:
             pairs = []  # the error's traceback keeps this frame: it must not hold gradients
             self.chunks = []  # the gradients may be freed now: each copy that reads one is enqueued

@@ -68,9 +68,10 @@ from typing import Any
 
 from mbridge_offload.facts.engine_messages import (CPU_STEP_FAILED, DELAYED_FP32_WEIGHTS,
                                                   STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER, UNKNOWN_ENGINE, WORKER_STOPPED)
-from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_MODES, EXACT, GRADIENT_COPY_THREAD, LIBRARY, STREAM,
-                                                  WEIGHT_COPY_THREAD, WORKER_THREAD)
-from mbridge_offload.runtime import gradient_copies, weight_copies
+from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_MODES, EXACT, GRADIENT_COPY_THREAD, LIBRARY,
+                                                  REGION_BYTES, STREAM, WEIGHT_COPY_THREAD, WORKER_THREAD,
+                                                  ZERO_BY_REGION_ENV)
+from mbridge_offload.runtime import grad_regions, gradient_copies, weight_copies
 from mbridge_offload.runtime.gradient_copies import GradientCopies
 from mbridge_offload.runtime.serial_thread import LazySerialThread, SerialThread
 from mbridge_offload.runtime.weight_copies import ChunkUpload, UploadsEnd
@@ -79,6 +80,7 @@ from mbridge_offload.runtime.weight_copies import ChunkUpload, UploadsEnd
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
 NEVER_STEPS = "_mbridge_never_steps"  # on a HybridDeviceOptimizer built only to be read (_install_stream_selection)
 _STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet(),
+                          "by_region": False,  # the gradient buffers are zeroed by region (grad_regions.py)
                           "building": None,  # the distributed optimizer whose __init__ is running
                           # delayed: a training step ran since the last all-gather of applied weights (set on every
                           # rank alike, so every rank makes the same all-gathers)
@@ -128,6 +130,7 @@ class StreamingEngine:
         self._maps_for = None
         self._device = torch.cuda.current_device()
         self._worker_stream = None
+        self._zero_stream = None  # the zeroing by region's memsets (grad_regions.py)
         self._threads = max(1, torch.get_num_threads() - 1)  # one core stays free to launch GPU work
         _STATE["engines"].add(self)
 
@@ -191,8 +194,24 @@ class StreamingEngine:
             finally:
                 hdo.cpu_optimizers = library_order
             # on the copy stream: a gradient made contiguous here is written before the copy thread reads it
-            copies = GradientCopies(stream=hdo._d2h_stream,
-                                    chunks=[(i, self._gradient_pairs(library_order[i])) for i in order])
+            chunks = [(i, self._gradient_pairs(library_order[i])) for i in order]
+            prepared = hdo._d2h_stream.record_event() if _STATE["by_region"] else None
+        if _STATE["by_region"]:
+            copies = self._copies_by_region(chunks, prepared)
+            if self.mode == DELAYED:  # the worker takes the chunks as their copies end
+                order = list(dict.fromkeys(chunk for chunk, _ in reversed(copies.chunks)))[::-1]
+        else:
+            copies = GradientCopies(stream=hdo._d2h_stream, chunks=chunks)
+        try:
+            self._hand_over(copies, order, closure)
+        except BaseException as error:
+            for zeroing in copies.zeroings:  # the next zeroing must not wait for copies that will never run
+                zeroing.fail(error)
+            raise
+
+    def _hand_over(self, copies: GradientCopies, order: list[int], closure) -> None:
+        """The GPU's share of the step, then the copies to the copy thread and the step to the worker."""
+        hdo = self.hdo
         for _, pairs in copies.chunks:
             for _, grad in pairs:
                 # with bf16 gradients the main gradient is a temporary that optimizer.zero_grad() frees before the
@@ -234,6 +253,68 @@ class StreamingEngine:
             # the copy thread copies flat slices; a distributed optimizer's gradient shards are contiguous already
             pairs.append((param.grad, grad if grad.is_contiguous() else grad.contiguous()))
         return pairs
+
+    def _copies_by_region(self, chunks: list, prepared) -> GradientCopies:
+        """The step's copies with the zeroing by region (grad_regions.py): each gradient buffer's regions that the
+        copies read are zeroed after their last copy. In the delayed mode the pairs go in the order the next backward
+        writes the buffers (the last layers first: Megatron lays its buffers out in reverse parameter order, and the
+        last model chunk's backward comes first), so the regions it needs first are copied first; a chunk may then
+        come in several runs. The exact mode keeps the worker's order, which its forward's gates need."""
+        import torch
+
+        owner = self._owner()
+        model_chunk_of = {}
+        for index, ddp in enumerate(getattr(owner, "model_chunks", ())):
+            for buffer in ddp.buffers + ddp.expert_parallel_buffers:
+                model_chunk_of[id(buffer)] = index
+        regions = [grad_regions.regions_of_buffer(buffer, REGION_BYTES) for buffer in owner.buffers]
+        located = []  # (chunk, pair, its buffer's regions or None, the regions it reads)
+        for chunk, pairs in chunks:
+            for pair in pairs:
+                where = next(((buffer, read) for buffer in regions if (read := buffer.regions_of(pair[1]))),
+                             (None, []))
+                located.append((chunk, pair, *where))
+        if self.mode == DELAYED:
+            def backward_position(item):
+                buffer, read = item[2], item[3]
+                if buffer is None:
+                    return (float("-inf"), 0.0)  # a temporary: no zeroing waits for it, so it can go first
+                start = buffer.bounds[read[0]][0]
+                return (-model_chunk_of.get(id(buffer.buffer), 0), start / max(1, buffer.bounds[-1][1]))
+            located.sort(key=backward_position)
+            runs: list[tuple[int, list]] = []
+            for chunk, pair, _, _ in located:
+                if not runs or runs[-1][0] != chunk:
+                    runs.append((chunk, []))
+                runs[-1][1].append(pair)
+            seen = {chunk for chunk, _ in runs}
+            runs.extend((chunk, []) for chunk, _ in chunks if chunk not in seen)  # a chunk without gradients
+        else:
+            runs = chunks
+        last_reader: dict[tuple[int, int], int] = {}  # (buffer, region): pairs enqueued after its last copy
+        for position, (_, _, buffer, read) in enumerate(located, start=1):
+            for region in read:
+                last_reader[(id(buffer), region)] = position
+        if self._zero_stream is None:
+            self._zero_stream = torch.cuda.Stream()
+        zeronings, region_ends = {}, []
+        for buffer in regions:
+            reading = {region for (key, region) in last_reader if key == id(buffer)}
+            if reading:
+                zeronings[id(buffer)] = grad_regions.expect(buffer, self._zero_stream, reading, self._wait_copy,
+                                                            _failure)
+                zeronings[id(buffer)].after = prepared
+        for (key, region), position in sorted(last_reader.items(), key=lambda item: item[1]):
+            region_ends.append((position, functools.partial(zeronings[key].copies_ended, region)))
+        return GradientCopies(stream=self.hdo._d2h_stream, chunks=runs, region_ends=region_ends,
+                              zeroings=list(zeronings.values()))
+
+    def _wait_copy(self, event: threading.Event, what: str) -> None:
+        """The backward's wait for a gradient region's zeroing (grad_regions.RegionZeroing.wait)."""
+        if not event.is_set():
+            started = time.perf_counter()
+            _wait(event, what, (GRADIENT_COPY_THREAD,))
+            self.wait_s += time.perf_counter() - started
 
     def run(self, job: _Job) -> None:
         """The worker's part of a step (worker thread): each chunk's Adam once its gradients are on the host, then its
@@ -525,9 +606,10 @@ def _engine_of(distributed_optimizer) -> StreamingEngine | None:
     return getattr(getattr(distributed_optimizer, "optimizer", None), "_mbridge_offload_engine", None)
 
 
-def install(mode: str) -> None:
+def install(mode: str, zero_by_region: bool = False) -> None:
     """Run every optimizer-offload step of this process with ``mode``'s engine (``library``: change nothing).
-    Class attributes, set before the optimizer and the model are built; no file under site-packages changes."""
+    Class attributes, set before the optimizer and the model are built; no file under site-packages changes.
+    ``zero_by_region``: the exact and delayed engines zero the gradient buffers by region (grad_regions.py)."""
     if mode not in ENGINE_MODES:
         raise ValueError(UNKNOWN_ENGINE.format(mode=mode, modes=", ".join(ENGINE_MODES)))
     if mode == LIBRARY or _STATE["mode"] is not None:
@@ -539,7 +621,11 @@ def install(mode: str) -> None:
     from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
+    if zero_by_region and mode not in (EXACT, DELAYED):
+        raise ValueError(f"{ZERO_BY_REGION_ENV}=on is the exact and delayed engines' (this run's: {mode}). Fix: "
+                         f"++env_vars.{ZERO_BY_REGION_ENV}=off")
     _STATE["mode"] = mode
+    _STATE["by_region"] = zero_by_region
     library_step = HybridDeviceOptimizer.step
 
     def step(self, closure=None):
@@ -640,8 +726,40 @@ def install(mode: str) -> None:
 
     bridge_train.train_step = train_step
     _install_grad_zeroing(DistributedDataParallel)
+    if _STATE["by_region"]:
+        _install_region_waits(DistributedDataParallel)
     if mode in (EXACT, STREAM):
         _install_param_gather_gate()
+
+
+def _install_region_waits(ddp_class) -> None:
+    """The zeroing by region (grad_regions.py): the backward waits for a region's memsets in DDP's post-hook of each
+    parameter, before the hook adds its gradient into the buffer (every recipe, and the validator, keep gradient-
+    accumulation fusion off, so that add is the first write); a bucket group's gradient sync, which reads and writes
+    its buckets whole (the regions of parameters whose hook did not run), waits for all of its regions."""
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
+
+    library_make_hook = ddp_class._make_backward_post_hook
+
+    def make_backward_post_hook(self, param):
+        hook = library_make_hook(self, param)
+
+        def waiting_hook(*args, **kwargs):
+            grad_regions.wait_before_write(param)
+            return hook(*args, **kwargs)
+
+        return waiting_hook
+
+    ddp_class._make_backward_post_hook = make_backward_post_hook
+    for name in ("start_grad_sync", "finish_grad_sync"):
+        library = getattr(_ParamAndGradBucketGroup, name)
+
+        def waiting(self, *args, _library=library, **kwargs):
+            grad_regions.wait_before_sync(self.params)
+            return _library(self, *args, **kwargs)
+
+        waiting.__wrapped__ = library
+        setattr(_ParamAndGradBucketGroup, name, waiting)
 
 
 def _install_stream_selection(hdo_class) -> None:
@@ -794,6 +912,13 @@ def _install_grad_zeroing(ddp_class) -> None:
     library_forward = ddp_class.forward
 
     def zero_grad_buffer(self):
+        if _STATE["by_region"]:
+            # each region after the copies that read it; the backward waits per region (_install_region_waits)
+            _reset_grad_bookkeeping(self)
+            asked = torch.cuda.current_stream().record_event()
+            for buffer in self.buffers + self.expert_parallel_buffers:
+                grad_regions.zero_buffer(buffer, asked)
+            return None
         if any(e.unqueued() for e in engines()):
             # the update still to be enqueued reads these gradients: their memsets after its last chunk
             _reset_grad_bookkeeping(self)

@@ -9,7 +9,9 @@ from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_WINDOW_ENV,
                                                  FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
                                                  STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX, STREAM_MOMENTS_MEASURED,
                                                  copy_window_known, copy_window_setting, engine_mode, fetch_ahead_on,
-                                                 fetch_ahead_setting, stream_host_bytes_per_param, stream_moments)
+                                                 fetch_ahead_setting, stream_host_bytes_per_param, stream_moments,
+                                                 ZERO_BY_REGION_ENV, ZERO_BY_REGION_KEY, ZERO_BY_REGION_VALUES,
+                                                 zero_by_region_on, zero_by_region_setting)
 from mbridge_offload.validation.activation_offload import activation_offload_on
 from mbridge_offload.validation.choices import OPTIMIZER_WORDS
 from mbridge_offload.validation.fine_grained import fine_grained_on
@@ -85,6 +87,14 @@ def _shards(ctx: Context) -> str:
 def _set(ctx: Context, key: str) -> bool:
     section, name = key.split(".")
     return bool(getattr(getattr(ctx.cfg, section), name, False))
+
+
+def _early_writers(ctx: Context) -> dict[str, bool]:
+    """The settings under which the backward's kernels write the gradient buffer before DDP's hook for a parameter
+    (zero-by-region-needs-unfused-accumulation)."""
+    return {"model.gradient_accumulation_fusion": bool(getattr(ctx.cfg.model, "gradient_accumulation_fusion", False)),
+            "model.delay_wgrad_compute": bool(getattr(ctx.cfg.model, "delay_wgrad_compute", False)),
+            "ddp.delay_wgrad_compute": bool(getattr(ctx.cfg.ddp, "delay_wgrad_compute", False))}
 
 
 def _engine_rule(suffix: str, text: str, holds, fix: str, key: str = ENGINE_KEY, applies=_streaming_offload,
@@ -206,6 +216,33 @@ RULES: tuple[Rule, ...] = guarded(
                         f"  (or exact; or drop {COPY_WINDOW_KEY})"),
          fix_text=f"++{ENGINE_KEY}=delayed {OFFLOAD_ON_TEXT} [{_OVERLAP_ON} where it is off]  (or exact; or drop "
                   f"{COPY_WINDOW_KEY})"),
+    _engine_rule("zero-by-region-known", f"the exact and delayed engines' zeroing by region ({ZERO_BY_REGION_ENV}) "
+                 "is on or off", key=ZERO_BY_REGION_KEY, applies=lambda c: c.env(ZERO_BY_REGION_ENV) is not None,
+                 holds=lambda c: zero_by_region_setting(c.cfg.env_vars, c.environ) in ZERO_BY_REGION_VALUES,
+                 observed=lambda c: repr(zero_by_region_setting(c.cfg.env_vars, c.environ)),
+                 fix=f"++{ZERO_BY_REGION_KEY}=on  (or off, the default; a value in the shell wins: set it there; in a "
+                     "YAML file quote it, 'on': YAML reads a bare on or off as true or false)"),
+    _needing_offload("zero-by-region-needs-exact-or-delayed", "the zeroing by region orders the exact and delayed "
+                     "engines' copies of the gradients to the host: with another engine, or with optimizer offload "
+                     "off, the setting would be ignored", f"++{ENGINE_KEY}=delayed ", f"  (or exact; or "
+                     f"++{ZERO_BY_REGION_KEY}=off)", engine_needs=True, key=ZERO_BY_REGION_KEY,
+                     applies=lambda c: zero_by_region_on(c.cfg.env_vars, c.environ),
+                     holds=lambda c: _cpu_adam_offload(c), observed=_mode),
+    _engine_rule("zero-by-region-needs-unfused-accumulation", "the zeroing by region makes the backward wait for a "
+                 "region's zeroing in Megatron's hook that adds each weight gradient into the gradient buffer; with "
+                 "gradient-accumulation fusion or a delayed weight-gradient computation the backward's kernels write "
+                 "the buffer before that hook", key="model.gradient_accumulation_fusion",
+                 applies=lambda c: _cpu_adam_offload(c) and zero_by_region_on(c.cfg.env_vars, c.environ),
+                 holds=lambda c: not any(_early_writers(c).values()),
+                 observed=lambda c: ", ".join(f"{key}={value}" for key, value in _early_writers(c).items()),
+                 fix=f"model.gradient_accumulation_fusion=False model.delay_wgrad_compute=False "
+                     f"ddp.delay_wgrad_compute=False  (or ++{ZERO_BY_REGION_KEY}=off)"),
+    Rule(id="offload-engine/zero-by-region-unmeasured", mechanism=OPTIMIZER, key=ZERO_BY_REGION_KEY,
+         text="the zeroing by region has run on the CPU stand-in for the GPU only (tests/runtime/test_zero_by_region.py"
+              "): its step time and its GPU-side ordering are not yet measured; compare the step time with it off",
+         applies=lambda c: _cpu_adam_offload(c) and zero_by_region_on(c.cfg.env_vars, c.environ),
+         holds=lambda c: False, observed=lambda c: "on",
+         fix=fixed(f"++{ZERO_BY_REGION_KEY}=off  (the run to compare with)"), severity="warning"),
     _engine_rule("stream-moments-known", f"the stream engine's moments ({STREAM_MOMENTS_ENV}) are one of "
                  f"{', '.join(MOMENT_BYTES)}", key=STREAM_MOMENTS_KEY,
                  applies=lambda c: c.env(STREAM_MOMENTS_ENV) is not None, holds=lambda c: _moments(c) in MOMENT_BYTES,

@@ -1,6 +1,7 @@
 """Runs stream_cpu_scenarios.py's scenarios in a process of its own (the CPU stand-in for the GPU changes torch for
 the whole process): ``python tests/runtime/stream_cpu_check.py KIND``, KIND one of ranks, resume, fetch-ahead,
-bf16-moments, exact-ranks and delayed-ranks (the last two with the exact and the delayed engine). Prints one line per
+bf16-moments, exact-ranks and delayed-ranks (with the exact and the delayed engine), exact-by-region and
+delayed-by-region (the same engines with the gradient buffers zeroed by region, runtime/grad_regions.py). Prints one line per
 scenario and ALL OK or FAILED; exits 0 only when every scenario ended as it should.
 
 The scenarios live in a module of their own: dist_checkpointing's save starts a process with the spawn method,
@@ -10,9 +11,13 @@ import os
 import sys
 
 if __name__ == "__main__":
-    engine_of = {"exact-ranks": "exact", "delayed-ranks": "delayed"}  # installed when the module is imported
+    # installed when the module is imported
+    engine_of = {"exact-ranks": "exact", "delayed-ranks": "delayed", "exact-by-region": "exact",
+                 "delayed-by-region": "delayed"}
     if sys.argv[1] in engine_of:
         os.environ["MBRIDGE_CPU_CHECK_ENGINE"] = engine_of[sys.argv[1]]
+    if sys.argv[1].endswith("-by-region"):
+        os.environ["MBRIDGE_OFFLOAD_ZERO_BY_REGION"] = "on"
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import stream_cpu_scenarios
 

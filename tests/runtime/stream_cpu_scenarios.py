@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import traceback
 import types
 
@@ -50,7 +51,7 @@ from mbridge_offload.runtime.resume_fix import install_resume_fix  # noqa: E402
 # the engine under check: stream (ranks, resume) unless stream_cpu_check.py was asked for another's scenarios
 ENGINE_UNDER_CHECK = os.environ.get("MBRIDGE_CPU_CHECK_ENGINE", "stream")
 install_resume_fix()  # what launch.py installs with optimizer offload, in this order
-streaming_engine.install(ENGINE_UNDER_CHECK)
+streaming_engine.install(ENGINE_UNDER_CHECK, zero_by_region=os.environ.get("MBRIDGE_OFFLOAD_ZERO_BY_REGION") == "on")
 
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
@@ -63,6 +64,7 @@ HIDDEN, FFN, BLOCKS = 1000, 1500, 4
 MICRO_BATCHES, PIPELINE_SEQ = 4, 2  # the pipeline scenarios' schedule: micro batches per step, their length
 EXPERT_FFN = 500  # the MoE scenarios' expert matrix of each block: a tensor of its own on each expert-parallel rank
 BUCKET = 2_500_000  # elements: several buckets, each its own bucket group (each its own parameter all-gather)
+OVERLAP_GRAD_REDUCE = True  # off: one bucket per buffer, reduced in finish_grad_sync (a by-region scenario)
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 0.05, 0.1, (0.9, 0.95), 1e-8, 1.0
 SEEN: list = []  # (name, the weight a module's forward used)
 
@@ -226,7 +228,7 @@ class Run:
         config = TransformerConfig(num_layers=stages, hidden_size=8, num_attention_heads=1, bf16=True,
                                    params_dtype=torch.bfloat16, pipeline_model_parallel_size=stages,
                                    pipeline_dtype=torch.float32 if stages > 1 else None)
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=OVERLAP_GRAD_REDUCE,
                                                    overlap_param_gather=overlap_param_gather,
                                                    use_distributed_optimizer=True, bucket_size=BUCKET)
         stage = parallel_state.get_pipeline_model_parallel_rank()
@@ -573,6 +575,52 @@ def _with_fetch_ahead(case, fetching_steps: int = 1):
         check(coordinator.held == 0 and not any(e.holds_ahead() for e in engines), "fetch-ahead",
               f"rank {rank}: {coordinator.held} bytes of buffers still held after the last forward and the drain")
     run.__name__ = f"fetch_ahead_{case.__name__}"
+    return run
+
+
+def _by_region(case, slow: bool = False, region_bytes: int | None = None, overlap_grad_reduce: bool = True):
+    """``case`` with the gradient buffers zeroed by region (stream_cpu_check.py's ``*-by-region`` kinds turn
+    MBRIDGE_OFFLOAD_ZERO_BY_REGION on before the engine is installed); ``case`` checks every forward's weights and
+    every state against torch AdamW's, so a gradient zeroed before its copy or after the backward's first write shows.
+    ``slow``: the copy thread reports each region's copies ended only once the next step asked for the zeroing (or a
+    drain waits for them), and 0.05 s late, so the backward reaches regions whose memsets are
+    not issued yet and only its waits keep the gradients (the stand-in runs a memset when it is issued).
+    ``region_bytes``: regions cut inside the buckets too. ``overlap_grad_reduce`` off: one bucket per buffer, its
+    reduce-scatter in finish_grad_sync. Then: regions were zeroed by region and the backward waited for some."""
+    def run(rank: int, world: int, port: int, *args) -> None:
+        import time
+
+        from mbridge_offload.runtime import grad_regions
+
+        check(streaming_engine._STATE["by_region"], "setup", "the zeroing by region is not on")
+        counts = {"zeroed": 0, "waited": 0}
+        library_zero, library_wait = grad_regions.BufferRegions.zero, grad_regions.RegionZeroing.wait
+
+        def zero(self, region):
+            counts["zeroed"] += 1
+            library_zero(self, region)
+
+        def wait(self, region):
+            counts["waited"] += region not in self.waited
+            library_wait(self, region)
+
+        grad_regions.BufferRegions.zero, grad_regions.RegionZeroing.wait = zero, wait
+        if slow:
+            library_ended = grad_regions.RegionZeroing.copies_ended
+
+            def copies_ended(self, region, event):
+                _until_asked(self)
+                time.sleep(0.05)
+                library_ended(self, region, event)
+
+            grad_regions.RegionZeroing.copies_ended = copies_ended
+        if region_bytes is not None:
+            streaming_engine.REGION_BYTES = region_bytes
+        globals()["OVERLAP_GRAD_REDUCE"] = overlap_grad_reduce
+        case(rank, world, port, *args)
+        check(counts["zeroed"] > 0 and counts["waited"] > 0, "by-region",
+              f"rank {rank}: {counts['zeroed']} regions zeroed by region, {counts['waited']} waited for")
+    run.__name__ = f"by_region_{case.__name__}"
     return run
 
 
@@ -1169,6 +1217,68 @@ BREAKS = {
 }
 
 
+_DRAINING = threading.Event()  # an engine's drain waits for the copies: the copy thread's holds below let go
+
+
+def _releasing_drains() -> None:
+    """Each engine's drain sets ``_DRAINING`` while it runs (a drain after the last step waits for copies that no
+    later zero_grad_buffer will ask for)."""
+    library_drain = streaming_engine.StreamingEngine.drain
+    if getattr(library_drain, "releases", False):
+        return
+
+    def drain(self, *args, **kwargs):
+        _DRAINING.set()
+        try:
+            return library_drain(self, *args, **kwargs)
+        finally:
+            _DRAINING.clear()
+
+    drain.releases = True
+    streaming_engine.StreamingEngine.drain = drain
+
+
+def _until_asked(zeroing, timeout: float = 60.0) -> None:
+    """Until the next step's zero_grad_buffer asked for ``zeroing``, or a drain waits for the copies."""
+    import time
+
+    _releasing_drains()
+    ends = time.monotonic() + timeout
+    while zeroing.asked is None and not _DRAINING.is_set() and time.monotonic() < ends:
+        time.sleep(0.005)
+
+
+def _zeroing_without_waits() -> None:
+    """by region: the backward no longer waits for a region's memsets (the copy thread issues them late)."""
+    from mbridge_offload.runtime import grad_regions
+
+    grad_regions.wait_before_write = lambda param: None
+    grad_regions.wait_before_sync = lambda params: None
+
+
+def _zeroing_before_copies() -> None:
+    """by region: each region is zeroed where zero_grad_buffer asks for it, before the copies that read it (which the
+    copy thread enqueues only once the zeroing was asked for)."""
+    from mbridge_offload.runtime import gradient_copies, grad_regions
+
+    library_ask, library_issue = grad_regions.RegionZeroing.ask, gradient_copies.GradientCopies.issue
+
+    def ask(self, event):
+        self.reading = set()
+        library_ask(self, event)
+
+    def issue(self, *args, **kwargs):
+        for zeroing in self.zeroings:
+            _until_asked(zeroing)
+        library_issue(self, *args, **kwargs)
+
+    grad_regions.RegionZeroing.ask, gradient_copies.GradientCopies.issue = ask, issue
+
+
+BREAKS["region-no-wait"] = _zeroing_without_waits
+BREAKS["region-zero-before-copies"] = _zeroing_before_copies
+
+
 def _broken(name, target):
     def run(*args):
         BREAKS[name]()
@@ -1225,6 +1335,49 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(delayed_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+    if what == "exact-by-region":
+        # slow copies only with the all-gather overlapped with the forward: with it in the step, the step waits for
+        # this rank's update, which waits for its copies, which the slow copy thread holds until the next step
+        ok &= run_scenarios(_by_region(exact_ranks_case), [
+            ("2 ranks, fraction 0.6, overlapped all-gather, by region", 2, (0.6, True), None, None),
+            ("2 ranks, fraction 1, all-gather in the step, by region", 2, (1.0, False), None, None)])
+        ok &= run_scenarios(_by_region(exact_ranks_case, slow=True), [
+            ("2 ranks, fraction 1, overlapped all-gather, by region, slow copies", 2, (1.0, True), None, None),
+            # (no break without the backward's waits here: the forward's gates wait for every chunk's update, which
+            # follows its copies, so the memsets before the last region's are issued before the backward anyway)
+            ("2 ranks, broken: region-zero-before-copies", 2, (1.0, True), "region-zero-before-copies",
+             "forward-weights")])
+        ok &= run_scenarios(_by_region(exact_ranks_case, slow=True, region_bytes=2**20), [
+            ("2 ranks, fraction 1, regions inside the buckets, slow copies", 2, (1.0, True), None, None)])
+        # (exact_ranks_case checks the all-gather gates of several bucket groups: one bucket here, so the experts')
+        ok &= run_scenarios(_by_region(experts_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False), [
+            ("2 ranks, EP 2, fraction 1, one bucket reduced at the end, slow copies", 2, (1.0, True, 2), None, None)])
+        ok &= run_scenarios(_by_region(experts_case, slow=True), [
+            (f"{label}, by region, slow copies", *rest) for label, *rest in EXPERT_SCENARIOS if rest[1][1]])
+        ok &= run_scenarios(_by_region(experts_case), [
+            (f"{label}, by region", *rest) for label, *rest in EXPERT_SCENARIOS if not rest[1][1]])
+        ok &= run_scenarios(_by_region(pipeline_case, slow=True), [
+            (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
+    if what == "delayed-by-region":
+        ok &= run_scenarios(_by_region(delayed_ranks_case), [
+            ("2 ranks, fraction 0.6, overlapped all-gather, drained, by region", 2, (0.6, True, "drain"), None,
+             None)])
+        ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True), [
+            ("2 ranks, fraction 1, all-gather in the step, drained, by region, slow copies", 2, (1.0, False, "drain"),
+             None, None),
+            ("2 ranks, broken: region-no-wait", 2, (1.0, False, "drain"), "region-no-wait", "forward-weights"),
+            ("2 ranks, broken: region-zero-before-copies", 2, (1.0, False, "drain"), "region-zero-before-copies",
+             "forward-weights")])
+        ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20), [
+            ("2 ranks, fraction 1, regions inside the buckets, slow copies", 2, (1.0, True, "param-sync"), None,
+             None)])
+        ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False),
+                            [("2 ranks, fraction 1, one bucket reduced at the end, slow copies", 2, (1.0, False, "drain"),
+                              None, None)])
+        ok &= run_scenarios(_by_region(experts_case, slow=True), [
+            (f"{label}, by region, slow copies", *rest) for label, *rest in EXPERT_SCENARIOS])
+        ok &= run_scenarios(_by_region(pipeline_case, slow=True), [
+            (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
     if what == "bf16-moments":
         import tempfile
 

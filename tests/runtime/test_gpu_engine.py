@@ -1,6 +1,7 @@
 """On a GPU: the streaming offload engine's exact mode trains the same steps as the library's offloaded path,
 bit for bit in deterministic mode, its delayed mode trains, and its stream mode trains the same steps as no
-offload at all, bit for bit, with and without fetch-ahead (a 4-layer dense proxy, 8 steps); with bf16 moments it
+offload at all, bit for bit, with and without fetch-ahead (a 4-layer dense proxy, 8 steps); the zeroing by region
+changes neither exact's nor delayed's update; with bf16 moments it
 trains within the seed's loss parity, and the installed Transformer Engine's kernel updates bf16 moments as the CPU
 stand-in's reference does.
 Skipped without CUDA; the recorded runs are in docs/benchmarks/offload-engine/."""
@@ -41,6 +42,26 @@ def test_exact_engine_is_bit_identical_to_the_library_and_delayed_trains(tmp_pat
     delayed = steps_by_iteration(tmp_path / "delayed")
     assert len(delayed) == 8 and all(r["loss"] == r["loss"] for r in delayed.values())  # finite, every step
     assert parity("delayed vs library", tmp_path / "library", tmp_path / "delayed")["max_abs_loss_delta"] > 0
+
+
+@pytest.mark.gpu
+def test_the_zeroing_by_region_changes_no_update(tmp_path):
+    """MBRIDGE_OFFLOAD_ZERO_BY_REGION=on (runtime/grad_regions.py): the same memsets of the same memory, after the
+    same copies, so exact stays bit-identical to the library's offloaded path and delayed to delayed without it (its
+    copies go in another order, with the same values). A wait missing on a GPU stream that struck in these 8 steps
+    (a gradient zeroed before its copy or after the backward's write) would part the losses; one that did not strike
+    would not show."""
+    from mbridge_offload.bench.engine_parity import parity
+
+    by_region = "++env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION=on"
+    _train(tmp_path / "library")
+    header = _train(tmp_path / "exact-by-region", "--offload-engine", "exact", by_region)
+    _train(tmp_path / "delayed", "--offload-engine", "delayed")
+    _train(tmp_path / "delayed-by-region", "--offload-engine", "delayed", by_region)
+    assert "zeroing by region: on" in header
+    for name, reference in (("exact-by-region", "library"), ("delayed-by-region", "delayed")):
+        row = parity(f"{name} vs {reference}", tmp_path / reference, tmp_path / name)
+        assert row["iterations"] == 8 and row["bit_identical"], row
 
 
 @pytest.mark.gpu

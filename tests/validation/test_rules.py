@@ -60,6 +60,7 @@ STREAM = {**EXACT, "env_vars.MBRIDGE_OFFLOAD_ENGINE": "stream"}
 FETCH_AHEAD = "env_vars.MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD"
 MOMENTS = "env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS"
 COPY_WINDOW = "env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT"
+BY_REGION = "env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION"
 RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
@@ -100,6 +101,13 @@ CASES = {
                                                        {**DELAYED, COPY_WINDOW: "5"}),
     "offload-engine/copy-pieces-need-exact-or-delayed": case(DENSE_OPT, {**EXACT, COPY_WINDOW: "2"},
                                                              {**STREAM, COPY_WINDOW: "1"}),
+    "offload-engine/zero-by-region-known": case(DENSE_OPT, {**DELAYED, BY_REGION: "off"}, {**DELAYED, BY_REGION: "1"}),
+    "offload-engine/zero-by-region-needs-exact-or-delayed": case(DENSE_OPT, {**EXACT, BY_REGION: "on"},
+                                                                 {**STREAM, BY_REGION: "on"}),
+    "offload-engine/zero-by-region-needs-unfused-accumulation": case(
+        DENSE_OPT, {**DELAYED, BY_REGION: "on"}, {**DELAYED, BY_REGION: "on", "model.gradient_accumulation_fusion": True}),
+    "offload-engine/zero-by-region-unmeasured": case(DENSE_OPT, {**DELAYED, BY_REGION: "off"},
+                                                     {**DELAYED, BY_REGION: "on"}),
     "offload-engine/stream-moments-known": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**STREAM, MOMENTS: "fp16"}),
     "offload-engine/stream-moments-need-stream": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**EXACT, MOMENTS: "bf16"}),
     "offload-engine/stream-moments-not-exact": case(DENSE_OPT, {**STREAM, MOMENTS: "fp32"}, {**STREAM, MOMENTS: "bf16"}),
@@ -349,6 +357,7 @@ PASS_BY_NOT_APPLYING = {
     "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
     # warnings that hold nowhere they apply: fetch-ahead costs reserved memory for no measured gain
     "offload-engine/fetch-ahead-measured",
+    "offload-engine/zero-by-region-unmeasured",  # a notice: not yet run on a GPU
     "offload-engine/stream-moments-not-exact",  # bf16 moments round the moments at every step
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
