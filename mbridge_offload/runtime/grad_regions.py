@@ -224,14 +224,20 @@ def zero_buffer(buffer, event) -> None:
     pending.ask(event)
 
 
-def wait_before_write(param) -> None:
-    """Before the backward's first write of ``param``'s gradient in a step: the current stream waits for its region's
-    memsets."""
+def _active_region(param) -> tuple[RegionZeroing | None, int | None]:
+    """This step's zeroing of the buffer that holds ``param``'s gradient, and ``param``'s region in it (None, None
+    where its buffer is not zeroed by region this step)."""
     buffer = getattr(param, BUFFER_ATTR, None)
     active = getattr(buffer, ACTIVE_ATTR, None) if buffer is not None else None
     if active is None:
-        return
-    region = active.regions.region_of_param.get(param)
+        return None, None
+    return active, active.regions.region_of_param.get(param)
+
+
+def wait_before_write(param) -> None:
+    """Before the backward's first write of ``param``'s gradient in a step: the current stream waits for its region's
+    memsets."""
+    active, region = _active_region(param)
     if region is None:
         return
     if getattr(param, "grad_added_to_main_grad", False) and not any(r == region for r, _ in active.waited):
@@ -245,9 +251,6 @@ def wait_before_write(param) -> None:
 def wait_before_sync(params) -> None:
     """Before a bucket group's gradient sync, which reads and writes its buckets whole: every region of them."""
     for param in params:
-        buffer = getattr(param, BUFFER_ATTR, None)
-        active = getattr(buffer, ACTIVE_ATTR, None) if buffer is not None else None
-        if active is not None:
-            region = active.regions.region_of_param.get(param)
-            if region is not None:
-                active.wait(region)
+        active, region = _active_region(param)
+        if region is not None:
+            active.wait(region)
