@@ -393,9 +393,10 @@ class StreamingEngine:
         A group of one rank sends nothing and each module's forward waits for its own chunks, so its all-gather
         does not wait either. Megatron still runs it, in place on the bucket's parameter buffer, while the exact
         engine's worker may be casting the update into this rank's shard of that buffer: safe because NCCL leaves an
-        in-place all-gather's own shard untouched. Gloo's in-place all-gather goes through a copy of the shard that
-        races with the cast, which is why the gloo scenarios (tests/runtime/stream_cpu_scenarios.py) give every
-        pipeline stage two ranks."""
+        in-place all-gather's own shard untouched (over one rank it does nothing). Gloo's in-place all-gather goes
+        through a copy of the shard, written back on its own thread, that races with the cast: the CPU stand-in
+        (tests/runtime/stream_cpu_device.py) makes an in-place all-gather over one rank do nothing, as NCCL's does
+        (an expert-data-parallel group of one rank in its EP 2 scenarios)."""
         job = self.job
         if (job is None or self.mode == DELAYED
                 or getattr(bucket_group, "intra_distributed_optimizer_instance_size", None) == 1):

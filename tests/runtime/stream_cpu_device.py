@@ -15,6 +15,10 @@ What it replaces, and nothing else:
   order (the strictest order the engine's events can allow); a wait on something that is not an event is
   refused, as torch refuses it. ``record_stream`` does nothing.
 - **Pinning** (``cudaHostRegister``, ``pin_memory=True``) succeeds without pinning.
+- **An in-place all-gather over a group of one rank** (``all_gather_into_tensor``, Megatron's parameter all-gather
+  of an expert-data-parallel group of one rank) does nothing, as NCCL's does. Gloo's stages it through a copy of the
+  shard, taken and written back on its own thread: a write into the shard in between (the exact engine's cast of an
+  update, which such an all-gather does not wait for: ``StreamingEngine.gate_param_gather``) would be undone.
 - **Transformer Engine's CUDA kernels** that Megatron and the engine call (``multi_tensor_adam``,
   ``multi_tensor_l2norm``, ``multi_tensor_scale``): the same arithmetic in torch on the CPU (TE's ``FusedAdam``
   class, its Python part and its state handling are TE's own).
@@ -238,6 +242,32 @@ def multi_tensor_scale_tensor(chunk_size, noop_flag, tensor_lists, scale):
     multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale)
 
 
+class _DoneWork:
+    """The handle of a collective that had nothing to do."""
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def _nccl_like_all_gather(all_gather_into_tensor):
+    """``all_gather_into_tensor`` that leaves an in-place all-gather over one rank alone, as NCCL does (gloo copies
+    the shard out and back on its thread, racing with writes into it)."""
+    import functools
+
+    import torch.distributed as dist
+
+    @functools.wraps(all_gather_into_tensor)
+    def all_gather(output_tensor, input_tensor, group=None, async_op=False):
+        if dist.get_world_size(group) == 1 and output_tensor.data_ptr() == input_tensor.data_ptr():
+            return _DoneWork() if async_op else None
+        return all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    return all_gather
+
+
 _INSTALLED = []
 
 
@@ -270,6 +300,7 @@ def install() -> None:
     for kernel in (multi_tensor_adam, multi_tensor_l2norm, multi_tensor_scale, multi_tensor_scale_tensor):
         setattr(tex, kernel.__name__, kernel)
         setattr(te_optimizers, kernel.__name__, kernel)
+    torch.distributed.all_gather_into_tensor = _nccl_like_all_gather(torch.distributed.all_gather_into_tensor)
     torch.serialization.add_safe_globals([DeviceTensor])  # a checkpoint holds "device" tensors
     _DeviceFactories().__enter__()
     _INSTALLED.append(True)

@@ -66,7 +66,11 @@ EXPERT_FFN = 500  # the MoE scenarios' expert matrix of each block: a tensor of 
 BUCKET = 2_500_000  # elements: several buckets, each its own bucket group (each its own parameter all-gather)
 OVERLAP_GRAD_REDUCE = True  # off: one bucket per buffer, reduced in finish_grad_sync (a by-region scenario)
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 0.05, 0.1, (0.9, 0.95), 1e-8, 1.0
-SEEN: list = []  # (name, the weight a module's forward used)
+SEEN: list = []  # (name, the weight a module's forward used, or None where the forward skipped it)
+# step: the tensors whose layer that step's forward skips, so that they get no gradient and their DDP hook never runs
+# (a by-region scenario; Megatron's DDP then needs overlap_grad_reduce off, or its finish_grad_sync raises)
+SKIPPED: dict[int, set] = {}
+ZEROED_TWICE: set = set()  # the steps that call zero_grad_buffer twice before their backward
 
 
 class Weight(torch.nn.Module):
@@ -79,6 +83,9 @@ class Weight(torch.nn.Module):
             self.weight.allreduce = False  # how Megatron marks an expert's parameter: its own buffers and optimizer
 
     def forward(self, x, coefficients):
+        if self.name not in coefficients:  # skipped this step (SKIPPED)
+            SEEN.append((self.name, None))
+            return x
         SEEN.append((self.name, self.weight.detach().clone()))
         return x + (self.weight.float() * coefficients[self.name]).sum()
 
@@ -132,12 +139,13 @@ def base_coefficients(step: int) -> dict:
     for name, shape in _shapes(experts=True).items():
         magnitude = torch.randint(1, 9, shape, generator=generator).float() / 8
         sign = torch.randint(0, 2, shape, generator=generator).float() * 2 - 1
-        out[name] = magnitude * sign
+        out[name] = magnitude * sign * (name not in SKIPPED.get(step, ()))  # a skipped layer's gradient is 0
     return out
 
 
 def rank_coefficients(step: int, rank: int) -> dict:
-    return {name: (c * (rank + 1)).cuda() for name, c in base_coefficients(step).items()}
+    return {name: (c * (rank + 1)).cuda() for name, c in base_coefficients(step).items()
+            if name not in SKIPPED.get(step, ())}
 
 
 class Reference:
@@ -283,16 +291,18 @@ class Run:
         """Megatron Bridge's train_step, in order: zero the gradient buffers and the optimizer's gradients, the
         forward and backward (with stages: Megatron's 1F1B schedule, whose end reduce-scatters the gradients), the
         gradient reduce-scatter, the optimizer step (inside the engine's train step)."""
-        self._step(rank_coefficients(step, self.dp_rank), forward_only=False)
+        self._step(rank_coefficients(step, self.dp_rank), forward_only=False, zero_twice=step in ZEROED_TWICE)
 
     def forward_only(self) -> None:
         """The same without the backward, the reduce-scatter and the optimizer step (under no_grad)."""
         self._step(rank_coefficients(0, self.dp_rank), forward_only=True)
 
-    def _step(self, coefficients: dict, forward_only: bool) -> None:
+    def _step(self, coefficients: dict, forward_only: bool, zero_twice: bool = False) -> None:
         streaming_engine._STATE["in_train_step"] = True
         try:
             self.model.zero_grad_buffer()
+            if zero_twice:
+                self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
             with torch.set_grad_enabled(not forward_only):
                 if self.stages > 1:
@@ -355,6 +365,8 @@ def check_seen_weights(run: Run, reference: Reference, after: int, weights: dict
     every rank: the shards of the other ranks came through Megatron's all-gather after their update, this rank's
     through the engine's cast."""
     for name, used in SEEN:
+        if used is None:
+            continue
         bad, worst = _close(used, (weights or reference.params)[name], rtol=2 ** -7, atol=1e-5)
         check(bad == 0, "forward-weights", f"rank {run.rank}: the forward after update {after} used {name} with "
               f"{bad} of {used.numel()} elements off the reference (max {worst:.3g})")
@@ -578,7 +590,8 @@ def _with_fetch_ahead(case, fetching_steps: int = 1):
     return run
 
 
-def _by_region(case, slow: bool = False, region_bytes: int | None = None, overlap_grad_reduce: bool = True):
+def _by_region(case, slow: bool = False, region_bytes: int | None = None, overlap_grad_reduce: bool = True,
+               gaps: bool = False):
     """``case`` with the gradient buffers zeroed by region (stream_cpu_check.py's ``*-by-region`` kinds turn
     MBRIDGE_OFFLOAD_ZERO_BY_REGION on before the engine is installed); ``case`` checks every forward's weights and
     every state against torch AdamW's, so a gradient zeroed before its copy or after the backward's first write shows.
@@ -586,7 +599,10 @@ def _by_region(case, slow: bool = False, region_bytes: int | None = None, overla
     drain waits for them), and 0.05 s late, so the backward reaches regions whose memsets are
     not issued yet and only its waits keep the gradients (the stand-in runs a memset when it is issued).
     ``region_bytes``: regions cut inside the buckets too. ``overlap_grad_reduce`` off: one bucket per buffer, its
-    reduce-scatter in finish_grad_sync. Then: regions were zeroed by region and the backward waited for some."""
+    reduce-scatter in finish_grad_sync. ``gaps``: steps whose forward skips some layers, so that whole regions get no
+    gradient and no DDP hook waits for them (only the gradient sync does; the run needs ``overlap_grad_reduce`` off),
+    and steps that call zero_grad_buffer twice before their backward. Then: regions were zeroed by region and the
+    backward waited for some."""
     def run(rank: int, world: int, port: int, *args) -> None:
         import time
 
@@ -617,6 +633,12 @@ def _by_region(case, slow: bool = False, region_bytes: int | None = None, overla
         if region_bytes is not None:
             streaming_engine.REGION_BYTES = region_bytes
         globals()["OVERLAP_GRAD_REDUCE"] = overlap_grad_reduce
+        if gaps:
+            check(not overlap_grad_reduce, "setup", "layers without a gradient need overlap_grad_reduce off")
+            # with 1 MiB regions fc1_0, fc2_3 and the embedding (the last region the backward reaches) fill regions
+            # of their own; norm2 shares one with another layer
+            SKIPPED.update({2: {"fc1_0", "norm2", "embed"}, 3: {"fc2_3", "fc1_0"}})
+            ZEROED_TWICE.add(3)
         case(rank, world, port, *args)
         check(counts["zeroed"] > 0 and counts["waited"] > 0, "by-region",
               f"rank {rank}: {counts['zeroed']} regions zeroed by region, {counts['waited']} waited for")
@@ -1286,6 +1308,15 @@ def _broken(name, target):
     return run
 
 
+def gap_scenarios(args: tuple) -> list:
+    """by region, layers without a gradient in some steps and a second zero_grad_buffer (``_by_region``'s gaps), one
+    bucket per buffer: the regions those layers fill alone are waited for only by the gradient sync. (No broken
+    variant: without that wait the sync would read such a region before its memsets, but on the stand-in the step's
+    drain issues every memset before the norm and the copies read it, and the region is zero either way.)"""
+    return [("2 ranks, fraction 1, layers without a gradient, zeroed twice, one bucket, by region, slow copies", 2,
+             args, None, None)]
+
+
 def run_scenarios(case, scenarios) -> bool:
     """Each (label, ranks, case arguments, break or None, the check the break must fail) as its own set of rank
     processes; one line per scenario. True when every correct one passed and every broken one failed its check."""
@@ -1358,6 +1389,9 @@ def main(argv: list[str]) -> int:
             (f"{label}, by region", *rest) for label, *rest in EXPERT_SCENARIOS if not rest[1][1]])
         ok &= run_scenarios(_by_region(pipeline_case, slow=True), [
             (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
+        # (the experts' case: exact_ranks_case checks the all-gather gates of several bucket groups)
+        ok &= run_scenarios(_by_region(experts_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
+                                       gaps=True), gap_scenarios((1.0, True, 2)))
     if what == "delayed-by-region":
         ok &= run_scenarios(_by_region(delayed_ranks_case), [
             ("2 ranks, fraction 0.6, overlapped all-gather, drained, by region", 2, (0.6, True, "drain"), None,
@@ -1378,6 +1412,8 @@ def main(argv: list[str]) -> int:
             (f"{label}, by region, slow copies", *rest) for label, *rest in EXPERT_SCENARIOS])
         ok &= run_scenarios(_by_region(pipeline_case, slow=True), [
             (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
+        ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
+                                       gaps=True), gap_scenarios((1.0, False, "drain")))
     if what == "bf16-moments":
         import tempfile
 

@@ -11,7 +11,8 @@ differ from torch AdamW's:
 - every forward's weights and every state equal the reference's with the zeroing by region, with the copy thread
   reporting each region's end late (after the next step asked for the zeroing), with regions cut inside the buckets,
   with one bucket per buffer reduced at the end (``overlap_grad_reduce`` off), on the model with experts (a dense
-  and an experts' engine) and on two pipeline stages of 4 micro batches;
+  and an experts' engine), on two pipeline stages of 4 micro batches, and with layers that get no gradient in some
+  steps (regions that no DDP hook waits for, only the gradient sync) and a step that calls zero_grad_buffer twice;
 - two broken engines are caught: memsets issued where zero_grad_buffer asks, before the copies (both engines), and a
   backward that does not wait for its regions (the delayed engine; the exact engine's forward gates wait for every
   chunk's update, which follows its copies, so there the memsets are issued before the backward anyway).
