@@ -359,3 +359,16 @@ def test_by_default_three_rounds_each_with_its_baseline_and_thirty_measured_step
     with pytest.raises(SystemExit):
         bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path / "short"),
                             "--host-json", host, "train.train_iters=10"])
+
+
+def test_a_goal_without_a_baseline_is_not_measured_rather_than_a_crash():
+    """A bench whose baseline did not train (the validator refused an override meant for the offloaded runs) has no
+    slowdown: its goals say so, and the table is still written."""
+    rows = [{"fraction": 1, "config": "engine-delayed", "variant": "engine-delayed", "ok": True, "step_time_s": 0.5,
+             "slowdown_vs_baseline": None, "floor_slowdown": None}]
+    verdicts = overhead.goals(rows)
+    assert verdicts[0]["met"] is None
+    parity = {"baseline_runs": 0, "noise_floor_max_abs_delta": None, "tolerance_used": 0.001,
+              "baseline_step_time_s": None, "baseline_step_time_spread": None}
+    table = overhead.markdown(rows, parity, verdicts, "t")
+    assert "engine-delayed <= 1.10x; measured -, floor -: not measured: no baseline run trained" in table

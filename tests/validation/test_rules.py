@@ -106,7 +106,7 @@ CASES = {
                                                                  {**STREAM, BY_REGION: "on"}),
     "offload-engine/zero-by-region-needs-unfused-accumulation": case(
         DENSE_OPT, {**DELAYED, BY_REGION: "on"}, {**DELAYED, BY_REGION: "on", "model.gradient_accumulation_fusion": True}),
-    "offload-engine/zero-by-region-unmeasured": case(DENSE_OPT, {**DELAYED, BY_REGION: "off"},
+    "offload-engine/zero-by-region-no-gain": case(DENSE_OPT, {**DELAYED, BY_REGION: "off"},
                                                      {**DELAYED, BY_REGION: "on"}),
     "offload-engine/stream-moments-known": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**STREAM, MOMENTS: "fp16"}),
     "offload-engine/stream-moments-need-stream": case(DENSE_OPT, {**STREAM, MOMENTS: "bf16"}, {**EXACT, MOMENTS: "bf16"}),
@@ -357,7 +357,7 @@ PASS_BY_NOT_APPLYING = {
     "fine-grained/moe-modules-need-experts", "fine-grained/not-inside-moe-recompute",
     # warnings that hold nowhere they apply: fetch-ahead costs reserved memory for no measured gain
     "offload-engine/fetch-ahead-measured",
-    "offload-engine/zero-by-region-unmeasured",  # a notice: not yet run on a GPU
+    "offload-engine/zero-by-region-no-gain",  # a notice: no step-time gain measured
     "offload-engine/stream-moments-not-exact",  # bf16 moments round the moments at every step
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
@@ -772,3 +772,16 @@ def test_an_infinite_hyperparameter_given_on_the_command_line_is_refused_by_key(
     report = validate(cfg, 1, environ={}, upstream=False, given_keys={key})
     (problem,) = [p for p in report.problems if p.key == key and p.rule_id.startswith("hyperparameter/")]
     assert "inf" in problem.value and problem.fix.startswith(f"{key}=")
+
+
+@pytest.mark.parametrize("rule_id, key, value", [
+    ("offload-engine/copy-pieces-need-exact-or-delayed", COPY_WINDOW, "1"),
+    ("offload-engine/zero-by-region-needs-exact-or-delayed", BY_REGION, "on"),
+])
+def test_an_ignored_engine_setting_is_shown_with_its_value_and_the_engine_that_ignores_it(recipe, rule_id, key, value):
+    """The refusal names the setting's own value, and the engine and offload that would ignore it (a plain run
+    without optimizer offload: the library's path)."""
+    cfg = recipe(DENSE)
+    set_path(cfg, key, value)
+    (problem,) = [p for p in check_rules(Context(cfg, 1, environ={})) if p.rule_id == rule_id]
+    assert problem.key == key and problem.value == f"{value} (engine library, optimizer offload off)", problem
