@@ -480,9 +480,26 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    delayed-threads)
+      # Thirty-fifth session (issue #16, offload-engine/delayed-threads/, not run yet; an estimate: ~3 min of profiles,
+      # then ~11 min of bench, after the install): zero-by-region/'s profile of the delayed mode with one piece of the
+      # copies in flight had none of the gaps behind the gradients' D2H, but still 157 ms a step of short gaps, each
+      # ended by a kernel launched only as it ended: the training thread launching late while CPU Adam runs on all
+      # cores beside it. The same profile with CPU Adam on three quarters of the cores, then the delayed mode with two
+      # pieces in flight, with one, and with one on three quarters of the cores, against their own baselines, 3
+      # rounds interleaved, 33 steps.
+      d="$runs/delayed-threads"; mkdir -p "$d"
+      [ -f "$d/one-piece-fewer-threads-gpu_trace.md" ] || profiled_run one-piece-fewer-threads --offload-engine delayed \
+        --cpu-threads $(( $(nproc) * 3 / 4 )) optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
+        ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+        --host-json "$(host_json)" --fractions 1 \
+        --configs engine-delayed,engine-delayed-one-piece,engine-delayed-one-piece-three-quarter-cores --repeats 3 \
+        --baseline-runs 3 train.train_iters=33 ;;
     zero-by-region)
-      # Thirty-fourth session (issue #16, offload-engine/zero-by-region/, not run yet; an estimate: ~3 min of GPU test
-      # and profile, then ~10 min of bench, after the install): the gradient buffers zeroed by region
+      # Thirty-fourth session (issue #16, offload-engine/zero-by-region/; run in the thirty-fifth, one H100, 2 calls:
+      # with the install, then 287 s resumed: both engines' updates unchanged in the GPU test, delayed 1.40x with it
+      # against 1.34x without, no gain): the gradient buffers zeroed by region
       # (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, runtime/grad_regions.py, design section 12), built and run on the CPU
       # stand-in only. First the engine's GPU test (exact by region bit-identical to the library's offloaded path,
       # delayed by region to delayed, 8 steps: a wait missing on a GPU stream would part the losses), then the
@@ -510,7 +527,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         --baseline-runs 3 train.train_iters=33 ;;
     copy-window)
       # Thirty-fourth session (issue #16, offload-engine/copy-window/; plain torch and the plugin's copy loop, no bundle
-      # needed, ~1-2 min expected): copy-pieces/'s profile showed the training stream's own small copies waiting 8-32
+      # needed; the version below ran in the thirty-fifth session, 10 s on one H100: with two pieces in flight the small
+      # copy waited for the whole 4.47 GB copy, ~80 ms, with one 0.9 ms): copy-pieces/'s profile showed the training stream's own small copies waiting 8-32
       # ms behind the engine's copies in 128 MiB pieces with two in flight. Does a small copy of another stream wait
       # for one piece, or until the copy thread's queue runs dry? Both directions; at once, one piece in flight, two;
       # a thread launches small kernels as the training thread does. The small copy is timed behind a 3 ms sleep
