@@ -481,17 +481,21 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
     delayed-threads)
-      # Thirty-fifth session (issue #16, offload-engine/delayed-threads/, not run yet; an estimate: ~3 min of profiles,
+      # Thirty-fifth session (issue #16, offload-engine/delayed-threads/, not run yet; an estimate: ~4 min of profiles,
       # then ~11 min of bench, after the install): zero-by-region/'s profile of the delayed mode with one piece of the
-      # copies in flight had none of the gaps behind the gradients' D2H, but still 157 ms a step of short gaps, each
-      # ended by a kernel launched only as it ended: the training thread launching late while CPU Adam runs on all
-      # cores beside it. The same profile with CPU Adam on three quarters of the cores, then the delayed mode with two
-      # pieces in flight, with one, and with one on three quarters of the cores, against their own baselines, 3
-      # rounds interleaved, 33 steps.
+      # copies in flight had none of the gaps where the training loop's scalar reads waited behind the gradients'
+      # D2H, yet its step was not faster. CPU Adam runs there on 15 threads (streaming_engine keeps one of the 16 for
+      # the launches) beside the training thread and two copy threads: more threads than cores. Profiles of the
+      # delayed mode with two pieces in flight, with one, and with one and --cpu-threads at three quarters of the
+      # cores (CPU Adam on 11 threads), all without the zeroing by region (no gain, zero-by-region/); then the same
+      # three against their own baselines, 3 rounds interleaved, 33 steps. (This also stands for copy-pieces' owed
+      # second profile, with the column of when the work after each gap was launched.)
       d="$runs/delayed-threads"; mkdir -p "$d"
-      [ -f "$d/one-piece-fewer-threads-gpu_trace.md" ] || profiled_run one-piece-fewer-threads --offload-engine delayed \
-        --cpu-threads $(( $(nproc) * 3 / 4 )) optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
-        ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1
+      offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
+      [ -f "$d/two-pieces-gpu_trace.md" ] || profiled_run two-pieces $offload
+      [ -f "$d/one-piece-gpu_trace.md" ] || profiled_run one-piece $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1
+      [ -f "$d/one-piece-fewer-threads-gpu_trace.md" ] || profiled_run one-piece-fewer-threads $offload \
+        --cpu-threads $(( $(nproc) * 3 / 4 )) ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
         --host-json "$(host_json)" --fractions 1 \
         --configs engine-delayed,engine-delayed-one-piece,engine-delayed-one-piece-three-quarter-cores --repeats 3 \

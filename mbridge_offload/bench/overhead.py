@@ -63,12 +63,14 @@ def configurations(cores: int) -> dict[str, dict]:
                                                        f"of two ({COPY_WINDOW_KEY}=1, mbridge_offload/runtime/"
                                                        "copy_pieces.py)"}
                  for mode in ("exact", "delayed")}
-    # CPU Adam on three quarters of the cores: the rest left to the training thread's launches and the copy threads,
-    # which run beside CPU Adam in these modes (offload-engine/zero-by-region/'s profile)
-    fewer = max(1, 3 * cores // 4)
+    # a rank's threads on three quarters of the cores (the engine's CPU Adam on one fewer: streaming_engine keeps
+    # one for the launches), the rest left to the training thread and the copy threads, which run beside CPU Adam in
+    # these modes: with all cores, CPU Adam's threads, the training thread and two copy threads outnumber the cores
+    fewer = max(2, 3 * cores // 4)
     fewer_threads = {f"{name}-three-quarter-cores": {**config, "config": f"{name}-three-quarter-cores",
                                                      "args": [*config["args"], "--cpu-threads", str(fewer)],
-                                                     "means": f"{name} with CPU Adam on {fewer} of the {cores} cores"}
+                                                     "means": f"{name} with --cpu-threads {fewer} of the {cores} cores "
+                                                              f"(CPU Adam on {fewer - 1} threads)"}
                      for name, config in {**engines, **one_piece}.items() if not name.startswith("engine-stream")}
     return {
         "stock-all-cores": {"config": "stock", "args": [*stock, "--cpu-threads", str(cores)],

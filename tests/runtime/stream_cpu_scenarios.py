@@ -1308,12 +1308,12 @@ def _broken(name, target):
     return run
 
 
-def gap_scenarios(args: tuple) -> list:
+def gap_scenarios(args: tuple, ranks: str = "2 ranks") -> list:
     """by region, layers without a gradient in some steps and a second zero_grad_buffer (``_by_region``'s gaps), one
     bucket per buffer: the regions those layers fill alone are waited for only by the gradient sync. (No broken
     variant: without that wait the sync would read such a region before its memsets, but on the stand-in the step's
     drain issues every memset before the norm and the copies read it, and the region is zero either way.)"""
-    return [("2 ranks, fraction 1, layers without a gradient, zeroed twice, one bucket, by region, slow copies", 2,
+    return [(f"{ranks}, fraction 1, layers without a gradient, zeroed twice, one bucket, by region, slow copies", 2,
              args, None, None)]
 
 
@@ -1391,7 +1391,7 @@ def main(argv: list[str]) -> int:
             (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
         # (the experts' case: exact_ranks_case checks the all-gather gates of several bucket groups)
         ok &= run_scenarios(_by_region(experts_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
-                                       gaps=True), gap_scenarios((1.0, True, 2)))
+                                       gaps=True), gap_scenarios((1.0, True, 2), "2 ranks, EP 2"))
     if what == "delayed-by-region":
         ok &= run_scenarios(_by_region(delayed_ranks_case), [
             ("2 ranks, fraction 0.6, overlapped all-gather, drained, by region", 2, (0.6, True, "drain"), None,
