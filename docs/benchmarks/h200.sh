@@ -480,9 +480,26 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         profiling.use_pytorch_profiler=True profiling.profile_step_start=10 profiling.profile_step_end=12 \
         > "$d/stream-0.25.log" 2>&1; echo "exit $?"
       $py -m mbridge_offload.bench.gpu_trace "$d/stream-0.25/torch_profile/rank-0.json.gz" --out "$d/gpu_trace.md" ;;
+    resume-delayed)
+      # Thirty-sixth session (issue #16, offload-engine/resume-delayed/; ran there, one H100, 218 s in the install's
+      # call: each of the three resumed bit for bit): save at step 3 and resume to 6 (2-layer proxy, deterministic) with the delayed engine, never resumed
+      # on a GPU, and with the exact and delayed engines zeroing by region, resumed only on the CPU stand-in
+      # (test_exact_ranks.py, test_delayed_ranks.py, test_zero_by_region.py). check_resume now runs the first part
+      # first and, with the delayed engine, has the uninterrupted run save its weights at the same iteration (a save
+      # applies the pending update, so the step after it runs undelayed). Side by side: parity, not speed.
+      d="$runs/resume-delayed"; mkdir -p "$d"
+      resume="scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 1 --save-at 3 --deterministic"
+      $py $resume --out "$d/delayed" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=delayed > "$d/delayed.log" 2>&1 &
+      $py $resume --out "$d/delayed-by-region" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=delayed \
+        +env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION=on > "$d/delayed-by-region.log" 2>&1 &
+      $py $resume --out "$d/exact-by-region" model.num_layers=2 +env_vars.MBRIDGE_OFFLOAD_ENGINE=exact \
+        +env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION=on > "$d/exact-by-region.log" 2>&1 &
+      wait
+      tail -n 5 "$d"/*/resume_parity.md ;;
     delayed-threads)
-      # Thirty-fifth session (issue #16, offload-engine/delayed-threads/, not run yet; an estimate: ~4 min of profiles,
-      # then ~11 min of bench, after the install): zero-by-region/'s profile of the delayed mode with one piece of the
+      # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
+      # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made
+      # the step slower, not faster): zero-by-region/'s profile of the delayed mode with one piece of the
       # copies in flight had none of the gaps where the training loop's scalar reads waited behind the gradients'
       # D2H, yet its step was not faster. CPU Adam runs there on 15 threads (streaming_engine keeps one of the 16 for
       # the launches) beside the training thread and two copy threads: more threads than cores. Profiles of the

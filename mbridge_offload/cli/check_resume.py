@@ -3,8 +3,10 @@
     uv run scripts/check_resume.py --recipe qwen3_1b_proxy_pretrain_config --fractions 0.5,1 --save-at 5 \\
         --deterministic --out runs/resume model.num_layers=4
 
-For each fraction, three trainings in fresh processes: the uninterrupted run of 2k steps, a run that saves
-at step k and exits (or is stopped there by SIGTERM or Ctrl-C: --stop-by sigterm|sigint), and a run that resumes from that checkpoint to 2k. Rows of DIR/resume_parity.json:
+For each fraction, three trainings in fresh processes: a run that saves at step k and exits (or is stopped there
+by SIGTERM or Ctrl-C: --stop-by sigterm|sigint), the uninterrupted run of 2k steps, and a run that resumes from that
+checkpoint to 2k. With the delayed offload engine the uninterrupted run saves its weights where the first run saved
+(a save applies the pending update, so the step after it runs undelayed). Rows of DIR/resume_parity.json:
 fraction, mode, max_abs_loss_delta, bit_identical, ok. With --deterministic the resumed steps must equal
 the uninterrupted run's bit for bit; otherwise within the seed's 0.001. Exit 0 when every row is ok, 1 if not.
 """

@@ -338,7 +338,8 @@ def train(cfg, settings: LaunchSettings) -> int:
             "optimizer_cpu_offload": cfg.optimizer.optimizer_cpu_offload,
             "optimizer_offload_fraction": cfg.optimizer.optimizer_offload_fraction,
             "overlap_cpu_optimizer_d2h_h2d": cfg.optimizer.overlap_cpu_optimizer_d2h_h2d,
-            "overlap_chunks": settings.overlap_chunks})
+            "overlap_chunks": settings.overlap_chunks,
+            "offload_engine": offload_engine(cfg) if cfg.optimizer.optimizer_cpu_offload else None})
         print(f"Run summary ({out_dir}):\n{format_summary(summary)}", flush=True)
         ended = how_it_ended(cfg, metrics.last_iteration)
         if ended:

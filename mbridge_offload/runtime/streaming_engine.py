@@ -616,6 +616,7 @@ def install(mode: str, zero_by_region: bool = False) -> None:
     if mode == LIBRARY or _STATE["mode"] is not None:
         return
     import torch
+    import megatron.bridge.training.checkpointing as bridge_checkpointing
     import megatron.bridge.training.pretrain as bridge_pretrain
     import megatron.bridge.training.train as bridge_train
     from megatron.core.distributed import DistributedDataParallel
@@ -714,6 +715,10 @@ def install(mode: str, zero_by_region: bool = False) -> None:
         for name in ("save_checkpoint_and_time", "evaluate_and_print_results"):
             if hasattr(module, name):
                 setattr(module, name, _draining_function(getattr(module, name)))
+    # a load that writes the model's weights before the optimizer's state-dict methods drain (a model-only load,
+    # checkpoint.load_optim=False; Python that loads mid-run) would race with the exact engine's pending cast; Bridge's
+    # setup loads before any step, and its loads with the optimizer drain in its sharded_state_dict first
+    bridge_checkpointing.load_checkpoint = _draining_function(bridge_checkpointing.load_checkpoint)
     # the norm reads the fp32 weights: wait for the update, but leave the delayed update delayed
     bridge_train.calc_params_l2_norm = _draining_function(bridge_train.calc_params_l2_norm, apply_delayed=False)
     library_train_step = bridge_train.train_step

@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from mbridge_offload.bench.resume_parity import RUN_FOLDERS, STOP_BY, parity_row, reached_iteration, run_overrides
 from mbridge_offload.bench.sweep import StopSignal, call_logged
 
@@ -48,6 +50,15 @@ def test_the_three_runs_differ_only_in_saving_stopping_and_loading():
     assert run_overrides("uninterrupted", 10, 5, Path("/c")) == ["train.train_iters=10"]
     assert "train.exit_interval=5" in first and "checkpoint.load=/c" not in first
     assert "checkpoint.load=/c" in resumed and "train.exit_interval=5" not in resumed
+
+
+def test_with_the_delayed_engine_the_uninterrupted_run_saves_its_weights_where_the_first_part_saved():
+    # a save applies the delayed engine's pending update: the uninterrupted run must save there too, weights only
+    # (the optimizer's state would double the disk), into a folder of its own
+    overrides = run_overrides("uninterrupted", 10, 5, Path("/runs/c"), uninterrupted_saves_at=6)
+    assert overrides == ["train.train_iters=10", "checkpoint.save=/runs/uninterrupted-checkpoint",
+                         "checkpoint.save_interval=6", "checkpoint.save_optim=False", "checkpoint.save_rng=False"]
+    assert RUN_FOLDERS.index("first-part") < RUN_FOLDERS.index("uninterrupted")  # its save iteration comes first
 
 
 def test_a_run_stopped_by_signal_saves_only_where_the_signal_stopped_it():
@@ -95,3 +106,34 @@ def test_reached_iteration_reads_rank_zero_metrics_as_they_are_written(tmp_path)
     assert not reached()
     (tmp_path / "metrics.rank0.jsonl").write_text('{"iteration": 4}\n{"iteration": 5}\n')
     assert reached()
+
+
+def _runs_that_save(engine: str, calls: list):
+    """A stand-in for sweep.run_one that writes what Megatron Bridge's run would: the ``iter_*`` folder of each save
+    its overrides ask for, and the committed run's step records; the summary names ``engine``."""
+    def run_one(recipe, fraction, out_dir, overrides, extra_args, timeout_s, stop=None):
+        settings = dict(o.split("=", 1) for o in overrides if "=" in o)
+        if "checkpoint.save" in settings:
+            (Path(settings["checkpoint.save"]) / f"iter_{int(settings['checkpoint.save_interval']):07d}").mkdir(
+                parents=True)
+        calls.append((out_dir.name, overrides, sorted(p.name for p in out_dir.parent.iterdir())))
+        shutil.copytree(COMMITTED / out_dir.name, out_dir)
+        return {"summary": {"offload_engine": engine}, "wall_s": 1.0, "returncode": 0}
+    return run_one
+
+
+@pytest.mark.parametrize("engine, saves", [("delayed", True), ("exact", False), ("library", False)])
+def test_only_the_delayed_engines_uninterrupted_run_saves_and_its_checkpoint_goes(tmp_path, monkeypatch, engine,
+                                                                                   saves):
+    from mbridge_offload.bench import resume_parity
+
+    calls = []
+    monkeypatch.setattr(resume_parity, "run_one", _runs_that_save(engine, calls))
+    row = resume_parity.check_resume("qwen3_1b_proxy_pretrain_config", 1.0, tmp_path, 5, [], [], True, None)
+    assert [name for name, _, _ in calls] == ["first-part", "uninterrupted", "resumed"]
+    uninterrupted = calls[1][1]
+    assert ("checkpoint.save_interval=5" in uninterrupted) is saves
+    assert ("checkpoint.save_optim=False" in uninterrupted) is saves
+    assert row["ok"] and row["uninterrupted_saved_at"] == (5 if saves else None)
+    assert "uninterrupted-checkpoint" not in calls[2][2]  # gone before the resumed run starts
+    assert not (tmp_path / "uninterrupted-checkpoint").exists() and not (tmp_path / "checkpoint").exists()

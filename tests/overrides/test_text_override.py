@@ -30,3 +30,7 @@ def test_resume_parity_hands_a_checkpoint_folder_with_a_comma_over_as_one_path(b
     for run in ("first-part", "resumed"):
         cfg = apply_overrides(built(DENSE), run_overrides(run, 10, 5, folder))
         assert (cfg.checkpoint.save if run == "first-part" else cfg.checkpoint.load) == str(folder)
+    # the delayed engine's uninterrupted run: a weights-only save at the first part's iteration, in its own folder
+    cfg = apply_overrides(built(DENSE), run_overrides("uninterrupted", 10, 5, folder, uninterrupted_saves_at=5))
+    assert cfg.checkpoint.save == str(folder.parent / "uninterrupted-checkpoint") and cfg.checkpoint.save_interval == 5
+    assert cfg.checkpoint.save_optim is False and cfg.checkpoint.save_rng is False and cfg.checkpoint.load is None

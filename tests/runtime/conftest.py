@@ -42,10 +42,32 @@ class StreamScenarios:
         assert line.startswith("OK ") and f"check: {check}:" in line, line
         return line
 
+    def assert_engine_resumes(self, kind: str, label: str) -> None:
+        """One of stream_cpu_scenarios.py's ENGINE_RESUME_SCENARIOS in ``kind``'s run: a correct one passed, the
+        load that does nothing was caught at the first forward after it."""
+        if "broken" in label:
+            line = self.assert_caught(kind, label, "resume-forward-weights")
+            assert "forward 1 after the load" in line, line
+        else:
+            self.assert_passed(kind, label)
+
     def assert_all_ok(self, kind: str) -> None:
         done = self.run(kind)
         assert done.returncode == 0 and done.stdout.rstrip().endswith("ALL OK"), \
             done.stdout[-4000:] + done.stderr[-4000:]
+
+
+# the labels of stream_cpu_scenarios.py's ENGINE_RESUME_SCENARIOS (the exact and the delayed engine's), which this
+# process does not import: importing it installs the CPU stand-in for the GPU
+ENGINE_RESUMES = ["2 ranks, fraction 1, Megatron's load into a new model and optimizer",
+                  "2 ranks, fraction 1, Megatron's load into the running optimizer",
+                  "2 ranks, fraction 1, Megatron's load into the running optimizer, an update pending",
+                  "2 ranks, broken: no-load"]
+
+
+def pytest_generate_tests(metafunc):
+    if "engine_resume_label" in metafunc.fixturenames:  # a test of each of ENGINE_RESUMES
+        metafunc.parametrize("engine_resume_label", ENGINE_RESUMES)
 
 
 @pytest.fixture(scope="session")

@@ -900,23 +900,37 @@ def save_checkpoint(run: Run, directory: str) -> dict:
     return run.weights()
 
 
+def train_and_save(run: Run, reference: Reference, directory: str) -> dict:
+    """RESUME_SAVE_AT steps (the reference's too), then ``save_checkpoint``: the model's weights it saved."""
+    for step in range(1, RESUME_SAVE_AT + 1):
+        run.train_step(step)
+        SEEN.clear()
+        reference.step(step)
+    return save_checkpoint(run, directory)
+
+
 def load_checkpoint(run: Run, directory: str, weights: dict) -> None:
-    """Megatron Bridge's checkpoint load: the model's weights, then the optimizer's sharded state dict for loading
-    (which loads the optimizer's own state into itself first), dist_checkpointing.load, optimizer.load_state_dict."""
+    """Megatron Bridge's checkpoint load (torch_dist), in its order: the plugin's drain (it wraps that function), the
+    optimizer's sharded state dict for loading (which loads the optimizer's own state into itself first; the plugin
+    drains there too), dist_checkpointing.load, the model's weights, optimizer.load_state_dict."""
+    from megatron.bridge.training import checkpointing
     from megatron.core import dist_checkpointing
 
+    check(hasattr(checkpointing.load_checkpoint, "__wrapped__"), "setup",
+          "the engine's install did not wrap Megatron Bridge's load_checkpoint in its drain")
+    streaming_engine.drain_all(apply_delayed=True)
+    state = {"optimizer": run.optimizer.sharded_state_dict({}, is_loading=True, metadata=SHARDING)}
+    loaded = dist_checkpointing.load(state, directory)
     with torch.no_grad():
         for name, param in run.params.items():
             param.copy_(weights[name])
-    state = {"optimizer": run.optimizer.sharded_state_dict({}, is_loading=True, metadata=SHARDING)}
-    loaded = dist_checkpointing.load(state, directory)
     run.optimizer.load_state_dict(loaded["optimizer"])
 
 
-def continue_training(run: Run, first_step: int) -> dict:
-    """RESUME_STEPS steps from ``first_step``, then what a save or an evaluation does first (the drain, the forced
-    all-gather): the weights each forward used and the weights after the last update, this rank's fp32 shards,
-    Adam's moments on the host and the step."""
+def forwards_after(run: Run, first_step: int) -> list:
+    """RESUME_STEPS steps from ``first_step``, then what a save or an evaluation does first (the drain, which applies
+    a delayed update, and the forced all-gather): the weights each forward used, and last the weights after the last
+    update."""
     from megatron.bridge.training.train import force_param_sync
 
     seen = []
@@ -927,6 +941,12 @@ def continue_training(run: Run, first_step: int) -> dict:
     streaming_engine.drain_all(apply_delayed=True)
     force_param_sync([run.model], optimizer=run.optimizer)
     seen.append(list(run.weights().items()))
+    return seen
+
+
+def continue_training(run: Run, first_step: int) -> dict:
+    """``forwards_after``'s weights, then this rank's fp32 shards, Adam's moments on the host and the step."""
+    seen = forwards_after(run, first_step)
     engine = run.engine
     return {"seen": seen, "mains": [m.detach().clone() for m in engine.mains],
             "moments": [(m.clone(), v.clone()) for m, v in engine.host_views],
@@ -934,21 +954,29 @@ def continue_training(run: Run, first_step: int) -> dict:
             "step": float(engine.step_tensor)}
 
 
-def check_resumed(run: Run, uninterrupted: dict, resumed: dict, reference: Reference) -> None:
-    """The resumed run's weights in every forward, fp32 shards, moments and step equal the uninterrupted run's bit
-    for bit, and the reference's (torch AdamW on the full tensors) within rounding."""
+def check_alike(run: Run, uninterrupted: dict, resumed: dict, weights: tuple[str, ...]) -> None:
+    """The resumed run's weights in every forward and after its last update, its ``weights`` (lists of tensors) and
+    its moments equal the uninterrupted run's bit for bit."""
+    for what in ("seen", "moments", *weights):
+        check(len(uninterrupted[what]) == len(resumed[what]) > 0, "resume-setup",
+              f"rank {run.rank}: {len(uninterrupted[what])} and {len(resumed[what])} of {what} to compare")
     for i, (first, second) in enumerate(zip(uninterrupted["seen"], resumed["seen"])):
         for (name, a), (_, b) in zip(first, second):
             check(torch.equal(a, b), "resume-forward-weights",
                   f"rank {run.rank}: {'forward ' + str(i + 1) if i < RESUME_STEPS else 'the last update'} after the "
-                  f"load gave another {name} "
-                  f"({int((a != b).sum())} of {a.numel()} elements differ)")
-    for what in ("mains", "shards"):
+                  f"load gave another {name} ({int((a != b).sum())} of {a.numel()} elements differ)")
+    for what in weights:
         for i, (a, b) in enumerate(zip(uninterrupted[what], resumed[what])):
             check(torch.equal(a, b), "resume-main-weights", f"rank {run.rank}: {what} {i} differs")
     for i, ((a, b), (c, d)) in enumerate(zip(uninterrupted["moments"], resumed["moments"])):
         check(torch.equal(a, c) and torch.equal(b, d), "resume-moments",
               f"rank {run.rank}: tensor {i}'s moments differ")
+
+
+def check_resumed(run: Run, uninterrupted: dict, resumed: dict, reference: Reference) -> None:
+    """The resumed run's weights in every forward, fp32 shards, moments and step equal the uninterrupted run's bit
+    for bit, and the reference's (torch AdamW on the full tensors) within rounding."""
+    check_alike(run, uninterrupted, resumed, ("mains", "shards"))
     check(uninterrupted["step"] == resumed["step"] == RESUME_SAVE_AT + RESUME_STEPS, "resume-step",
           f"steps {uninterrupted['step']} and {resumed['step']}")
     check_host_buffers(run)  # the states the load put elsewhere are the engine's buffers again
@@ -965,11 +993,7 @@ def resume_case(rank: int, world: int, port: int, directory: str, fresh: bool, t
     loaded one), the fp32 shards copied in as Megatron's load does."""
     run = Run(rank, world, port, 1.0, True, False)
     reference = Reference(run.weights(), run.hyper(), world)
-    for step in range(1, RESUME_SAVE_AT + 1):
-        run.train_step(step)
-        SEEN.clear()
-        reference.step(step)
-    weights = save_checkpoint(run, directory)
+    weights = train_and_save(run, reference, directory)
     torch_state = copy.deepcopy(run.hdo.state_dict())
     shards = [p.detach().clone() for g in run.hdo.param_groups for p in g["params"]]
     dist.barrier()
@@ -994,6 +1018,101 @@ def resume_case(rank: int, world: int, port: int, directory: str, fresh: bool, t
         check(run.engine._state_of(main)["exp_avg"] is not run.engine.host_views[0][0], "setup",
               "the torch load left the moments in the engine's buffers: nothing to adopt")
     check_resumed(run, uninterrupted, continue_training(run, RESUME_SAVE_AT + 1), reference)
+
+
+def optimizer_snapshot(run: Run) -> dict:
+    """After a drain, every optimizer's fp32 shards, Adam's moments and step as the HybridDeviceOptimizer holds them
+    (the library's states: the exact and delayed engines keep them where the library does), and each offloaded
+    shard's host copy of the weights."""
+    shards, moments, steps, host = [], [], [], []
+    for distopt in run.distopts:
+        hdo = distopt.optimizer
+        hdo._sync_sub_optimizers_state_to_hdo()
+        for main in (p for g in hdo.param_groups for p in g["params"]):
+            state = hdo.state[main]
+            shards.append(main.detach().clone())
+            moments.append((state["exp_avg"].clone(), state["exp_avg_sq"].clone()))
+            steps.append(float(state["step"]))
+            if main in hdo.gpu_params_map_cpu_copy:
+                host.append(hdo.gpu_params_map_cpu_copy[main].clone())
+    return {"shards": shards, "moments": moments, "steps": steps, "host": host}
+
+
+def continue_any_engine(run: Run, first_step: int) -> dict:
+    """``forwards_after``'s weights with the exact or the delayed engine, then the optimizers' snapshot."""
+    return {"seen": forwards_after(run, first_step), **optimizer_snapshot(run)}
+
+
+def engine_resume_case(rank: int, world: int, port: int, directory: str, into: str) -> None:
+    """The exact or the delayed engine (with or without the zeroing by region) across a checkpoint: train
+    RESUME_SAVE_AT steps, save as Megatron Bridge does (the drain applies a delayed update first), train on (the
+    uninterrupted run), then load through Megatron Bridge's load and train the same steps again. ``into``: ``new``,
+    a newly built model and optimizer with other initial weights (a restarted job); ``running``, the running ones,
+    whose states hold the later steps; ``pending``, the running ones one step later, with that step's update still
+    on the worker (the load's drain must end it before the load writes anything). Every forward's weights, the
+    weights after the last update, every fp32 shard, moment, step and host copy equal the uninterrupted run's bit
+    for bit, and torch AdamW's on the full tensors within rounding. (torch's own load_state_dict of the
+    HybridDeviceOptimizer, which the stream engine's resume scenarios also run, is no path of Bridge's: it loads no
+    weights into the library's host copies, which these engines step.)"""
+    run = Run(rank, world, port, 1.0, True, overlap_d2h=True)
+    check(run.engine.mode == ENGINE_UNDER_CHECK, "setup", f"not the {ENGINE_UNDER_CHECK} engine")
+    reference = Reference(run.weights(), run.hyper(), world)
+    weights = train_and_save(run, reference, directory)
+    dist.barrier()
+    uninterrupted = continue_any_engine(run, RESUME_SAVE_AT + 1)
+    for step in range(RESUME_SAVE_AT + 1, RESUME_SAVE_AT + RESUME_STEPS + 1):
+        reference.step(step)
+    check_optimizers_states(run, reference)
+    if into == "new":
+        run = Run(rank, world, port, 1.0, True, overlap_d2h=True, seed=1)  # other initial weights: the load brings them
+    elif into == "pending":
+        run.train_step(RESUME_SAVE_AT + RESUME_STEPS + 1)
+        SEEN.clear()
+        check(run.engine.job is not None, "setup", "no update pending at the load")
+    load_checkpoint(run, directory, weights)
+    resumed = continue_any_engine(run, RESUME_SAVE_AT + 1)
+    check_alike(run, uninterrupted, resumed, ("shards", "host"))
+    check(uninterrupted["steps"] == resumed["steps"] and set(resumed["steps"]) == {RESUME_SAVE_AT + RESUME_STEPS},
+          "resume-step", f"steps {sorted(set(uninterrupted['steps']))} and {sorted(set(resumed['steps']))}")
+    check_optimizers_states(run, reference)
+
+
+def _no_load() -> None:
+    """Broken on purpose: the load does nothing, so the new model and optimizer train on from their own weights."""
+    globals()["load_checkpoint"] = lambda run, directory, weights: None
+
+
+# (label, case arguments after the directory, break or None, the check the break must fail)
+ENGINE_RESUME_SCENARIOS = [
+    ("2 ranks, fraction 1, Megatron's load into a new model and optimizer", ("new",), None, None),
+    ("2 ranks, fraction 1, Megatron's load into the running optimizer", ("running",), None, None),
+    ("2 ranks, fraction 1, Megatron's load into the running optimizer, an update pending", ("pending",), None, None),
+    ("2 ranks, broken: no-load", ("new",), "no-load", "resume-forward-weights"),
+]
+BY_REGION_RESUME_SCENARIOS = [(f"{label}, by region", *rest) for label, *rest in ENGINE_RESUME_SCENARIOS
+                              if rest[1] is None]
+
+
+def share_checkpoint_results_queue() -> None:
+    """dist_checkpointing's save keeps one results queue per process, served by a process it starts with spawn,
+    which imports torch when the first result arrives (~15 s here): made once, in the process that forks the ranks,
+    they share it."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+    get_write_results_queue()
+
+
+def run_resume_scenarios(case, scenarios) -> bool:
+    """Each (label, case arguments after the checkpoint's directory, break or None, the check the break must fail)
+    on 2 ranks with a checkpoint folder of its own; one line per scenario, as run_scenarios."""
+    import tempfile
+
+    share_checkpoint_results_queue()
+    ok = True
+    for label, args, broken, expected in scenarios:
+        with tempfile.TemporaryDirectory() as directory:
+            ok &= run_scenarios(case, [(label, 2, (directory, *args), broken, expected)])
+    return ok
 
 
 # --- bf16 moments (MBRIDGE_OFFLOAD_STREAM_MOMENTS=bf16) ---
@@ -1299,6 +1418,7 @@ def _zeroing_before_copies() -> None:
 
 BREAKS["region-no-wait"] = _zeroing_without_waits
 BREAKS["region-zero-before-copies"] = _zeroing_before_copies
+BREAKS["no-load"] = _no_load
 
 
 def _broken(name, target):
@@ -1357,6 +1477,7 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(exact_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+        ok &= run_resume_scenarios(engine_resume_case, ENGINE_RESUME_SCENARIOS)
     if what == "delayed-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather, drained", 2, (0.6, True, "drain"), None, None),
                      ("2 ranks, fraction 1, all-gather in the step, drained", 2, (1.0, False, "drain"), None, None),
@@ -1366,6 +1487,7 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(delayed_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+        ok &= run_resume_scenarios(engine_resume_case, ENGINE_RESUME_SCENARIOS)
     if what == "exact-by-region":
         # slow copies only with the all-gather overlapped with the forward: with it in the step, the step waits for
         # this rank's update, which waits for its copies, which the slow copy thread holds until the next step
@@ -1392,6 +1514,7 @@ def main(argv: list[str]) -> int:
         # (the experts' case: exact_ranks_case checks the all-gather gates of several bucket groups)
         ok &= run_scenarios(_by_region(experts_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
                                        gaps=True), gap_scenarios((1.0, True, 2), "2 ranks, EP 2"))
+        ok &= run_resume_scenarios(_by_region(engine_resume_case), BY_REGION_RESUME_SCENARIOS)
     if what == "delayed-by-region":
         ok &= run_scenarios(_by_region(delayed_ranks_case), [
             ("2 ranks, fraction 0.6, overlapped all-gather, drained, by region", 2, (0.6, True, "drain"), None,
@@ -1414,12 +1537,11 @@ def main(argv: list[str]) -> int:
             (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
         ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
                                        gaps=True), gap_scenarios((1.0, False, "drain")))
+        ok &= run_resume_scenarios(_by_region(engine_resume_case), BY_REGION_RESUME_SCENARIOS)
     if what == "bf16-moments":
         import tempfile
 
-        from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
-
-        get_write_results_queue()
+        share_checkpoint_results_queue()
         ok &= run_scenarios(bf16_moments_case, BF16_SCENARIOS)
         ok &= run_scenarios(_with_fetch_ahead(bf16_moments_case, fetching_steps=BF16_STEPS - 2),
                              BF16_FETCH_AHEAD_SCENARIOS)
@@ -1440,12 +1562,7 @@ def main(argv: list[str]) -> int:
     if what == "resume":
         import tempfile
 
-        from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
-
-        # dist_checkpointing's save keeps one results queue per process, served by a process it starts with spawn,
-        # which imports torch when the first result arrives (~15 s here): made once, here, the ranks' processes
-        # forked from this one share it
-        get_write_results_queue()
+        share_checkpoint_results_queue()
 
         scenarios = [("2 ranks, Megatron's load into a new model and optimizer", (True, "megatron", True), None),
                      ("2 ranks, Megatron's load into the running optimizer", (False, "megatron", True), None),

@@ -20,6 +20,9 @@ in the step), then does what a save or an evaluation does first, then one more s
 
 The GPU is stream_cpu_device.py's stand-in (what that hides: its docstring); the worker thread and its waits are
 real.
+
+Across a checkpoint, as test_exact_ranks.py's docstring says with the exact engine, the delayed engine resumes
+bit for bit (a save applies its pending update first, in the uninterrupted run too).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ def test_delayed_engine_on_several_ranks_stays_one_step_behind_alike_and_applies
 
 def test_a_save_that_applies_the_delayed_update_without_the_all_gather_is_caught(stream_scenarios):
     stream_scenarios.assert_caught("delayed-ranks", "2 ranks, broken: no-gather", "applied-weights")
+
+
+def test_the_delayed_engine_resumes_bit_for_bit_and_a_load_that_does_nothing_is_caught(stream_scenarios,
+                                                                                      engine_resume_label):
+    stream_scenarios.assert_engine_resumes("delayed-ranks", engine_resume_label)
 
 
 def test_every_delayed_scenario_ended_as_it_should(stream_scenarios):

@@ -22,6 +22,16 @@ rank checks:
 
 The GPU is stream_cpu_device.py's stand-in (what that hides: its docstring); the worker thread and its waits are
 real. The delayed engine's several-rank path has scenarios of its own (test_delayed_ranks.py).
+
+Across a checkpoint (``engine_resume_case``): 2 steps, a save as Megatron Bridge does it (the plugin's drain,
+force_param_sync, the optimizer's dp_reshardable sharded state dict through dist_checkpointing), 2 more steps (the
+uninterrupted run), then Megatron Bridge's load in its order (the plugin's drain, which wraps Bridge's
+load_checkpoint; the optimizer's sharded state dict, which drains too; dist_checkpointing.load; the model's
+weights; the optimizer's real load with install_resume_fix's hooks) and the same 2 steps again: into a newly
+built model and optimizer with other initial weights (a restarted job), into the running optimizer, and into the
+running optimizer with the next step's update still pending on the worker. Every forward's weights, the weights
+after the last update, every fp32 shard, moment, step and host copy equal the uninterrupted run's bit for bit and
+torch AdamW's within rounding; a load that does nothing is caught at the first forward after it.
 """
 
 from __future__ import annotations
@@ -38,6 +48,11 @@ def test_exact_engine_on_several_ranks_updates_each_shard_as_adamw_on_the_full_t
 
 def test_an_all_gather_that_does_not_wait_for_the_exact_update_is_caught(stream_scenarios):
     stream_scenarios.assert_caught("exact-ranks", "2 ranks, broken: no-gather-gate, slow worker", "forward-weights")
+
+
+def test_the_exact_engine_resumes_bit_for_bit_and_a_load_that_does_nothing_is_caught(stream_scenarios,
+                                                                                      engine_resume_label):
+    stream_scenarios.assert_engine_resumes("exact-ranks", engine_resume_label)
 
 
 def test_every_exact_scenario_ended_as_it_should(stream_scenarios):

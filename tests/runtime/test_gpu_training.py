@@ -26,5 +26,6 @@ def test_offload_sweep_keeps_parity_and_saves_memory(tmp_path):
     # run_recipe.py's default tuning pipelined the overlap in chunks (mbridge_offload/runtime/offload_tuning.py)
     summary = json.loads((tmp_path / "fraction-1" / "summary.json").read_text())
     assert summary["overlap_chunks"] == 8 and summary["offload_breakdown"]["cpu_optimizer_s"] > 0
+    assert summary["offload_engine"] == "library"  # the engine the run's header named, for check_resume
     for name in ("sweep.csv", "sweep.md", "sweep.png"):
         assert (tmp_path / name).exists()

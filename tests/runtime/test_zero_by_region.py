@@ -13,6 +13,9 @@ differ from torch AdamW's:
   with one bucket per buffer reduced at the end (``overlap_grad_reduce`` off), on the model with experts (a dense
   and an experts' engine), on two pipeline stages of 4 micro batches, and with layers that get no gradient in some
   steps (regions that no DDP hook waits for, only the gradient sync) and a step that calls zero_grad_buffer twice;
+- across a checkpoint, as test_exact_ranks.py and test_delayed_ranks.py resume (a save, Megatron Bridge's load into
+  a newly built model and optimizer, and into the running one with an update pending): the resumed run equals the
+  uninterrupted one bit for bit;
 - two broken engines are caught: memsets issued where zero_grad_buffer asks, before the copies (both engines), and a
   backward that does not wait for its regions (the delayed engine; the exact engine's forward gates wait for every
   chunk's update, which follows its copies, so there the memsets are issued before the backward anyway).
