@@ -496,6 +496,14 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         +env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION=on > "$d/exact-by-region.log" 2>&1 &
       wait
       tail -n 5 "$d"/*/resume_parity.md ;;
+    delayed-ablation)
+      # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/): what holds the delayed mode above 1.10x
+      # is still open after the pieces, one piece in flight, the zeroing by region and fewer Adam threads. The mode at
+      # fraction 1 whole, without its CPU Adam, without its copies either way, and without both (its hooks, threads
+      # and events only; patch/sitecustomize.py, MBRIDGE_BENCH_ABLATE: timing only, the weights train wrong), beside
+      # the baseline, in interleaved rounds of 33 steps (~1 min a run; resumed where a cut call left it).
+      $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation" --resume \
+        --rounds ${ROUNDS:-2} train.train_iters=33 ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

@@ -78,6 +78,7 @@ from mbridge_offload.runtime.weight_copies import ChunkUpload, UploadsEnd
 
 # (model parameters, their fp32 main shards): the distributed optimizer's parallel group lists
 _GROUP_PAIRS = (("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"))
+_WAIT_LOCK = threading.Lock()  # an engine's wait_s: added to from the training thread and from autograd's
 NEVER_STEPS = "_mbridge_never_steps"  # on a HybridDeviceOptimizer built only to be read (_install_stream_selection)
 _STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet(),
                           "by_region": False,  # the gradient buffers are zeroed by region (grad_regions.py)
@@ -314,7 +315,7 @@ class StreamingEngine:
         if not event.is_set():
             started = time.perf_counter()
             _wait(event, what, (GRADIENT_COPY_THREAD,))
-            self.wait_s += time.perf_counter() - started
+            self._waited(started)
 
     def run(self, job: _Job) -> None:
         """The worker's part of a step (worker thread): each chunk's Adam once its gradients are on the host, then its
@@ -378,7 +379,7 @@ class StreamingEngine:
             if not job.ready[chunk].is_set():
                 started = time.perf_counter()
                 _wait(job.ready[chunk], f"the update of chunk {chunk}")
-                self.wait_s += time.perf_counter() - started
+                self._waited(started)
             self._raise_if_failed(job)
             torch.cuda.current_stream().wait_event(job.done_events[chunk])
             job.waited.add(chunk)
@@ -433,7 +434,7 @@ class StreamingEngine:
         if not job.finished.is_set():
             started = time.perf_counter()
             _wait(job.finished, "the offloaded optimizer step")
-            self.wait_s += time.perf_counter() - started
+            self._waited(started)
         self.job = None
         self._raise_if_failed(job)
         if job.done_events:
@@ -475,15 +476,22 @@ class StreamingEngine:
         if not copies.all_enqueued.is_set():
             started = time.perf_counter()
             _wait(copies.all_enqueued, "the gradients' copies", (GRADIENT_COPY_THREAD,))
-            self.wait_s += time.perf_counter() - started
+            self._waited(started)
         self.copies_to_take = None
         if copies.error is not None:
             raise _failure(copies.error) from copies.error
         self.grads_free_event = copies.last_event
         issue_deferred_zeros()
 
+    def _waited(self, started: float) -> None:
+        """A wait that began at ``started`` (perf_counter) ended: count it. The backward's waits for a region's
+        zeroing may run on autograd's thread, the others on the training thread."""
+        with _WAIT_LOCK:
+            self.wait_s += time.perf_counter() - started
+
     def take_wait_s(self) -> float:
-        value, self.wait_s = self.wait_s, 0.0
+        with _WAIT_LOCK:
+            value, self.wait_s = self.wait_s, 0.0
         return value
 
     def take_step_s(self) -> float:

@@ -372,3 +372,17 @@ def test_a_goal_without_a_baseline_is_not_measured_rather_than_a_crash():
               "baseline_step_time_s": None, "baseline_step_time_spread": None}
     table = overhead.markdown(rows, parity, verdicts, "t")
     assert "engine-delayed <= 1.10x; measured -, floor -: not measured: no baseline run trained" in table
+
+
+def test_a_configuration_that_varies_an_engine_is_held_to_that_engines_goal():
+    assert overhead.goal_of("engine-delayed-one-piece-three-quarter-cores") == {1.0: 1.10}
+    assert overhead.goal_of("engine-exact-by-region") == {0.25: 1.05, 1.0: 1.30}
+    assert overhead.goal_of("engine-stream-bf16-moments") == {1.0: 1.10}  # its own: not the same update
+    assert overhead.goal_of("engine-streamlined") == {}  # a name that merely starts like one is not a variant
+    assert overhead.goal_of("overlap-on") == {}
+    configs = overhead.configurations(16)
+    assert [name for name in configs if name.startswith(("engine-", "tuned")) and not overhead.goal_of(name)] == []
+    rows = [{"fraction": 1.0, "config": "engine-delayed-one-piece-three-quarter-cores", "ok": True,
+             "slowdown_vs_baseline": 1.7, "floor_slowdown": None}]
+    assert [(v["config"], v["goal_slowdown"], v["met"]) for v in overhead.goals(rows)] == [
+        ("engine-delayed-one-piece-three-quarter-cores", 1.10, False)]

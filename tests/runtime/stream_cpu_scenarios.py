@@ -71,6 +71,9 @@ SEEN: list = []  # (name, the weight a module's forward used, or None where the 
 # (a by-region scenario; Megatron's DDP then needs overlap_grad_reduce off, or its finish_grad_sync raises)
 SKIPPED: dict[int, set] = {}
 ZEROED_TWICE: set = set()  # the steps that call zero_grad_buffer twice before their backward
+# step: the rank whose gradient holds an inf that step, so that the optimizer's check skips the step on every rank
+INF_AT: dict[int, int] = {}
+INF_LAYER = "fc1_1"  # the tensor that holds it (in the dense optimizer)
 
 
 class Weight(torch.nn.Module):
@@ -144,8 +147,11 @@ def base_coefficients(step: int) -> dict:
 
 
 def rank_coefficients(step: int, rank: int) -> dict:
-    return {name: (c * (rank + 1)).cuda() for name, c in base_coefficients(step).items()
-            if name not in SKIPPED.get(step, ())}
+    out = {name: (c * (rank + 1)).cuda() for name, c in base_coefficients(step).items()
+           if name not in SKIPPED.get(step, ())}
+    if INF_AT.get(step) == rank:
+        out[INF_LAYER].view(-1)[0] = float("inf")  # its gradient there: the reduce-scattered one is inf too
+    return out
 
 
 class Reference:
@@ -220,10 +226,13 @@ class Run:
     """One rank's model and optimizer, built as Megatron Bridge builds them."""
 
     def __init__(self, rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
-                 overlap_d2h: bool, seed: int = 0, expert_parallel: int = 0, stages: int = 1) -> None:
+                 overlap_d2h: bool, seed: int = 0, expert_parallel: int = 0, stages: int = 1,
+                 loss_scale: float | None = None) -> None:
         """``expert_parallel``: 0 for the model without experts, else the expert-parallel size of the model with
         them (each expert-parallel rank holds other experts). ``stages``: pipeline-parallel stages, each trained
-        through Megatron's 1F1B schedule in ``MICRO_BATCHES`` micro batches."""
+        through Megatron's 1F1B schedule in ``MICRO_BATCHES`` micro batches. ``loss_scale``: Megatron's constant
+        loss scaler, whose check for an inf or a NaN in the gradients skips a step (an fp16 run's dynamic scaler
+        skips the same way; the gradients here are not scaled, so 1.0 changes no value)."""
         self.rank, self.world, self.stages = rank, world, stages
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -251,7 +260,7 @@ class Run:
             optimizer="adam", lr=LR, weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
             adam_eps=EPS, bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=CLIP,
             optimizer_cpu_offload=True, optimizer_offload_fraction=fraction,
-            overlap_cpu_optimizer_d2h_h2d=overlap_d2h)
+            overlap_cpu_optimizer_d2h_h2d=overlap_d2h, loss_scale=loss_scale)
         optimizer = get_megatron_optimizer(optimizer_config, [self.model])
         self.optimizer = optimizer
         # the distributed optimizers: one, or the dense one and the experts' (each with its HybridDeviceOptimizer and
@@ -264,6 +273,7 @@ class Run:
         self.experts = {layer.name for layer in self.model.module.layers if not getattr(layer.weight, "allreduce", True)}
         self.params = {name: param for param, name in self.names.items()}
         self.enqueued: list[int] = []
+        self.updated: bool | None = None  # whether the last optimizer step updated (False: skipped)
         if ENGINE_UNDER_CHECK == "stream":
             library_enqueue = self.engine._enqueue
 
@@ -313,7 +323,7 @@ class Run:
                         loss.backward()
                         self.model.finish_grad_sync()
             if not forward_only:
-                self.optimizer.step()
+                self.updated = self.optimizer.step()[0]
         finally:
             streaming_engine._STATE["in_train_step"] = False
 
@@ -828,6 +838,85 @@ def train_and_check_any_engine(run: Run, reference: Reference, settle=drain) -> 
     settle(run)
     check_full_weights(run, reference, RANKS_STEPS, "the drain of a save or an evaluation")
     check_optimizers_states(run, reference)
+
+
+SKIP_STEPS, SKIPPED_STEP = 5, 3  # skipped_step_case: the steps, and the one whose gradients hold an inf
+
+
+def skipped_step_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool) -> None:
+    """A step that the optimizer skips (an inf in one rank's gradient: Megatron's check, all-reduced, returns before
+    the HybridDeviceOptimizer's step on every rank, as an fp16 run's loss scaler does on an overflow), with the
+    engine under check (exact, stream, delayed; zeroing by region where stream_cpu_check.py's kind turns it on).
+    Every step reports whether it updated: only the skipped one did not. Every forward uses the weights the engine
+    promises, counted in updates, not steps: after every earlier update (exact, stream), the offloaded elements one
+    update behind (delayed), so the update still pending at the skip stays pending through it and the skip's
+    gradients reach nothing. After the drain every rank holds the weights after the last update, and every shard,
+    moment, Adam step count and host copy equals torch AdamW's that skipped the same step."""
+    run = Run(rank, world, port, fraction, overlap_param_gather, overlap_d2h=True, loss_scale=1.0)
+    check(run.engine.mode == ENGINE_UNDER_CHECK, "setup", f"not the {ENGINE_UNDER_CHECK} engine")
+    reference = Reference(run.weights(), run.hyper(), world)
+    delayed = ENGINE_UNDER_CHECK == "delayed"
+    masks = offloaded_elements(run) if delayed else None
+    INF_AT[SKIPPED_STEP] = world - 1
+    updates = [{name: value.clone() for name, value in reference.params.items()}]  # the weights after i updates
+    for step in range(1, SKIP_STEPS + 2):  # the last: the forward after the last step
+        pending = [getattr(d.optimizer._mbridge_offload_engine, "job", None) for d in run.distopts]
+        if step > SKIP_STEPS:
+            run.forward_only()
+        else:
+            run.train_step(step)
+        done = len(updates) - 1
+        expected = delayed_weights(updates, masks, done + 1) if delayed else updates[done]
+        check_seen_weights(run, reference, max(0, done - 1) if delayed else done, expected)
+        if step > SKIP_STEPS:
+            break
+        check(run.updated == (step != SKIPPED_STEP), "skipped-steps",
+              f"rank {rank}: step {step} {'updated' if run.updated else 'was skipped'}")
+        if step == SKIPPED_STEP:
+            after = [getattr(d.optimizer._mbridge_offload_engine, "job", None) for d in run.distopts]
+            check(all(a is b for a, b in zip(after, pending)), "skipped-steps",
+                  f"rank {rank}: the skipped step changed the engine's pending update")
+            continue
+        reference.step(step)
+        updates.append({name: value.clone() for name, value in reference.params.items()})
+    drain(run)
+    check_full_weights(run, reference, len(updates) - 1, "the drain after a skipped step")
+    check_optimizers_states(run, reference)
+    for distopt in run.distopts:
+        steps = {int(s["step"]) for s in distopt.optimizer.state.values() if "step" in s}
+        check(steps == {len(updates) - 1}, "skipped-steps",
+              f"rank {rank}: Adam's step counts {sorted(steps)} after {len(updates) - 1} updates")
+
+
+def _zeroing_only_after_an_update() -> None:
+    """by region: a zero_grad_buffer with no step's copies pending on the buffer zeroes nothing (as if every step
+    updated), so a skipped step's gradients stay in the buffer."""
+    from mbridge_offload.runtime import grad_regions
+
+    library_zero_buffer = grad_regions.zero_buffer
+
+    def zero_buffer(buffer, event):
+        if getattr(buffer, grad_regions.PENDING_ATTR, None) is None:
+            active = getattr(buffer, grad_regions.ACTIVE_ATTR, None)
+            if active is not None:
+                active.wait_all()
+                setattr(buffer, grad_regions.ACTIVE_ATTR, None)
+            return
+        library_zero_buffer(buffer, event)
+
+    grad_regions.zero_buffer = zero_buffer
+
+
+# (label, ranks, case arguments, break or None, the check it must fail)
+SKIPPED_STEP_SCENARIOS = [
+    ("2 ranks, fraction 0.6, overlapped all-gather, a skipped step", 2, (0.6, True), None, None),
+    ("2 ranks, fraction 1, all-gather in the step, a skipped step", 2, (1.0, False), None, None),
+]
+BY_REGION_SKIPPED_STEP_SCENARIOS = [
+    *((f"{label}, by region", *rest) for label, *rest in SKIPPED_STEP_SCENARIOS),
+    ("2 ranks, broken: region-zero-only-after-update", 2, (1.0, True), "region-zero-only-after-update",
+     "skipped-steps"),
+]
 
 
 def experts_case(rank: int, world: int, port: int, fraction: float, overlap_param_gather: bool,
@@ -1419,6 +1508,7 @@ def _zeroing_before_copies() -> None:
 BREAKS["region-no-wait"] = _zeroing_without_waits
 BREAKS["region-zero-before-copies"] = _zeroing_before_copies
 BREAKS["no-load"] = _no_load
+BREAKS["region-zero-only-after-update"] = _zeroing_only_after_an_update
 
 
 def _broken(name, target):
@@ -1465,6 +1555,7 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+        ok &= run_scenarios(skipped_step_case, SKIPPED_STEP_SCENARIOS)
     if what in ("ranks", "fetch-ahead"):
         for case, scenarios in FETCH_AHEAD_SCENARIOS:
             ok &= run_scenarios(case, scenarios)
@@ -1476,6 +1567,7 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(exact_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+        ok &= run_scenarios(skipped_step_case, SKIPPED_STEP_SCENARIOS)
         ok &= run_resume_scenarios(engine_resume_case, ENGINE_RESUME_SCENARIOS)
     if what == "delayed-ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather, drained", 2, (0.6, True, "drain"), None, None),
@@ -1486,6 +1578,7 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(delayed_ranks_case, scenarios)
         ok &= run_scenarios(experts_case, EXPERT_SCENARIOS)
         ok &= run_scenarios(pipeline_case, PIPELINE_SCENARIOS)
+        ok &= run_scenarios(skipped_step_case, SKIPPED_STEP_SCENARIOS)
         ok &= run_resume_scenarios(engine_resume_case, ENGINE_RESUME_SCENARIOS)
     if what == "exact-by-region":
         # slow copies only with the all-gather overlapped with the forward: with it in the step, the step waits for
@@ -1513,6 +1606,7 @@ def main(argv: list[str]) -> int:
         # (the experts' case: exact_ranks_case checks the all-gather gates of several bucket groups)
         ok &= run_scenarios(_by_region(experts_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
                                        gaps=True), gap_scenarios((1.0, True, 2), "2 ranks, EP 2"))
+        ok &= run_scenarios(_by_region(skipped_step_case), BY_REGION_SKIPPED_STEP_SCENARIOS)
         ok &= run_resume_scenarios(_by_region(engine_resume_case), BY_REGION_RESUME_SCENARIOS)
     if what == "delayed-by-region":
         ok &= run_scenarios(_by_region(delayed_ranks_case), [
@@ -1536,6 +1630,7 @@ def main(argv: list[str]) -> int:
             (f"{label}, by region, slow copies", *rest) for label, *rest in PIPELINE_SCENARIOS])
         ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20, overlap_grad_reduce=False,
                                        gaps=True), gap_scenarios((1.0, False, "drain")))
+        ok &= run_scenarios(_by_region(skipped_step_case), BY_REGION_SKIPPED_STEP_SCENARIOS)
         ok &= run_resume_scenarios(_by_region(engine_resume_case), BY_REGION_RESUME_SCENARIOS)
     if what == "bf16-moments":
         ok &= run_scenarios(bf16_moments_case, BF16_SCENARIOS)

@@ -1,0 +1,111 @@
+"""What each part of the delayed engine's step costs: the delayed mode at fraction 1 with its CPU Adam, its gradients'
+copies to the host or its weights' copies back skipped (patch/sitecustomize.py, MBRIDGE_BENCH_ABLATE: timing only,
+the weights train wrong), beside the full delayed mode and the baseline without offload, in interleaved rounds, each
+run a fresh process (mbridge_offload.bench.sweep.run_one, as bench_offload.py runs them).
+
+    python3 docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out DIR [--rounds 2] [--resume] \
+        [--recipe qwen3_1b_proxy_pretrain_config] [OVERRIDES...]
+
+Writes DIR/ablation.json and DIR/ablation.md: each run's median step (the warm-up steps excluded) against its round's
+baseline, and the training thread's wait for the engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+PATCH = Path(__file__).resolve().parent / "patch"
+ABLATE_ENV = "MBRIDGE_BENCH_ABLATE"
+OFFLOAD = ["optimizer.optimizer_cpu_offload=True", "optimizer.optimizer_offload_fraction=1"]
+# name: (what is skipped, or None for the baseline without offload; what the run shows)
+RUNS = {
+    "baseline": (None, "no offload"),
+    "delayed": ("", "the delayed mode, whole"),
+    "no-adam": ("adam", "the copies both ways, no CPU Adam"),
+    "no-copies": ("gradient-copies,weight-copies", "CPU Adam on the host buffers, no copy either way"),
+    "neither": ("adam,gradient-copies,weight-copies", "the engine's hooks, threads and events only"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--recipe", default="qwen3_1b_proxy_pretrain_config")
+    parser.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
+    parser.add_argument("--resume", action="store_true", help="keep the runs a summary exists for")
+    args, overrides = parser.parse_known_args(argv)
+    names = args.runs.split(",")
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        parser.error(f"--runs: unknown {unknown}; the runs are {', '.join(RUNS)}")
+    overrides = overrides or ["train.train_iters=33"]
+
+    from mbridge_offload.bench.progress import RunProgress
+    from mbridge_offload.bench.sweep import run_one, run_status
+    from mbridge_offload.runtime.metrics import summarize
+
+    progress = RunProgress(label="[ablation]", total=args.rounds * len(names))
+    rows = []
+    for round_number in range(1, args.rounds + 1):
+        for name in names:
+            skipped, means = RUNS[name]
+            out = args.out / f"round-{round_number}" / name
+            label = f"round {round_number}, {name}"
+            if args.resume and (out / "summary.json").is_file():
+                progress.kept(label)
+            else:
+                progress.starting(label)
+                env = dict(os.environ)
+                try:
+                    os.environ["PYTHONPATH"] = os.pathsep.join([str(PATCH), os.environ.get("PYTHONPATH", "")])
+                    os.environ.pop(ABLATE_ENV, None)
+                    if skipped:
+                        os.environ[ABLATE_ENV] = skipped
+                    extra = [] if skipped is None else ["--offload-engine", "delayed"]
+                    result = run_one(args.recipe, 1 if skipped is not None else 0, out,
+                                     [*(OFFLOAD if skipped is not None else []), *overrides], extra, timeout_s=900)
+                finally:
+                    os.environ.clear()
+                    os.environ.update(env)
+                progress.finished(label, run_status(result), result["wall_s"])
+            try:
+                summary = summarize(out)
+            except ValueError:
+                summary = {}
+            waits = [s.get("engine_wait_s") for s in _steps(out)[summary.get("warmup_steps_excluded", 0):]]
+            waits = [w for w in waits if w is not None]
+            rows.append({"round": round_number, "run": name, "skipped": skipped, "means": means,
+                         "step_time_s": summary.get("step_time_s"),
+                         "engine_wait_median_s": statistics.median(waits) if waits else None})
+    for row in rows:
+        base = next((r["step_time_s"] for r in rows if r["round"] == row["round"] and r["run"] == "baseline"), None)
+        row["vs_baseline"] = row["step_time_s"] / base if base and row["step_time_s"] else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ablation.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = ["| round | run | skipped | median step (s) | against the round's baseline | engine wait, median (ms) |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        step = "-" if row["step_time_s"] is None else f"{row['step_time_s']:.3f}"
+        ratio = "-" if row["vs_baseline"] is None else f"{row['vs_baseline']:.2f}x"
+        wait = "-" if row["engine_wait_median_s"] is None else f"{1000 * row['engine_wait_median_s']:.1f}"
+        lines.append(f"| {row['round']} | {row['run']} ({row['means']}) | {row['skipped'] or '-'} | {step} | {ratio} "
+                     f"| {wait} |")
+    (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def _steps(out: Path) -> list[dict]:
+    from mbridge_offload.facts.run_records import read_steps
+
+    ranks = read_steps(out)
+    return ranks[min(ranks)] if ranks else []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
