@@ -20,7 +20,6 @@ from pathlib import Path
 
 PATCH = Path(__file__).resolve().parent / "patch"
 ABLATE_ENV = "MBRIDGE_BENCH_ABLATE"
-OFFLOAD = ["optimizer.optimizer_cpu_offload=True", "optimizer.optimizer_offload_fraction=1"]
 # name: (what is skipped, or None for the baseline without offload; what the run shows)
 RUNS = {
     "baseline": (None, "no offload"),
@@ -48,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from mbridge_offload.bench.progress import RunProgress
     from mbridge_offload.bench.sweep import run_one, run_status
     from mbridge_offload.runtime.metrics import summarize
+    from mbridge_offload.runtime.run_outcome import recorded
 
     progress = RunProgress(label="[ablation]", total=args.rounds * len(names))
     rows = []
@@ -62,24 +62,34 @@ def main(argv: list[str] | None = None) -> int:
                 progress.starting(label)
                 env = dict(os.environ)
                 try:
-                    os.environ["PYTHONPATH"] = os.pathsep.join([str(PATCH), os.environ.get("PYTHONPATH", "")])
+                    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PATCH),
+                                                                             os.environ.get("PYTHONPATH")]))
                     os.environ.pop(ABLATE_ENV, None)
                     if skipped:
                         os.environ[ABLATE_ENV] = skipped
                     extra = [] if skipped is None else ["--offload-engine", "delayed"]
-                    result = run_one(args.recipe, 1 if skipped is not None else 0, out,
-                                     [*(OFFLOAD if skipped is not None else []), *overrides], extra, timeout_s=900)
+                    # the fraction sets the offload keys (sweep.fraction_overrides)
+                    result = run_one(args.recipe, 1 if skipped is not None else 0, out, overrides, extra,
+                                     timeout_s=900)
                 finally:
                     os.environ.clear()
                     os.environ.update(env)
                 progress.finished(label, run_status(result), result["wall_s"])
-            try:
-                summary = summarize(out)
-            except ValueError:
-                summary = {}
-            waits = [s.get("engine_wait_s") for s in _steps(out)[summary.get("warmup_steps_excluded", 0):]]
-            waits = [w for w in waits if w is not None]
+            outcome = recorded(out)
+            summary, waits, marked = {}, [], None
+            if "summary" in outcome:  # a failed or cut run has step records too: it measures nothing
+                try:
+                    summary = summarize(out)
+                    skip = summary.get("warmup_steps_excluded", 0)
+                    waits = [s["engine_wait_s"] for s in _steps(out)[skip:] if s.get("engine_wait_s") is not None]
+                except ValueError as error:  # a torn record line
+                    outcome = {"reason": f"unreadable step records: {error}"}
+                log = out / "log.txt"
+                marked = f"[{ABLATE_ENV}]" in (log.read_text(errors="replace") if log.is_file() else "")
             rows.append({"round": round_number, "run": name, "skipped": skipped, "means": means,
+                         "status": "ok" if "summary" in outcome else f"FAILED: {outcome.get('reason')}",
+                         # a run with parts to skip that does not say so in its log skipped nothing
+                         "skip_confirmed": marked if skipped else None,
                          "step_time_s": summary.get("step_time_s"),
                          "engine_wait_median_s": statistics.median(waits) if waits else None})
     for row in rows:
@@ -87,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         row["vs_baseline"] = row["step_time_s"] / base if base and row["step_time_s"] else None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ablation.json").write_text(json.dumps(rows, indent=1) + "\n")
-    lines = ["| round | run | skipped | median step (s) | against the round's baseline | engine wait, median (ms) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| round | run | skipped | median step (s) | against the round's baseline | engine wait, median (ms) "
+             "| status |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         step = "-" if row["step_time_s"] is None else f"{row['step_time_s']:.3f}"
         ratio = "-" if row["vs_baseline"] is None else f"{row['vs_baseline']:.2f}x"
         wait = "-" if row["engine_wait_median_s"] is None else f"{1000 * row['engine_wait_median_s']:.1f}"
+        status = row["status"] if row["skip_confirmed"] is not False else "NOT SKIPPED: no mark in the run's log"
         lines.append(f"| {row['round']} | {row['run']} ({row['means']}) | {row['skipped'] or '-'} | {step} | {ratio} "
-                     f"| {wait} |")
+                     f"| {wait} | {status} |")
     (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

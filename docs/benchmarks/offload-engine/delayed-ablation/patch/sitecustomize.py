@@ -63,5 +63,5 @@ def _install() -> None:
 if os.environ.get(ABLATE_ENV):
     try:
         _install()
-    except ImportError:  # a process that cannot import the plugin (e.g. a helper with another path) is left alone
-        pass
+    except ImportError as error:  # a process without the plugin on its path (a helper) skips nothing: said so
+        print(f"[{ABLATE_ENV} not installed] {error}", file=sys.stderr, flush=True)
