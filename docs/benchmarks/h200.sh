@@ -497,7 +497,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       wait
       tail -n 5 "$d"/*/resume_parity.md ;;
     delayed-ablation)
-      # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/): what holds the delayed mode above 1.10x
+      # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/; ran there, one H100, 2 rounds: the copies
+      # hold the step at 1.29x, the CPU Adam alone 1.10x): what holds the delayed mode above 1.10x
       # is still open after the pieces, one piece in flight, the zeroing by region and fewer Adam threads. The mode at
       # fraction 1 whole, without its CPU Adam, without its copies either way, and without both (its hooks, threads
       # and events only; patch/sitecustomize.py, MBRIDGE_BENCH_ABLATE: timing only, the weights train wrong), beside
