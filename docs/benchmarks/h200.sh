@@ -505,6 +505,13 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # the baseline, in interleaved rounds of 33 steps (~1 min a run; resumed where a cut call left it).
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation" --resume \
         --rounds ${ROUNDS:-2} train.train_iters=33 ;;
+    delayed-ablation-directions)
+      # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/; ~5 min): delayed-ablation found the copies
+      # holding the delayed step (1.29x; the copies alone 1.26-1.29x, the CPU Adam alone 1.10x). Which direction: the
+      # gradients' D2H alone and the weights' H2D alone (the CPU Adam skipped in both), beside the baseline and the
+      # copies both ways, 2 rounds interleaved, 33 steps (timing only, the weights train wrong).
+      $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-directions" \
+        --resume --rounds ${ROUNDS:-2} --runs baseline,no-adam,d2h-only,h2d-only train.train_iters=33 ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

@@ -27,7 +27,10 @@ RUNS = {
     "no-adam": ("adam", "the copies both ways, no CPU Adam"),
     "no-copies": ("gradient-copies,weight-copies", "CPU Adam on the host buffers, no copy either way"),
     "neither": ("adam,gradient-copies,weight-copies", "the engine's hooks, threads and events only"),
+    "d2h-only": ("adam,weight-copies", "the gradients' copy to the host alone"),
+    "h2d-only": ("adam,gradient-copies", "the weights' copy back alone"),
 }
+DEFAULT_RUNS = ("baseline", "delayed", "no-adam", "no-copies", "neither")  # what the first ablation ran
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--recipe", default="qwen3_1b_proxy_pretrain_config")
-    parser.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
+    parser.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="which of " + ", ".join(RUNS))
     parser.add_argument("--resume", action="store_true", help="keep the runs a summary exists for")
     args, overrides = parser.parse_known_args(argv)
     names = args.runs.split(",")
