@@ -498,7 +498,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       tail -n 5 "$d"/*/resume_parity.md ;;
     delayed-ablation)
       # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/; ran there, one H100, 2 rounds: the copies
-      # hold the step at 1.29x, the CPU Adam alone 1.10x): what holds the delayed mode above 1.10x
+      # hold the step at 1.29x, the CPU Adam alone 1.10-1.11x): what holds the delayed mode above 1.10x
       # is still open after the pieces, one piece in flight, the zeroing by region and fewer Adam threads. The mode at
       # fraction 1 whole, without its CPU Adam, without its copies either way, and without both (its hooks, threads
       # and events only; patch/sitecustomize.py, MBRIDGE_BENCH_ABLATE: timing only, the weights train wrong), beside
@@ -506,12 +506,12 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation" --resume \
         --rounds ${ROUNDS:-2} train.train_iters=33 ;;
     delayed-ablation-directions)
-      # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/; ~5 min): delayed-ablation found the copies
-      # holding the delayed step (1.29x; the copies alone 1.26-1.29x, the CPU Adam alone 1.10x). Which direction: the
-      # gradients' D2H alone and the weights' H2D alone (the CPU Adam skipped in both), beside the baseline and the
-      # copies both ways, 2 rounds interleaved, 33 steps (timing only, the weights train wrong).
+      # Thirty-seventh session (issue #16, offload-engine/delayed-ablation/; ~9 min): delayed-ablation found the copies
+      # holding the delayed step (1.29x; the copies alone 1.26-1.29x, the CPU Adam alone 1.10-1.11x). Which direction:
+      # the gradients' D2H alone and the weights' H2D alone (the CPU Adam skipped in both), beside the baseline, the
+      # copies both ways and neither, 2 rounds interleaved, 33 steps (timing only, the weights train wrong).
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-directions" \
-        --resume --rounds ${ROUNDS:-2} --runs baseline,no-adam,d2h-only,h2d-only train.train_iters=33 ;;
+        --resume --rounds ${ROUNDS:-2} --runs baseline,no-adam,d2h-only,h2d-only,neither train.train_iters=33 ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made
