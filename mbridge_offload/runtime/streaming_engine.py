@@ -312,10 +312,7 @@ class StreamingEngine:
 
     def _wait_copy(self, event: threading.Event, what: str) -> None:
         """The backward's wait for a gradient region's zeroing (grad_regions.RegionZeroing.wait)."""
-        if not event.is_set():
-            started = time.perf_counter()
-            _wait(event, what, (GRADIENT_COPY_THREAD,))
-            self._waited(started)
+        self._wait_counted(event, what, (GRADIENT_COPY_THREAD,))
 
     def run(self, job: _Job) -> None:
         """The worker's part of a step (worker thread): each chunk's Adam once its gradients are on the host, then its
@@ -376,10 +373,7 @@ class StreamingEngine:
         import torch
 
         for chunk in set(chunks) - job.waited:
-            if not job.ready[chunk].is_set():
-                started = time.perf_counter()
-                _wait(job.ready[chunk], f"the update of chunk {chunk}")
-                self._waited(started)
+            self._wait_counted(job.ready[chunk], f"the update of chunk {chunk}")
             self._raise_if_failed(job)
             torch.cuda.current_stream().wait_event(job.done_events[chunk])
             job.waited.add(chunk)
@@ -431,10 +425,7 @@ class StreamingEngine:
             return
         job.model_copied.set()  # no copy to the model is coming before this drain: nothing to wait for
         self.enqueue_all()
-        if not job.finished.is_set():
-            started = time.perf_counter()
-            _wait(job.finished, "the offloaded optimizer step")
-            self._waited(started)
+        self._wait_counted(job.finished, "the offloaded optimizer step")
         self.job = None
         self._raise_if_failed(job)
         if job.done_events:
@@ -473,19 +464,21 @@ class StreamingEngine:
         copies = self.copies_to_take
         if copies is None:
             return
-        if not copies.all_enqueued.is_set():
-            started = time.perf_counter()
-            _wait(copies.all_enqueued, "the gradients' copies", (GRADIENT_COPY_THREAD,))
-            self._waited(started)
+        self._wait_counted(copies.all_enqueued, "the gradients' copies", (GRADIENT_COPY_THREAD,))
         self.copies_to_take = None
         if copies.error is not None:
             raise _failure(copies.error) from copies.error
         self.grads_free_event = copies.last_event
         issue_deferred_zeros()
 
-    def _waited(self, started: float) -> None:
-        """A wait that began at ``started`` (perf_counter) ended: count it. The backward's waits for a region's
-        zeroing may run on autograd's thread, the others on the training thread."""
+    def _wait_counted(self, event: threading.Event, what: str, threads: tuple[str, ...] | None = None) -> None:
+        """``_wait`` for ``event`` (set by ``threads``, default the worker and the weight copy thread) unless it is
+        set already, its time added to ``wait_s`` (under a lock: the backward's waits for a region's zeroing may run
+        on autograd's thread, the others on the training thread)."""
+        if event.is_set():
+            return
+        started = time.perf_counter()
+        _wait(event, what, _STEP_THREADS if threads is None else threads)
         with _WAIT_LOCK:
             self.wait_s += time.perf_counter() - started
 

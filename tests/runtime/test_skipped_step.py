@@ -33,5 +33,5 @@ def test_a_skipped_step_leaves_the_pending_update_and_counts_no_update(stream_sc
 
 
 @pytest.mark.parametrize("kind", ["exact-by-region", "delayed-by-region"])
-def test_a_zeroing_that_waits_for_an_update_after_a_skipped_step_is_caught(stream_scenarios, kind):
+def test_a_zeroing_that_zeroes_only_after_an_update_misses_a_skipped_step_and_is_caught(stream_scenarios, kind):
     stream_scenarios.assert_caught(kind, "2 ranks, broken: region-zero-only-after-update", "skipped-steps")
