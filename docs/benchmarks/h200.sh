@@ -512,6 +512,13 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # copies both ways and neither, 2 rounds interleaved, 33 steps (timing only, the weights train wrong).
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-directions" \
         --resume --rounds ${ROUNDS:-2} --runs baseline,no-adam,d2h-only,h2d-only,neither train.train_iters=33 ;;
+    delayed-ablation-profiles)
+      # Thirty-eighth session (issue #16, offload-engine/delayed-ablation/; ~5 min): where each direction's copies
+      # cost the step, seen on the GPU: the baseline, the gradients' D2H alone, the weights' H2D alone and neither
+      # (the CPU Adam skipped in the last three; timing only), each once for 13 steps under PyTorch's profiler, read
+      # by gpu_trace (the training stream's gaps and what ran beside them).
+      $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-profiles" \
+        --resume --profile --runs baseline,d2h-only,h2d-only,neither ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

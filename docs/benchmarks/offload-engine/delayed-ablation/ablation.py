@@ -5,9 +5,12 @@ run a fresh process (mbridge_offload.bench.sweep.run_one, as bench_offload.py ru
 
     python3 docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out DIR [--rounds 2] [--resume] \
         [--recipe qwen3_1b_proxy_pretrain_config] [OVERRIDES...]
+    python3 docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out DIR --profile --runs NAME,... [--resume]
 
 Writes DIR/ablation.json and DIR/ablation.md: each run's median step (the warm-up steps excluded) against its round's
-baseline, and the training thread's wait for the engine."""
+baseline, and the training thread's wait for the engine. With --profile, each named run instead runs once for 13
+steps with PyTorch's profiler on steps 10-12 (Megatron Bridge's schedule traces 10-11), read by
+mbridge_offload.bench.gpu_trace into DIR/NAME-gpu_trace.md (the trace itself is not kept)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ RUNS = {
     "h2d-only": ("adam,gradient-copies", "the weights' copy back alone"),
 }
 DEFAULT_RUNS = ("baseline", "delayed", "no-adam", "no-copies", "neither")  # what the first ablation ran
+PROFILE_OVERRIDES = ["train.train_iters=13", "profiling.use_pytorch_profiler=True", "profiling.profile_step_start=10",
+                     "profiling.profile_step_end=12"]  # as h200.sh's profiled_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,15 +45,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default="qwen3_1b_proxy_pretrain_config")
     parser.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="which of " + ", ".join(RUNS))
     parser.add_argument("--resume", action="store_true", help="keep the runs a summary exists for")
+    parser.add_argument("--profile", action="store_true",
+                        help="one profiled 13-step run of each (no rounds, no ratios): DIR/NAME-gpu_trace.md")
     args, overrides = parser.parse_known_args(argv)
     names = args.runs.split(",")
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         parser.error(f"--runs: unknown {unknown}; the runs are {', '.join(RUNS)}")
+    if args.profile:
+        if overrides:
+            parser.error(f"--profile sets its own overrides ({' '.join(PROFILE_OVERRIDES)}); got {overrides}")
+        return _profile(args, names)
     overrides = overrides or ["train.train_iters=33"]
 
     from mbridge_offload.bench.progress import RunProgress
-    from mbridge_offload.bench.sweep import run_one, run_status
+    from mbridge_offload.bench.sweep import run_status
     from mbridge_offload.runtime.metrics import summarize
     from mbridge_offload.runtime.run_outcome import recorded
 
@@ -63,20 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.kept(label)
             else:
                 progress.starting(label)
-                env = dict(os.environ)
-                try:
-                    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PATCH),
-                                                                             os.environ.get("PYTHONPATH")]))
-                    os.environ.pop(ABLATE_ENV, None)
-                    if skipped:
-                        os.environ[ABLATE_ENV] = skipped
-                    extra = [] if skipped is None else ["--offload-engine", "delayed"]
-                    # the fraction sets the offload keys (sweep.fraction_overrides)
-                    result = run_one(args.recipe, 1 if skipped is not None else 0, out, overrides, extra,
-                                     timeout_s=900)
-                finally:
-                    os.environ.clear()
-                    os.environ.update(env)
+                result = _run(args.recipe, name, out, overrides)
                 progress.finished(label, run_status(result), result["wall_s"])
             outcome = recorded(out)
             summary, waits, marked = {}, [], None
@@ -112,6 +110,54 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _run(recipe: str, name: str, out: Path, overrides: list[str]) -> dict:
+    """One run of the table RUNS in a fresh process, with the patch on its path and its parts to skip."""
+    from mbridge_offload.bench.sweep import run_one
+
+    skipped = RUNS[name][0]
+    env = dict(os.environ)
+    try:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PATCH), os.environ.get("PYTHONPATH")]))
+        os.environ.pop(ABLATE_ENV, None)
+        if skipped:
+            os.environ[ABLATE_ENV] = skipped
+        extra = [] if skipped is None else ["--offload-engine", "delayed"]
+        # the fraction sets the offload keys (sweep.fraction_overrides)
+        return run_one(recipe, 1 if skipped is not None else 0, out, overrides, extra, timeout_s=900)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def _profile(args, names: list[str]) -> int:
+    """Each named run once under the profiler; its trace read into DIR/NAME-gpu_trace.md, then deleted."""
+    import shutil
+
+    from mbridge_offload.bench import gpu_trace
+    from mbridge_offload.bench.progress import RunProgress
+    from mbridge_offload.bench.sweep import run_status
+
+    progress = RunProgress(label="[ablation profile]", total=len(names))
+    failed = []
+    for name in names:
+        out, report = args.out / name, args.out / f"{name}-gpu_trace.md"
+        if args.resume and report.is_file():
+            progress.kept(name)
+            continue
+        progress.starting(name)
+        result = _run(args.recipe, name, out, PROFILE_OVERRIDES)
+        progress.finished(name, run_status(result), result["wall_s"])
+        trace = out / "torch_profile" / "rank-0.json.gz"
+        if "summary" not in result or not trace.is_file():
+            failed.append(f"{name}: {result.get('reason') or 'no trace written'}")
+            continue
+        gpu_trace.main([str(trace), "--out", str(report)])
+        shutil.rmtree(out / "torch_profile")
+    for line in failed:
+        print(f"[ablation profile] FAILED {line}")
+    return 1 if failed else 0
 
 
 def _steps(out: Path) -> list[dict]:

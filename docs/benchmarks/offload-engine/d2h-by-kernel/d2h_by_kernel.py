@@ -1,0 +1,120 @@
+"""Does a large gradient copy to the host hold a training stream's small reads, and does a copy by a kernel (SM
+writes into pinned host memory, through no copy engine) free them? Plain torch + Triton on one GPU (no Megatron).
+
+A stand-in step: STEP_GEMMS bf16 8192^3 GEMMs on the default stream with a scalar read (``.item()``, a small D2H
+through the copy engine) every GEMMS_PER_READ, as Megatron's loop reads its loss and norms. At each step's start a
+thread copies 4.47 GB of fp32 (the dense proxy's gradients) to pinned host memory on a side stream, as the engine's
+gradient copy thread does, in one of these ways:
+
+    none         no copy (the baseline)
+    ce-whole     one cudaMemcpyAsync (copy engine)
+    ce-pieces-2  128 MiB pieces, two in flight (the engine's default)
+    ce-pieces-1  128 MiB pieces, one in flight
+    sm-CTAS      a Triton kernel of CTAS blocks that loads the GPU buffer and stores it into the pinned host buffer
+
+Prints one line per mode: the step's median over the measured steps, the copy's own time and rate, the reads' median
+and longest wait. Usage: python3 d2h_by_kernel.py [--steps 6] [--out FILE.json]"""
+
+import argparse
+import collections
+import json
+import statistics
+import threading
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+GRAD_BYTES = 4.47e9
+PIECE_BYTES = 128 * 2**20
+STEP_GEMMS = 160
+GEMMS_PER_READ = 20
+
+
+@triton.jit
+def _copy_kernel(src, dst, n, BLOCK: tl.constexpr, CTAS: tl.constexpr):
+    start = tl.program_id(0) * BLOCK
+    for offset in range(start, n, CTAS * BLOCK):
+        index = offset + tl.arange(0, BLOCK)
+        mask = index < n
+        tl.store(dst + index, tl.load(src + index, mask=mask), mask=mask)
+
+
+def copy(mode: str, source, destination, stream) -> float:
+    """The whole copy enqueued on ``stream`` (from the calling thread); returns its GPU time in s."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        if mode == "ce-whole":
+            destination.copy_(source, non_blocking=True)
+        elif mode.startswith("ce-pieces-"):
+            window, in_flight = int(mode.rsplit("-", 1)[1]), collections.deque()
+            step = PIECE_BYTES // 4
+            for first in range(0, source.numel(), step):
+                while len(in_flight) >= window:
+                    in_flight.popleft().synchronize()
+                destination[first:first + step].copy_(source[first:first + step], non_blocking=True)
+                in_flight.append(stream.record_event(torch.cuda.Event(blocking=True)))
+        elif mode.startswith("sm-"):
+            ctas = int(mode.split("-")[1])
+            _copy_kernel[(ctas,)](source, destination, source.numel(), BLOCK=4096, CTAS=ctas)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--modes", default="none,ce-whole,ce-pieces-2,ce-pieces-1,sm-8,sm-16,sm-32,none")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    grad = torch.randn(int(GRAD_BYTES / 4), device="cuda")
+    host = torch.empty_like(grad, device="cpu").pin_memory()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    side = torch.cuda.Stream()
+    sm = copy("sm-16", grad, host, side)  # compiles the kernel; checks it copied
+    assert torch.equal(host[:1000].cuda(), grad[:1000]) and torch.equal(host[-1000:].cuda(), grad[-1000:])
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    rows = []
+    for mode in args.modes.split(","):
+        steps, copies, waits = [], [], []
+        for index in range(args.steps + 1):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            result = {}
+            thread = None
+            if mode != "none":
+                thread = threading.Thread(target=lambda: result.update(s=copy(mode, grad, host, side)))
+                thread.start()
+            for gemm in range(STEP_GEMMS):
+                c = a @ b
+                if (gemm + 1) % GEMMS_PER_READ == 0:
+                    read = time.perf_counter()
+                    c[0, 0].item()
+                    if index:
+                        waits.append(time.perf_counter() - read)
+            torch.cuda.synchronize()
+            if thread is not None:
+                thread.join()
+            if index:  # the first is a warm-up
+                steps.append(time.perf_counter() - started)
+                if "s" in result:
+                    copies.append(result["s"])
+        row = {"mode": mode, "step_s": statistics.median(steps), "steps_s": steps,
+               "copy_s": statistics.median(copies) if copies else None,
+               "read_wait_median_ms": 1000 * statistics.median(waits), "read_wait_max_ms": 1000 * max(waits)}
+        rows.append(row)
+        rate = f"{GRAD_BYTES / row['copy_s'] / 1e9:.1f} GB/s" if copies else "-"
+        print(f"{mode:12s} step {row['step_s']:.4f} s (min {min(steps):.4f} max {max(steps):.4f}); copy "
+              f"{1000 * row['copy_s'] if copies else 0:.1f} ms, {rate}; reads wait median "
+              f"{row['read_wait_median_ms']:.2f} ms, longest {row['read_wait_max_ms']:.2f} ms", flush=True)
+    if args.out:
+        with open(args.out, "w") as file:
+            json.dump(rows, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
