@@ -519,6 +519,19 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # by gpu_trace (the training stream's gaps and what ran beside them).
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-profiles" \
         --resume --profile --runs baseline,d2h-only,h2d-only,neither ;;
+    d2h-spacing)
+      # Thirty-eighth session (issue #16, offload-engine/d2h-by-kernel/; ~1 min, plain torch + Triton: runs before the
+      # bundle's install): the delayed mode's D2H alone costs 1.15x, its training stream's scalar read waiting ~75 ms
+      # a step behind it with two pieces in flight (delayed-ablation/profiles/). In d2h_by_kernel.py two in flight
+      # held a read for the whole copy, one in flight did not. Pieces all enqueued at once with a GPU-side pause
+      # between them (no thread to wake), against one and two in flight, with the step's thread idle in its reads
+      # and with it holding the interpreter's lock in launches.
+      d="$runs/d2h-spacing"; mkdir -p "$d"
+      for busy in 0 50; do
+        $py docs/benchmarks/offload-engine/d2h-by-kernel/d2h_by_kernel.py --busy-launches $busy \
+          --modes none,ce-pieces-2,ce-pieces-1,ce-spaced-20,ce-spaced-200,none --out "$d/busy-$busy.json" \
+          > "$d/busy-$busy.log" 2>&1; tail -n 7 "$d/busy-$busy.log"
+      done ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

@@ -11,9 +11,16 @@ gradient copy thread does, in one of these ways:
     ce-pieces-2  128 MiB pieces, two in flight (the engine's default)
     ce-pieces-1  128 MiB pieces, one in flight
     sm-CTAS      a Triton kernel of CTAS blocks that loads the GPU buffer and stores it into the pinned host buffer
+    ce-spaced-US 128 MiB pieces all enqueued at once, each after a GPU-side pause of about US microseconds on the
+                 copy's stream (torch.cuda._sleep): no thread between the pieces, yet the copy engine has no copy of
+                 that stream ready while the pause runs, so another stream's copy may get in (not run yet)
+
+--busy-launches K adds K one-element kernels after each GEMM, so that the step's thread holds the interpreter's
+lock most of the time, as Megatron's training thread does while it launches; the copy thread of ce-pieces-N then
+waits for that lock before each piece.
 
 Prints one line per mode: the step's median over the measured steps, the copy's own time and rate, the reads' median
-and longest wait. Usage: python3 d2h_by_kernel.py [--steps 6] [--out FILE.json]"""
+and longest wait. Usage: python3 d2h_by_kernel.py [--steps 6] [--modes M,...] [--busy-launches K] [--out FILE.json]"""
 
 import argparse
 import collections
@@ -41,6 +48,20 @@ def _copy_kernel(src, dst, n, BLOCK: tl.constexpr, CTAS: tl.constexpr):
         tl.store(dst + index, tl.load(src + index, mask=mask), mask=mask)
 
 
+def sleep_cycles_per_us() -> float:
+    """torch.cuda._sleep's cycles per microsecond on this GPU, timed once."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm-up
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / (start.elapsed_time(end) * 1000)
+
+
+CYCLES_PER_US = None
+
+
 def copy(mode: str, source, destination, stream) -> float:
     """The whole copy enqueued on ``stream`` (from the calling thread); returns its GPU time in s."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,6 +77,13 @@ def copy(mode: str, source, destination, stream) -> float:
                     in_flight.popleft().synchronize()
                 destination[first:first + step].copy_(source[first:first + step], non_blocking=True)
                 in_flight.append(stream.record_event(torch.cuda.Event(blocking=True)))
+        elif mode.startswith("ce-spaced-"):
+            pause = int(float(mode.rsplit("-", 1)[1]) * CYCLES_PER_US)
+            step = PIECE_BYTES // 4
+            for first in range(0, source.numel(), step):
+                if first:
+                    torch.cuda._sleep(pause)
+                destination[first:first + step].copy_(source[first:first + step], non_blocking=True)
         elif mode.startswith("sm-"):
             ctas = int(mode.split("-")[1])
             _copy_kernel[(ctas,)](source, destination, source.numel(), BLOCK=4096, CTAS=ctas)
@@ -68,16 +96,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--modes", default="none,ce-whole,ce-pieces-2,ce-pieces-1,sm-8,sm-16,sm-32,none")
+    parser.add_argument("--busy-launches", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args()
+    global CYCLES_PER_US
+    CYCLES_PER_US = sleep_cycles_per_us()
     grad = torch.randn(int(GRAD_BYTES / 4), device="cuda")
     host = torch.empty_like(grad, device="cpu").pin_memory()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
+    tiny = torch.zeros(1, device="cuda")
     side = torch.cuda.Stream()
     sm = copy("sm-16", grad, host, side)  # compiles the kernel; checks it copied
     assert torch.equal(host[:1000].cuda(), grad[:1000]) and torch.equal(host[-1000:].cuda(), grad[-1000:])
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"--busy-launches {args.busy_launches}; _sleep: {CYCLES_PER_US:.0f} cycles/us", flush=True)
     rows = []
     for mode in args.modes.split(","):
         steps, copies, waits = [], [], []
@@ -91,6 +124,8 @@ def main() -> None:
                 thread.start()
             for gemm in range(STEP_GEMMS):
                 c = a @ b
+                for _ in range(args.busy_launches):
+                    tiny.add_(1)
                 if (gemm + 1) % GEMMS_PER_READ == 0:
                     read = time.perf_counter()
                     c[0, 0].item()
@@ -103,7 +138,7 @@ def main() -> None:
                 steps.append(time.perf_counter() - started)
                 if "s" in result:
                     copies.append(result["s"])
-        row = {"mode": mode, "step_s": statistics.median(steps), "steps_s": steps,
+        row = {"mode": mode, "busy_launches": args.busy_launches, "step_s": statistics.median(steps), "steps_s": steps,
                "copy_s": statistics.median(copies) if copies else None,
                "read_wait_median_ms": 1000 * statistics.median(waits), "read_wait_max_ms": 1000 * max(waits)}
         rows.append(row)
