@@ -513,12 +513,18 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-directions" \
         --resume --rounds ${ROUNDS:-2} --runs baseline,no-adam,d2h-only,h2d-only,neither train.train_iters=33 ;;
     delayed-ablation-profiles)
-      # Thirty-eighth session (issue #16, offload-engine/delayed-ablation/; ~5 min): where each direction's copies
+      # Thirty-eighth session (issue #16, offload-engine/delayed-ablation/; ~6 min): where each direction's copies
       # cost the step, seen on the GPU: the baseline, the gradients' D2H alone, the weights' H2D alone and neither
       # (the CPU Adam skipped in the last three; timing only), each once for 13 steps under PyTorch's profiler, read
       # by gpu_trace (the training stream's gaps and what ran beside them).
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-profiles" \
         --resume --profile --runs baseline,d2h-only,h2d-only,neither ;;
+    delayed-d2h-read)
+      # Thirty-eighth session (issue #16, offload-engine/delayed-ablation/; ~1.5 min): which scalar read waits ~75 ms a
+      # step behind the delayed mode's gradient copy (profiles/d2h-only-gpu_trace.md names only _local_scalar_dense):
+      # the D2H alone profiled with Python stacks, gpu_trace naming the Python function that launched each gap's read.
+      $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-d2h-read" --resume \
+        --profile --stacks --runs d2h-only ;;
     d2h-spacing)
       # Thirty-eighth session (issue #16, offload-engine/d2h-by-kernel/; ~1 min, plain torch + Triton: runs before the
       # bundle's install): the delayed mode's D2H alone costs 1.15x, its training stream's scalar read waiting ~75 ms

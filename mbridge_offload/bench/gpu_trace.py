@@ -10,7 +10,9 @@ The training stream is the one with the most kernel time. A gap in it is time th
 event (an offload engine's gate, a copy), or on the CPU launching work. Which of the two: the work after the gap was
 launched by the CPU (the CUDA runtime call with the same correlation id) some time before the gap ended. Launched
 long before, the GPU held it (it waited on an event, or a copy on the copy engine's queue); launched just before, the
-CPU was late (the launching thread was busy or blocked). The report gives that lead and the CPU op that launched it.
+CPU was late (the launching thread was busy or blocked). The report gives that lead and the CPU op that launched it,
+and, in a trace written with Python stacks (``profiling.pytorch_profiler_collect_callstack=True``), the innermost
+Python function outside PyTorch around the launch: which of the training loop's reads a copy is, for example.
 """
 
 from __future__ import annotations
@@ -81,12 +83,13 @@ class Launch:
     end_us: float
     call: str  # cudaLaunchKernel, cudaMemcpyAsync, ...
     op: str  # "" when no CPU op encloses it
+    caller: str = ""  # the innermost Python frame outside PyTorch around it ("file(line): function"); "" without stacks
 
 
 def load_launches(trace: Path | list[dict]) -> dict[int, Launch]:
     """By correlation id, the launches of a Chrome trace (its path, or ``read_trace``'s events; empty if it has
     none)."""
-    calls, ops = [], {}
+    calls, ops, frames = [], {}, {}
     for event in trace if isinstance(trace, list) else read_trace(trace):
         category = event.get("cat", "")
         start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
@@ -94,12 +97,50 @@ def load_launches(trace: Path | list[dict]) -> dict[int, Launch]:
             calls.append((start, end, event.get("tid"), event.get("name", ""), int(event["args"]["correlation"])))
         elif category == "cpu_op":
             ops.setdefault(event.get("tid"), []).append((start, end, event.get("name", "")))
+        elif category == "python_function":
+            frames.setdefault(event.get("tid"), []).append((start, end, event.get("name", "")))
+    callers = _callers(calls, frames)
     launches = {}
     for start, end, thread, call, correlation in calls:
         around = [op for op in ops.get(thread, []) if op[0] <= start and end <= op[1]]
         op = min(around, key=lambda o: o[1] - o[0])[2] if around else ""
-        launches[correlation] = Launch(start_us=start, end_us=end, call=call, op=op)
+        launches[correlation] = Launch(start_us=start, end_us=end, call=call, op=op,
+                                       caller=callers.get(correlation, ""))
     return launches
+
+
+def _outside_torch(frame: str) -> bool:
+    """Whether a Python frame's name ("path(line): function") is the caller's code, not PyTorch's own or the
+    interpreter's built-ins."""
+    path = frame.split("(", 1)[0].replace("\\", "/")
+    return not (path.startswith("torch/") or "/torch/" in path or frame.startswith("<built-in"))
+
+
+def _callers(calls: list[tuple], frames: dict) -> dict[int, str]:
+    """By correlation id, the innermost Python frame outside PyTorch that encloses each call on its thread. A
+    thread's frames nest (a call stack), so one sweep in time order keeps the stack of frames open at each call."""
+    found: dict[int, str] = {}
+    by_thread: dict = {}
+    for start, end, thread, _, correlation in calls:
+        by_thread.setdefault(thread, []).append((start, end, correlation))
+    for thread, thread_calls in by_thread.items():
+        opened = sorted(frames.get(thread, []), key=lambda f: (f[0], -f[1]))
+        if not opened:
+            continue
+        stack: list[tuple[float, float, str]] = []
+        index = 0
+        for start, end, correlation in sorted(thread_calls):
+            while index < len(opened) and opened[index][0] <= start:
+                while stack and stack[-1][1] < opened[index][0]:
+                    stack.pop()
+                stack.append(opened[index])
+                index += 1
+            while stack and stack[-1][1] < end:
+                stack.pop()
+            caller = next((frame[2] for frame in reversed(stack) if frame[1] >= end and _outside_torch(frame[2])), "")
+            if caller:
+                found[correlation] = caller
+    return found
 
 
 def union_us(spans: list[tuple[float, float]]) -> float:
@@ -151,6 +192,8 @@ def launch_lead(after: GpuEvent, gap_end_us: float, launches: dict[int, Launch])
     if launch is None:
         return "-", "-"
     by = f"{launch.op[:40]} ({launch.call})" if launch.op else launch.call
+    if launch.caller:
+        by += f" from {launch.caller[-90:]}"
     return f"{(gap_end_us - launch.end_us) / 1e3:.2f}", by
 
 

@@ -86,3 +86,43 @@ def test_a_gap_says_when_and_by_what_the_work_after_it_was_launched(tmp_path):
             and line.split(" | ")[1].replace(".", "").isdigit()}
     assert rows["8.00"].endswith("| 4.00 | aten::_local_scalar_dense (cudaMemcpyAsync) |")
     assert rows["9.99"].endswith("| 0.10 | cudaLaunchKernel |")
+
+
+def test_a_launch_names_the_python_function_outside_torch_around_it(tmp_path):
+    """With Python stacks in the trace, the gap's read names the innermost frame outside PyTorch around its launch
+    on the launching thread: not a frame of PyTorch's own or a built-in, not a sibling that ended before it, not a
+    frame of another thread. A launch with no such frame keeps only its op."""
+    def frame(name, ts, dur, tid=1):
+        return {"ph": "X", "name": name, "cat": "python_function", "ts": ts, "dur": dur, "tid": tid}
+
+    events = [
+        _event("ProfilerStep#3", "gpu_user_annotation", 0, 30_000, 7),
+        _event("gemm", "kernel", 0, 2_000, 7, correlation=1),
+        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 10_000, 10, 7, correlation=2, bytes=4),
+        _event("gemm", "kernel", 20_000, 5_000, 7, correlation=3),
+        {"ph": "X", "name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": 5_900, "dur": 100, "tid": 1,
+         "args": {"correlation": 2}},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 19_880, "dur": 20, "tid": 1,
+         "args": {"correlation": 3}},
+        {"ph": "X", "name": "aten::_local_scalar_dense", "cat": "cpu_op", "ts": 5_800, "dur": 4_300, "tid": 1},
+        frame("megatron/bridge/training/train.py(700): train", 0, 30_000),
+        frame("megatron/bridge/training/train.py(300): training_log", 1_000, 1_000),  # ended before the read
+        frame("mbridge_offload/runtime/metrics.py(222): on_train_step_end", 4_000, 7_000),
+        frame("mbridge_offload/runtime/metrics.py(105): _loss_value", 5_500, 5_000),
+        frame("<built-in method item of Tensor object at 0x7f>", 5_700, 4_500),
+        frame("/usr/lib/python3/site-packages/torch/_tensor.py(40): wrapped", 5_750, 4_400),
+        frame("other/thread.py(1): copy", 5_000, 2_000, tid=2),
+    ]
+    path = tmp_path / "rank-0.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    launches = load_launches(path)
+    assert launches[2].caller == "mbridge_offload/runtime/metrics.py(105): _loss_value"
+    assert launches[3].caller == "megatron/bridge/training/train.py(700): train"
+    text = report(path, gap_ms=1.0)
+    assert ("| 4.00 | aten::_local_scalar_dense (cudaMemcpyAsync) from "
+            "mbridge_offload/runtime/metrics.py(105): _loss_value |") in text
+    del events[7:]  # no stacks: no caller
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    assert load_launches(path)[2].caller == ""

@@ -11,13 +11,15 @@ gradient copy thread does, in one of these ways:
     ce-pieces-2  128 MiB pieces, two in flight (the engine's default)
     ce-pieces-1  128 MiB pieces, one in flight
     sm-CTAS      a Triton kernel of CTAS blocks that loads the GPU buffer and stores it into the pinned host buffer
-    ce-spaced-US 128 MiB pieces all enqueued at once, each after a GPU-side pause of about US microseconds on the
-                 copy's stream (torch.cuda._sleep): no thread between the pieces, yet the copy engine has no copy of
-                 that stream ready while the pause runs, so another stream's copy may get in (not run yet)
+    ce-spaced-US 128 MiB pieces all enqueued at once, a GPU-side pause of about US microseconds between two
+                 (torch.cuda._sleep on the copy's stream): no thread between the pieces, and (the reading to test)
+                 the copy engine has no copy of that stream ready while a pause runs, so another stream's copy may
+                 get in. A pause is a kernel: beside GEMMs that fill the SMs it may start late; each line says how
+                 long the pauses ran (not run yet)
 
---busy-launches K adds K one-element kernels after each GEMM, so that the step's thread holds the interpreter's
-lock most of the time, as Megatron's training thread does while it launches; the copy thread of ce-pieces-N then
-waits for that lock before each piece.
+--busy-launches K adds K one-element kernels after each GEMM, so that the step's thread spends more of the step in
+launches (holding the interpreter's lock between ops, as Megatron's training thread does) and less asleep in its
+reads; each line gives the thread's time outside its reads, to see how busy it was.
 
 Prints one line per mode: the step's median over the measured steps, the copy's own time and rate, the reads' median
 and longest wait. Usage: python3 d2h_by_kernel.py [--steps 6] [--modes M,...] [--busy-launches K] [--out FILE.json]"""
@@ -62,9 +64,12 @@ def sleep_cycles_per_us() -> float:
 CYCLES_PER_US = None
 
 
-def copy(mode: str, source, destination, stream) -> float:
-    """The whole copy enqueued on ``stream`` (from the calling thread); returns its GPU time in s."""
+def copy(mode: str, source, destination, stream) -> dict:
+    """The whole copy enqueued on ``stream`` (from the calling thread): its GPU time in s (``s``) and, with pauses,
+    the median pause as it ran on the GPU in ms (``pause_ms``: a pause is a kernel, and beside kernels that fill every
+    SM it may start late and run longer than asked)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pauses = []
     with torch.cuda.stream(stream):
         start.record()
         if mode == "ce-whole":
@@ -82,14 +87,19 @@ def copy(mode: str, source, destination, stream) -> float:
             step = PIECE_BYTES // 4
             for first in range(0, source.numel(), step):
                 if first:
+                    timed = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    timed[0].record()
                     torch.cuda._sleep(pause)
+                    timed[1].record()
+                    pauses.append(timed)
                 destination[first:first + step].copy_(source[first:first + step], non_blocking=True)
         elif mode.startswith("sm-"):
             ctas = int(mode.split("-")[1])
             _copy_kernel[(ctas,)](source, destination, source.numel(), BLOCK=4096, CTAS=ctas)
         end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1000
+    return {"s": start.elapsed_time(end) / 1000,
+            "pause_ms": statistics.median(a.elapsed_time(b) for a, b in pauses) if pauses else None}
 
 
 def main() -> None:
@@ -113,15 +123,16 @@ def main() -> None:
           f"--busy-launches {args.busy_launches}; _sleep: {CYCLES_PER_US:.0f} cycles/us", flush=True)
     rows = []
     for mode in args.modes.split(","):
-        steps, copies, waits = [], [], []
+        steps, copies, waits, launching, pauses = [], [], [], [], []
         for index in range(args.steps + 1):
             torch.cuda.synchronize()
             started = time.perf_counter()
             result = {}
             thread = None
             if mode != "none":
-                thread = threading.Thread(target=lambda: result.update(s=copy(mode, grad, host, side)))
+                thread = threading.Thread(target=lambda: result.update(copy(mode, grad, host, side)))
                 thread.start()
+            in_reads = 0.0
             for gemm in range(STEP_GEMMS):
                 c = a @ b
                 for _ in range(args.busy_launches):
@@ -129,23 +140,32 @@ def main() -> None:
                 if (gemm + 1) % GEMMS_PER_READ == 0:
                     read = time.perf_counter()
                     c[0, 0].item()
+                    in_reads += time.perf_counter() - read
                     if index:
                         waits.append(time.perf_counter() - read)
+            launched = time.perf_counter() - started - in_reads  # the thread's time outside its reads
             torch.cuda.synchronize()
             if thread is not None:
                 thread.join()
             if index:  # the first is a warm-up
                 steps.append(time.perf_counter() - started)
+                launching.append(launched)
                 if "s" in result:
                     copies.append(result["s"])
+                if result.get("pause_ms") is not None:
+                    pauses.append(result["pause_ms"])
         row = {"mode": mode, "busy_launches": args.busy_launches, "step_s": statistics.median(steps), "steps_s": steps,
                "copy_s": statistics.median(copies) if copies else None,
+               "pause_ms_median": statistics.median(pauses) if pauses else None,
+               "launching_s": statistics.median(launching),
                "read_wait_median_ms": 1000 * statistics.median(waits), "read_wait_max_ms": 1000 * max(waits)}
         rows.append(row)
         rate = f"{GRAD_BYTES / row['copy_s'] / 1e9:.1f} GB/s" if copies else "-"
         print(f"{mode:12s} step {row['step_s']:.4f} s (min {min(steps):.4f} max {max(steps):.4f}); copy "
               f"{1000 * row['copy_s'] if copies else 0:.1f} ms, {rate}; reads wait median "
-              f"{row['read_wait_median_ms']:.2f} ms, longest {row['read_wait_max_ms']:.2f} ms", flush=True)
+              f"{row['read_wait_median_ms']:.2f} ms, longest {row['read_wait_max_ms']:.2f} ms; thread outside its "
+              f"reads {1000 * row['launching_s']:.1f} ms"
+              + (f"; pauses ran {row['pause_ms_median']:.3f} ms (median)" if pauses else ""), flush=True)
     if args.out:
         with open(args.out, "w") as file:
             json.dump(rows, file, indent=1)

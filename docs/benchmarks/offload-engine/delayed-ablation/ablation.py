@@ -5,12 +5,14 @@ run a fresh process (mbridge_offload.bench.sweep.run_one, as bench_offload.py ru
 
     python3 docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out DIR [--rounds 2] [--resume] \
         [--recipe qwen3_1b_proxy_pretrain_config] [OVERRIDES...]
-    python3 docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out DIR --profile --runs NAME,... [--resume]
+    python3 docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out DIR --profile [--stacks] --runs NAME,...
+        [--resume]
 
 Writes DIR/ablation.json and DIR/ablation.md: each run's median step (the warm-up steps excluded) against its round's
 baseline, and the training thread's wait for the engine. With --profile, each named run instead runs once for 13
 steps with PyTorch's profiler on steps 10-12 (Megatron Bridge's schedule traces 10-11), read by
-mbridge_offload.bench.gpu_trace into DIR/NAME-gpu_trace.md (the trace itself is not kept)."""
+mbridge_offload.bench.gpu_trace into DIR/NAME-gpu_trace.md (the trace itself is not kept); --stacks records Python
+stacks too, so that the report names the Python function that launched the work after each gap."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ RUNS = {
     "h2d-only": ("adam,gradient-copies", "the weights' copy back alone"),
 }
 DEFAULT_RUNS = ("baseline", "delayed", "no-adam", "no-copies", "neither")  # what the first ablation ran
+STACKS_OVERRIDE = "profiling.pytorch_profiler_collect_callstack=True"
 PROFILE_OVERRIDES = ["train.train_iters=13", "profiling.use_pytorch_profiler=True", "profiling.profile_step_start=10",
                      "profiling.profile_step_end=12"]  # as h200.sh's profiled_run
 
@@ -47,15 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the runs a summary exists for")
     parser.add_argument("--profile", action="store_true",
                         help="one profiled 13-step run of each (no rounds, no ratios): DIR/NAME-gpu_trace.md")
+    parser.add_argument("--stacks", action="store_true", help="with --profile: Python stacks in the trace")
     args, overrides = parser.parse_known_args(argv)
     names = args.runs.split(",")
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         parser.error(f"--runs: unknown {unknown}; the runs are {', '.join(RUNS)}")
+    if args.stacks and not args.profile:
+        parser.error("--stacks is a --profile option")
     if args.profile:
+        if args.rounds != parser.get_default("rounds"):
+            parser.error("--profile runs each named run once: --rounds does not apply")
         if overrides:
             parser.error(f"--profile sets its own overrides ({' '.join(PROFILE_OVERRIDES)}); got {overrides}")
-        return _profile(args, names)
+        return _profile(args, names, PROFILE_OVERRIDES + ([STACKS_OVERRIDE] if args.stacks else []))
     overrides = overrides or ["train.train_iters=33"]
 
     from mbridge_offload.bench.progress import RunProgress
@@ -85,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                     waits = [s["engine_wait_s"] for s in _steps(out)[skip:] if s.get("engine_wait_s") is not None]
                 except ValueError as error:  # a torn record line
                     outcome = {"reason": f"unreadable step records: {error}"}
-                log = out / "log.txt"
-                marked = f"[{ABLATE_ENV}]" in (log.read_text(errors="replace") if log.is_file() else "")
+                marked = _skip_marked(out)
             rows.append({"round": round_number, "run": name, "skipped": skipped, "means": means,
                          "status": "ok" if "summary" in outcome else f"FAILED: {outcome.get('reason')}",
                          # a run with parts to skip that does not say so in its log skipped nothing
@@ -131,8 +138,9 @@ def _run(recipe: str, name: str, out: Path, overrides: list[str]) -> dict:
         os.environ.update(env)
 
 
-def _profile(args, names: list[str]) -> int:
-    """Each named run once under the profiler; its trace read into DIR/NAME-gpu_trace.md, then deleted."""
+def _profile(args, names: list[str], overrides: list[str]) -> int:
+    """Each named run once under the profiler; its trace read into DIR/NAME-gpu_trace.md, then deleted. With
+    --resume, a run with its report is kept, and a run that trained but whose trace was not read yet is only read."""
     import shutil
 
     from mbridge_offload.bench import gpu_trace
@@ -143,21 +151,39 @@ def _profile(args, names: list[str]) -> int:
     failed = []
     for name in names:
         out, report = args.out / name, args.out / f"{name}-gpu_trace.md"
-        if args.resume and report.is_file():
-            progress.kept(name)
-            continue
-        progress.starting(name)
-        result = _run(args.recipe, name, out, PROFILE_OVERRIDES)
-        progress.finished(name, run_status(result), result["wall_s"])
         trace = out / "torch_profile" / "rank-0.json.gz"
-        if "summary" not in result or not trace.is_file():
-            failed.append(f"{name}: {result.get('reason') or 'no trace written'}")
+        if args.resume and (report.is_file() or ((out / "summary.json").is_file() and trace.is_file())):
+            progress.kept(name)
+        else:
+            progress.starting(name)
+            result = _run(args.recipe, name, out, overrides)
+            progress.finished(name, run_status(result), result["wall_s"])
+            if "summary" not in result:
+                failed.append(f"{name}: {result.get('reason')}")
+                continue
+        if RUNS[name][0] and not _skip_marked(out):  # a run with parts to skip that does not say so skipped nothing
+            failed.append(f"{name}: NOT SKIPPED: no [{ABLATE_ENV}] mark in its log")
             continue
-        gpu_trace.main([str(trace), "--out", str(report)])
+        if report.is_file():
+            continue
+        if not trace.is_file():
+            failed.append(f"{name}: no trace written ({trace})")
+            continue
+        try:
+            gpu_trace.main([str(trace), "--out", str(report)])
+        except Exception as error:  # noqa: BLE001  (the next run's profile is still wanted)
+            failed.append(f"{name}: its trace could not be read: {type(error).__name__}: {error}")
+            continue
         shutil.rmtree(out / "torch_profile")
     for line in failed:
         print(f"[ablation profile] FAILED {line}")
     return 1 if failed else 0
+
+
+def _skip_marked(out: Path) -> bool:
+    """Whether the run's log says the patch skipped its parts."""
+    log = out / "log.txt"
+    return f"[{ABLATE_ENV}]" in (log.read_text(errors="replace") if log.is_file() else "")
 
 
 def _steps(out: Path) -> list[dict]:
