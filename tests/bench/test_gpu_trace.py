@@ -60,11 +60,10 @@ def test_reads_streams_copies_and_gaps(tmp_path):
     assert "| 21: 2.0, 22: 0.5 |" in text  # what ran while the training stream waited (the HtoD ended before)
 
 
-def test_a_gap_says_when_and_by_what_the_work_after_it_was_launched(tmp_path):
-    """Two gaps of the training stream: after the first, a copy the CPU had launched 4 ms before the gap ended (the
-    GPU held it: an event or the copy engine's queue); after the second, a kernel launched 0.1 ms before (the CPU was
-    late). The launching op is the innermost CPU op around the runtime call on its thread."""
-    events = [
+def _a_read_and_a_late_kernel() -> list[dict]:
+    """Two gaps of the training stream (7): before a 4-byte DtoH launched by thread 1 at 5.9-6.0 ms (correlation 2),
+    and before a kernel launched at 19.88-19.9 ms (correlation 3)."""
+    return [
         _event("ProfilerStep#3", "gpu_user_annotation", 0, 30_000, 7),
         _event("gemm", "kernel", 0, 2_000, 7, correlation=1),
         _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 10_000, 10, 7, correlation=2, bytes=4),
@@ -73,6 +72,14 @@ def test_a_gap_says_when_and_by_what_the_work_after_it_was_launched(tmp_path):
          "args": {"correlation": 2}},
         {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 19_880, "dur": 20, "tid": 1,
          "args": {"correlation": 3}},
+    ]
+
+
+def test_a_gap_says_when_and_by_what_the_work_after_it_was_launched(tmp_path):
+    """Two gaps of the training stream: after the first, a copy the CPU had launched 4 ms before the gap ended (the
+    GPU held it: an event or the copy engine's queue); after the second, a kernel launched 0.1 ms before (the CPU was
+    late). The launching op is the innermost CPU op around the runtime call on its thread."""
+    events = _a_read_and_a_late_kernel() + [
         {"ph": "X", "name": "aten::item", "cat": "cpu_op", "ts": 5_000, "dur": 6_000, "tid": 1},
         {"ph": "X", "name": "aten::_local_scalar_dense", "cat": "cpu_op", "ts": 5_800, "dur": 4_300, "tid": 1},
         {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 19_000, "dur": 1_000, "tid": 2},  # another thread
@@ -95,15 +102,7 @@ def test_a_launch_names_the_python_function_outside_torch_around_it(tmp_path):
     def frame(name, ts, dur, tid=1):
         return {"ph": "X", "name": name, "cat": "python_function", "ts": ts, "dur": dur, "tid": tid}
 
-    events = [
-        _event("ProfilerStep#3", "gpu_user_annotation", 0, 30_000, 7),
-        _event("gemm", "kernel", 0, 2_000, 7, correlation=1),
-        _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 10_000, 10, 7, correlation=2, bytes=4),
-        _event("gemm", "kernel", 20_000, 5_000, 7, correlation=3),
-        {"ph": "X", "name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": 5_900, "dur": 100, "tid": 1,
-         "args": {"correlation": 2}},
-        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 19_880, "dur": 20, "tid": 1,
-         "args": {"correlation": 3}},
+    events = _a_read_and_a_late_kernel() + [
         {"ph": "X", "name": "aten::_local_scalar_dense", "cat": "cpu_op", "ts": 5_800, "dur": 4_300, "tid": 1},
         frame("megatron/bridge/training/train.py(700): train", 0, 30_000),
         frame("megatron/bridge/training/train.py(300): training_log", 1_000, 1_000),  # ended before the read
@@ -122,7 +121,7 @@ def test_a_launch_names_the_python_function_outside_torch_around_it(tmp_path):
     text = report(path, gap_ms=1.0)
     assert ("| 4.00 | aten::_local_scalar_dense (cudaMemcpyAsync) from "
             "mbridge_offload/runtime/metrics.py(105): _loss_value |") in text
-    del events[7:]  # no stacks: no caller
+    events = [e for e in events if e["cat"] != "python_function"]  # no stacks: no caller
     with gzip.open(path, "wt") as handle:
         json.dump({"traceEvents": events}, handle)
     assert load_launches(path)[2].caller == ""
