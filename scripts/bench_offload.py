@@ -23,7 +23,9 @@ and, for each fraction, each configuration in a fresh process, each run of at le
   (mbridge_offload/runtime/streaming_engine.py); engine-exact-one-piece / engine-delayed-one-piece: the same with
   one piece of their copies in flight instead of two (MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT=1);
   engine-exact-by-region / engine-delayed-by-region: the same with the gradient buffers zeroed by region
-  (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, mbridge_offload/runtime/grad_regions.py).
+  (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, mbridge_offload/runtime/grad_regions.py); engine-delayed-copies-next-step:
+  engine-delayed with each step's gradient copies started at the next step's gradient zeroing
+  (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step).
 
 ``--deterministic`` launches every run bit-reproducible (run_recipe.py --deterministic): identical runs then take
 the same path (on the MoE proxy the same expert routing, which sets its step time), and loss parity is judged at the

@@ -538,6 +538,20 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
           --modes none,ce-pieces-2,ce-pieces-1,ce-spaced-20,ce-spaced-200,none --out "$d/busy-$busy.json" \
           > "$d/busy-$busy.log" 2>&1; tail -n 7 "$d/busy-$busy.log"
       done ;;
+    delayed-copies-next-step)
+      # Thirty-ninth session (issue #16, offload-engine/delayed-copies-next-step/; ~9 min for the bench, ~1.5 min for
+      # the profile; split over calls with --resume): the delayed mode's D2H alone cost 1.15x, a scalar read of the
+      # step waiting ~75 ms behind it (delayed-ablation/profiles/). MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step hands
+      # each step's copies to the copy thread at the next step's gradient zeroing, after the step's reads (design
+      # section 15). The delayed mode with and without it against their own baselines, 3 rounds interleaved, 33 steps;
+      # then one profile of it (are the gaps gone, and does the backward wait for the zeroing instead).
+      d="$runs/delayed-copies-next-step"; mkdir -p "$d"
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-delayed-copies-next-step \
+        --repeats ${ROUNDS:-3} --baseline-runs ${ROUNDS:-3} train.train_iters=33
+      [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step --offload-engine delayed \
+        optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
+        ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

@@ -19,7 +19,8 @@ from overrides.grammar import key_of
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one, run_status
 from mbridge_offload.facts.cores import available_cores
-from mbridge_offload.facts.offload_engine import COPY_WINDOW_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY, ZERO_BY_REGION_KEY
+from mbridge_offload.facts.offload_engine import (COPY_AT_NEXT_STEP, COPY_WINDOW_KEY, DELAYED_COPY_START_KEY,
+                                                  FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY, ZERO_BY_REGION_KEY)
 from mbridge_offload.runtime.run_outcome import recorded
 
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
@@ -94,6 +95,11 @@ def configurations(cores: int) -> dict[str, dict]:
                                         "means": f"engine-{mode} with the gradient buffers zeroed by region "
                                                  f"({ZERO_BY_REGION_KEY}=on, mbridge_offload/runtime/grad_regions.py)"}
            for mode in ("exact", "delayed")},
+        "engine-delayed-copies-next-step": {**engines["engine-delayed"], "config": "engine-delayed-copies-next-step",
+                                           "overrides": [f"++{DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP}"],
+                                           "means": "engine-delayed with each step's gradient copies started at the "
+                                                    "next step's gradient zeroing, after the step's reads "
+                                                    f"({DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP})"},
         "engine-stream-fetch-ahead": {**engines["engine-stream"], "config": "engine-stream-fetch-ahead",
                                       "overrides": [f"++{FETCH_AHEAD_KEY}=on"],
                                       "means": "engine-stream with fetch-ahead on (mbridge_offload/runtime/"

@@ -116,6 +116,35 @@ def zero_by_region_on(env_vars: Mapping[str, object] | None, environ: Mapping[st
     return zero_by_region_setting(env_vars, environ) == "on"
 
 
+# When the delayed mode hands a step's gradient copies to its copy thread (docs/design/streaming-offload-engine.md
+# section 15): in the optimizer step, or at the next step's gradient zeroing. A read the training stream makes after
+# the step (the loss, the gradient norm) waits on the copy engine for the rest of the gradients' D2H; started at the
+# next step, the D2H finds those reads done and runs under the next forward. The delayed update has until the next
+# step's optimizer step, so its CPU Adam starts later within the time it already has. The exact mode's next forward
+# waits for its update: it cannot start its copies later.
+DELAYED_COPY_START_ENV = "MBRIDGE_OFFLOAD_DELAYED_COPY_START"
+DELAYED_COPY_START_KEY = f"env_vars.{DELAYED_COPY_START_ENV}"
+COPY_AT_STEP, COPY_AT_NEXT_STEP = "step", "next-step"
+DELAYED_COPY_STARTS = (COPY_AT_STEP, COPY_AT_NEXT_STEP)
+DELAYED_COPY_START_KNOWN_FIX = (f"++{DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP}  (or {COPY_AT_STEP}, the default; a "
+                                "value in the shell wins: set it there)")
+DELAYED_COPY_START_HEADER = f"gradient copies: from the next step's gradient zeroing ({DELAYED_COPY_START_ENV})"
+DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from the next step's gradient zeroing, after "
+                           "the step's reads of the loss and norms, under the next forward; the same update (the "
+                           "copies' values and the CPU Adam are unchanged, only when the copies start)")
+
+
+def delayed_copy_start_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
+    """MBRIDGE_OFFLOAD_DELAYED_COPY_START as a run sees it (the shell's, else the config's), or None where unset.
+    Other values come back as given (the validator names them)."""
+    value = run_env(DELAYED_COPY_START_ENV, env_vars, environ)
+    return None if value is None else value.strip()
+
+
+def copies_at_next_step(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> bool:
+    return delayed_copy_start_setting(env_vars, environ) == COPY_AT_NEXT_STEP
+
+
 # The stream mode's fetch-ahead (mbridge_offload/runtime/fetch_ahead.py): the next update's chunks after the ring's come
 # up during the backward, into memory it has freed. Opt-in: on one H100 and the 4-layer MoE proxy it kept the update and
 # the peak allocated but added its buffers to the reserved memory, with no step-time gain resolved

@@ -104,6 +104,11 @@ class GradientCopies:
 _THREAD = LazySerialThread(lambda: copy_thread("mbridge-offload-gradient-copy"))
 
 
+def start() -> None:
+    """Start the copy thread before anything waits for copies handed to it later."""
+    _THREAD.start()
+
+
 def submit(copies: GradientCopies) -> None:
     """Hand one step's copies to the copy thread."""
     _THREAD.submit(copies)

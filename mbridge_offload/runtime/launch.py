@@ -27,9 +27,11 @@ from pathlib import Path
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_WINDOW_ENV, DEFAULT_COPY_WINDOW, DELAYED,
-                                                  ENGINE_MODES, EXACT, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
-                                                  STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS, copy_window,
-                                                  copy_window_setting, engine_mode, fetch_ahead_on, stream_moments,
+                                                  DELAYED_COPY_START_HEADER, DELAYED_COPY_START_SAYS, ENGINE_MODES,
+                                                  EXACT, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
+                                                  STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS, copies_at_next_step,
+                                                  copy_window, copy_window_setting, engine_mode, fetch_ahead_on,
+                                                  stream_moments,
                                                   ZERO_BY_REGION_HEADER, ZERO_BY_REGION_SAYS, zero_by_region_on)
 from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
 from mbridge_offload.runtime.memory_history import write_on_failure  # a no-op unless it records
@@ -130,6 +132,8 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
             lines.append(f"  {STREAM_MOMENTS_HEADER}: {STREAM_MOMENTS_SAYS}")
         if mode in (EXACT, DELAYED) and zero_by_region_on(cfg.env_vars, os.environ):
             lines.append(f"  {ZERO_BY_REGION_HEADER}: {ZERO_BY_REGION_SAYS}")
+        if mode == DELAYED and copies_at_next_step(cfg.env_vars, os.environ):
+            lines.append(f"  {DELAYED_COPY_START_HEADER}: {DELAYED_COPY_START_SAYS}")
         if mode in (EXACT, DELAYED) and copy_window_setting(cfg.env_vars, os.environ) is not None:
             lines.append(f"  copies: {copy_window(cfg.env_vars, os.environ)} piece(s) in flight ({COPY_WINDOW_ENV}; "
                          f"{DEFAULT_COPY_WINDOW} by default)")
@@ -274,7 +278,8 @@ def train(cfg, settings: LaunchSettings) -> int:
 
         install_resume_fix()  # upstream's HybridDeviceOptimizer cannot load its own checkpoints (resume_fix.py)
         # the validator refused what the engine cannot run
-        install(offload_engine(cfg), zero_by_region=zero_by_region_on(cfg.env_vars, os.environ))
+        install(offload_engine(cfg), zero_by_region=zero_by_region_on(cfg.env_vars, os.environ),
+                copies_at_next_step=copies_at_next_step(cfg.env_vars, os.environ))
     if cfg.train.exit_signal_handler:
         interrupt_as_terminate()
     from recipes.derive import derive

@@ -21,7 +21,10 @@ Both modes copy the gradients to the host from a thread of their own, in pieces 
 weights back from another (weight_copies.py), so that a small copy the training stream makes in either direction (a
 read after the step, a micro batch's inputs) need not wait for the whole copy (copy_pieces.py: how far that holds).
 They leave the gradient buffer to be zeroed on the copy stream after the D2H (the next step's forward does not touch
-it; its backward waits for the zeroing), so the D2H overlaps the next forward.
+it; its backward waits for the zeroing), so the D2H overlaps the next forward. The delayed mode may also hand a step's
+copies to the copy thread only at the next step's gradient zeroing (``copies_at_next_step``,
+MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step): the step's reads of the loss and norms then find the copy engine free
+(design section 15); whatever waits for the copies (the zeroing, a drain) hands them over first.
 
 What touches optimizer state or weights outside a training step drains the engine first: the next
 ``optimizer.step()``, checkpoint save and load, evaluation, the parameter-norm log, and any HDO step run
@@ -68,9 +71,9 @@ from typing import Any
 
 from mbridge_offload.facts.engine_messages import (CPU_STEP_FAILED, DELAYED_FP32_WEIGHTS,
                                                   STREAM_OUTSIDE_DISTRIBUTED_OPTIMIZER, UNKNOWN_ENGINE, WORKER_STOPPED)
-from mbridge_offload.facts.offload_engine import (DELAYED, ENGINE_MODES, EXACT, GRADIENT_COPY_THREAD, LIBRARY,
-                                                  REGION_BYTES, STREAM, WEIGHT_COPY_THREAD, WORKER_THREAD,
-                                                  ZERO_BY_REGION_ENV)
+from mbridge_offload.facts.offload_engine import (COPY_AT_NEXT_STEP, COPY_AT_STEP, DELAYED, DELAYED_COPY_START_ENV,
+                                                  ENGINE_MODES, EXACT, GRADIENT_COPY_THREAD, LIBRARY, REGION_BYTES,
+                                                  STREAM, WEIGHT_COPY_THREAD, WORKER_THREAD, ZERO_BY_REGION_ENV)
 from mbridge_offload.runtime import grad_regions, gradient_copies, weight_copies
 from mbridge_offload.runtime.gradient_copies import GradientCopies
 from mbridge_offload.runtime.serial_thread import LazySerialThread, SerialThread
@@ -82,6 +85,8 @@ _WAIT_LOCK = threading.Lock()  # an engine's wait_s: added to from the training 
 NEVER_STEPS = "_mbridge_never_steps"  # on a HybridDeviceOptimizer built only to be read (_install_stream_selection)
 _STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakref.WeakSet(),
                           "by_region": False,  # the gradient buffers are zeroed by region (grad_regions.py)
+                          # delayed: a step's gradient copies go to the copy thread at the next step's zeroing
+                          "copies_at_next_step": False,
                           "building": None,  # the distributed optimizer whose __init__ is running
                           # delayed: a training step ran since the last all-gather of applied weights (set on every
                           # rank alike, so every rank makes the same all-gathers)
@@ -126,6 +131,7 @@ class StreamingEngine:
         self.step_s = 0.0  # training thread inside the engine's optimizer step (its enqueueing), likewise
         self.grads_free_event = None  # the gradient buffers may be zeroed after this event
         self.copies_to_take: GradientCopies | None = None  # the pending step's copies, until enqueue_all takes them
+        self.copies_to_submit: GradientCopies | None = None  # delayed, copies at the next step: not yet handed over
         self.seen_params: set = set()  # model parameters whose own module's forward ran before the first step
         self.unseen_chunks: set[int] = set()
         self._maps_for = None
@@ -224,7 +230,12 @@ class StreamingEngine:
         job = _Job(order=order, ready={i: threading.Event() for i in order}, copies=copies)
         self.job = job
         self.copies_to_take = copies
-        gradient_copies.submit(copies)
+        if self.mode == DELAYED and _STATE["copies_at_next_step"]:
+            # after the step's reads of the loss and norms, which would wait behind the copy (submit_copies)
+            self.copies_to_submit = copies
+            gradient_copies.start()  # the worker's wait for the copies asks whether the thread runs
+        else:
+            gradient_copies.submit(copies)
         weight_copies.start()
         _WORKER.submit((self, job))
 
@@ -458,9 +469,17 @@ class StreamingEngine:
     def advance(self) -> None:
         """A module's forward is about to start (the stream mode enqueues its next chunks)."""
 
+    def submit_copies(self) -> None:
+        """Hand the pending step's gradient copies to the copy thread, where the delayed mode kept them for the next
+        step's gradient zeroing (``copies_at_next_step``); anything that waits for them calls this first."""
+        copies, self.copies_to_submit = self.copies_to_submit, None
+        if copies is not None:
+            gradient_copies.submit(copies)
+
     def enqueue_all(self) -> None:
         """Make sure the pending update's gradient copies are all enqueued (the training thread waits for the copy
         thread if need be); the gradient buffers may then be zeroed after the last one."""
+        self.submit_copies()
         copies = self.copies_to_take
         if copies is None:
             return
@@ -608,12 +627,17 @@ def _engine_of(distributed_optimizer) -> StreamingEngine | None:
     return getattr(getattr(distributed_optimizer, "optimizer", None), "_mbridge_offload_engine", None)
 
 
-def install(mode: str, zero_by_region: bool = False) -> None:
+def install(mode: str, zero_by_region: bool = False, copies_at_next_step: bool = False) -> None:
     """Run every optimizer-offload step of this process with ``mode``'s engine (``library``: change nothing).
     Class attributes, set before the optimizer and the model are built; no file under site-packages changes.
-    ``zero_by_region``: the exact and delayed engines zero the gradient buffers by region (grad_regions.py)."""
+    ``zero_by_region``: the exact and delayed engines zero the gradient buffers by region (grad_regions.py).
+    ``copies_at_next_step``: the delayed engine hands each step's gradient copies to its copy thread at the next
+    step's gradient zeroing instead of in the step (MBRIDGE_OFFLOAD_DELAYED_COPY_START)."""
     if mode not in ENGINE_MODES:
         raise ValueError(UNKNOWN_ENGINE.format(mode=mode, modes=", ".join(ENGINE_MODES)))
+    if copies_at_next_step and mode != DELAYED:
+        raise ValueError(f"{DELAYED_COPY_START_ENV}={COPY_AT_NEXT_STEP} is the delayed engine's (this run's: {mode}). "
+                         f"Fix: ++env_vars.{DELAYED_COPY_START_ENV}={COPY_AT_STEP}")
     if mode == LIBRARY or _STATE["mode"] is not None:
         return
     import torch
@@ -629,6 +653,7 @@ def install(mode: str, zero_by_region: bool = False) -> None:
                          f"++env_vars.{ZERO_BY_REGION_ENV}=off")
     _STATE["mode"] = mode
     _STATE["by_region"] = zero_by_region
+    _STATE["copies_at_next_step"] = copies_at_next_step
     library_step = HybridDeviceOptimizer.step
 
     def step(self, closure=None):
@@ -919,6 +944,8 @@ def _install_grad_zeroing(ddp_class) -> None:
     library_forward = ddp_class.forward
 
     def zero_grad_buffer(self):
+        for engine in engines():  # the step's reads are done: its copies may start (copies_at_next_step)
+            engine.submit_copies()
         if _STATE["by_region"]:
             # each region after the copies that read it; the backward waits per region (_install_region_waits)
             _reset_grad_bookkeeping(self)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_WINDOW_ENV, COPY_WINDOW_KEY, COPY_WINDOW_KNOWN_FIX,
-                                                 COPY_WINDOWS, DELAYED, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_AT_STEP, COPY_WINDOW_ENV, COPY_WINDOW_KEY,
+                                                 COPY_WINDOW_KNOWN_FIX, COPY_WINDOWS, DELAYED, DELAYED_COPY_START_ENV,
+                                                 DELAYED_COPY_START_KEY, DELAYED_COPY_START_KNOWN_FIX,
+                                                 DELAYED_COPY_STARTS, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
                                                  FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
                                                  STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX, STREAM_MOMENTS_MEASURED,
-                                                 copy_window_known, copy_window_setting, engine_mode, fetch_ahead_on,
+                                                 copies_at_next_step, copy_window_known, copy_window_setting,
+                                                 delayed_copy_start_setting, engine_mode, fetch_ahead_on,
                                                  fetch_ahead_setting, stream_host_bytes_per_param, stream_moments,
                                                  ZERO_BY_REGION_ENV, ZERO_BY_REGION_KEY, ZERO_BY_REGION_VALUES,
                                                  zero_by_region_on, zero_by_region_setting)
@@ -245,6 +248,18 @@ RULES: tuple[Rule, ...] = guarded(
                  observed=lambda c: ", ".join(f"{key}={value}" for key, value in _early_writers(c).items()),
                  fix=f"model.gradient_accumulation_fusion=False model.delay_wgrad_compute=False "
                      f"ddp.delay_wgrad_compute=False  (or ++{ZERO_BY_REGION_KEY}=off)"),
+    _engine_rule("delayed-copy-start-known", f"the delayed engine's gradient copies start in the step or at the next "
+                 f"step's gradient zeroing ({DELAYED_COPY_START_ENV}: {' or '.join(DELAYED_COPY_STARTS)})",
+                 key=DELAYED_COPY_START_KEY, applies=lambda c: c.env(DELAYED_COPY_START_ENV) is not None,
+                 holds=lambda c: delayed_copy_start_setting(c.cfg.env_vars, c.environ) in DELAYED_COPY_STARTS,
+                 observed=lambda c: repr(delayed_copy_start_setting(c.cfg.env_vars, c.environ)),
+                 fix=DELAYED_COPY_START_KNOWN_FIX),
+    _needing_offload("delayed-copy-start-needs-delayed", "only the delayed engine's update can wait for copies started "
+                     "at the next step (the exact engine's next forward waits for its update): with another engine, "
+                     "or with optimizer offload off, the setting would be ignored", f"++{ENGINE_KEY}=delayed ",
+                     f"  (or ++{DELAYED_COPY_START_KEY}={COPY_AT_STEP})", engine_needs=True,
+                     key=DELAYED_COPY_START_KEY, applies=lambda c: copies_at_next_step(c.cfg.env_vars, c.environ),
+                     holds=lambda c: _delayed_offload(c), observed=_ignored_with(delayed_copy_start_setting)),
     Rule(id="offload-engine/zero-by-region-no-gain", mechanism=OPTIMIZER, key=ZERO_BY_REGION_KEY,
          text="on the dense proxy at fraction 1 (one H100, docs/benchmarks/offload-engine/zero-by-region) the zeroing "
               "by region changed no update but brought no step-time gain: the delayed mode ran 1.40x with it and "

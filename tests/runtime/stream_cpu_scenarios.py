@@ -51,7 +51,8 @@ from mbridge_offload.runtime.resume_fix import install_resume_fix  # noqa: E402
 # the engine under check: stream (ranks, resume) unless stream_cpu_check.py was asked for another's scenarios
 ENGINE_UNDER_CHECK = os.environ.get("MBRIDGE_CPU_CHECK_ENGINE", "stream")
 install_resume_fix()  # what launch.py installs with optimizer offload, in this order
-streaming_engine.install(ENGINE_UNDER_CHECK, zero_by_region=os.environ.get("MBRIDGE_OFFLOAD_ZERO_BY_REGION") == "on")
+streaming_engine.install(ENGINE_UNDER_CHECK, zero_by_region=os.environ.get("MBRIDGE_OFFLOAD_ZERO_BY_REGION") == "on",
+                         copies_at_next_step=os.environ.get("MBRIDGE_OFFLOAD_DELAYED_COPY_START") == "next-step")
 
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
@@ -833,6 +834,9 @@ def train_and_check_any_engine(run: Run, reference: Reference, settle=drain) -> 
             break
         check(all(d.optimizer._mbridge_offload_engine.job is not None for d in run.distopts), "pending",
               f"rank {run.rank}: step {step} did not leave its update pending")
+        if streaming_engine._STATE["copies_at_next_step"]:
+            check(all(d.optimizer._mbridge_offload_engine.copies_to_submit is not None for d in run.distopts),
+                  "copies-at-next-step", f"rank {run.rank}: step {step} handed its gradient copies over in the step")
         reference.step(step)
         history.append({name: value.clone() for name, value in reference.params.items()})
     settle(run)
@@ -1544,9 +1548,14 @@ def run_scenarios(case, scenarios) -> bool:
     return ok
 
 
+COPIES_AT_NEXT_STEP_LINE = "the delayed engine's gradient copies: handed over at the next step's zeroing"
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "ranks"
     ok = True
+    if streaming_engine._STATE["copies_at_next_step"]:  # every rank's steps check it (train_and_check_any_engine)
+        print(COPIES_AT_NEXT_STEP_LINE, flush=True)
     if what == "ranks":
         scenarios = [("2 ranks, fraction 0.6, overlapped all-gather", 2, (0.6, True, True), None, None),
                      ("2 ranks, fraction 1, all-gather in the step", 2, (1.0, False, False), None, None),

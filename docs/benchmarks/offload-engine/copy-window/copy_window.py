@@ -45,6 +45,7 @@ import time
 
 import torch
 
+from mbridge_offload.bench.gpu_sleep import sleep_cycles_per_ms
 from mbridge_offload.runtime.copy_pieces import copy_in_pieces
 
 
@@ -89,17 +90,6 @@ def busy(kind: str, python_us: float, stop: threading.Event) -> None:
             while time.perf_counter() < until:
                 pass
             work.mul_(1.0)  # a few microseconds on the GPU: its launch queue stays short
-
-
-def sleep_cycles_per_ms() -> float:
-    """The sleep kernel's cycles per millisecond on this GPU, measured."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)  # warm-up
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return 10_000_000 / start.elapsed_time(end)
 
 
 def one(scenario: str, direction: str, device_side, host_side, small_device, small_host, args) -> dict:

@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mbridge_offload.bench.gpu_sleep import sleep_cycles_per_ms
+
 GRAD_BYTES = 4.47e9
 PIECE_BYTES = 128 * 2**20
 STEP_GEMMS = 160
@@ -50,21 +52,7 @@ def _copy_kernel(src, dst, n, BLOCK: tl.constexpr, CTAS: tl.constexpr):
         tl.store(dst + index, tl.load(src + index, mask=mask), mask=mask)
 
 
-def sleep_cycles_per_us() -> float:
-    """torch.cuda._sleep's cycles per microsecond on this GPU, timed once."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)  # warm-up
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return 10_000_000 / (start.elapsed_time(end) * 1000)
-
-
-CYCLES_PER_US = None
-
-
-def copy(mode: str, source, destination, stream) -> dict:
+def copy(mode: str, source, destination, stream, cycles_per_us: float) -> dict:
     """The whole copy enqueued on ``stream`` (from the calling thread): its GPU time in s (``s``) and, with pauses,
     the median pause as it ran on the GPU in ms (``pause_ms``: a pause is a kernel, and beside kernels that fill every
     SM it may start late and run longer than asked)."""
@@ -83,7 +71,7 @@ def copy(mode: str, source, destination, stream) -> dict:
                 destination[first:first + step].copy_(source[first:first + step], non_blocking=True)
                 in_flight.append(stream.record_event(torch.cuda.Event(blocking=True)))
         elif mode.startswith("ce-spaced-"):
-            pause = int(float(mode.rsplit("-", 1)[1]) * CYCLES_PER_US)
+            pause = int(float(mode.rsplit("-", 1)[1]) * cycles_per_us)
             step = PIECE_BYTES // 4
             for first in range(0, source.numel(), step):
                 if first:
@@ -109,18 +97,17 @@ def main() -> None:
     parser.add_argument("--busy-launches", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args()
-    global CYCLES_PER_US
-    CYCLES_PER_US = sleep_cycles_per_us()
+    cycles_per_us = sleep_cycles_per_ms() / 1000
     grad = torch.randn(int(GRAD_BYTES / 4), device="cuda")
     host = torch.empty_like(grad, device="cpu").pin_memory()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
     tiny = torch.zeros(1, device="cuda")
     side = torch.cuda.Stream()
-    sm = copy("sm-16", grad, host, side)  # compiles the kernel; checks it copied
+    sm = copy("sm-16", grad, host, side, cycles_per_us)  # compiles the kernel; checks it copied
     assert torch.equal(host[:1000].cuda(), grad[:1000]) and torch.equal(host[-1000:].cuda(), grad[-1000:])
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
-          f"--busy-launches {args.busy_launches}; _sleep: {CYCLES_PER_US:.0f} cycles/us", flush=True)
+          f"--busy-launches {args.busy_launches}; _sleep: {cycles_per_us:.0f} cycles/us", flush=True)
     rows = []
     for mode in args.modes.split(","):
         steps, copies, waits, launching, pauses = [], [], [], [], []
@@ -130,7 +117,7 @@ def main() -> None:
             result = {}
             thread = None
             if mode != "none":
-                thread = threading.Thread(target=lambda: result.update(copy(mode, grad, host, side)))
+                thread = threading.Thread(target=lambda: result.update(copy(mode, grad, host, side, cycles_per_us)))
                 thread.start()
             in_reads = 0.0
             for gemm in range(STEP_GEMMS):
