@@ -87,6 +87,7 @@ _STATE: dict[str, Any] = {"mode": None, "in_train_step": False, "engines": weakr
                           "by_region": False,  # the gradient buffers are zeroed by region (grad_regions.py)
                           # delayed: a step's gradient copies go to the copy thread at the next step's zeroing
                           "copies_at_next_step": False,
+                          "kept_copies": [],  # those steps' GradientCopies, in the order the steps kept them
                           "building": None,  # the distributed optimizer whose __init__ is running
                           # delayed: a training step ran since the last all-gather of applied weights (set on every
                           # rank alike, so every rank makes the same all-gathers)
@@ -131,7 +132,6 @@ class StreamingEngine:
         self.step_s = 0.0  # training thread inside the engine's optimizer step (its enqueueing), likewise
         self.grads_free_event = None  # the gradient buffers may be zeroed after this event
         self.copies_to_take: GradientCopies | None = None  # the pending step's copies, until enqueue_all takes them
-        self.copies_to_submit: GradientCopies | None = None  # delayed, copies at the next step: not yet handed over
         self.seen_params: set = set()  # model parameters whose own module's forward ran before the first step
         self.unseen_chunks: set[int] = set()
         self._maps_for = None
@@ -231,8 +231,8 @@ class StreamingEngine:
         self.job = job
         self.copies_to_take = copies
         if self.mode == DELAYED and _STATE["copies_at_next_step"]:
-            # after the step's reads of the loss and norms, which would wait behind the copy (submit_copies)
-            self.copies_to_submit = copies
+            # after the step's reads of the loss and norms, which would wait behind the copy (submit_kept_copies)
+            _STATE["kept_copies"].append(copies)
             gradient_copies.start()  # the worker's wait for the copies asks whether the thread runs
         else:
             gradient_copies.submit(copies)
@@ -469,20 +469,13 @@ class StreamingEngine:
     def advance(self) -> None:
         """A module's forward is about to start (the stream mode enqueues its next chunks)."""
 
-    def submit_copies(self) -> None:
-        """Hand the pending step's gradient copies to the copy thread, where the delayed mode kept them for the next
-        step's gradient zeroing (``copies_at_next_step``); anything that waits for them calls this first."""
-        copies, self.copies_to_submit = self.copies_to_submit, None
-        if copies is not None:
-            gradient_copies.submit(copies)
-
     def enqueue_all(self) -> None:
         """Make sure the pending update's gradient copies are all enqueued (the training thread waits for the copy
         thread if need be); the gradient buffers may then be zeroed after the last one."""
-        self.submit_copies()
         copies = self.copies_to_take
         if copies is None:
             return
+        submit_kept_copies(through=copies)
         self._wait_counted(copies.all_enqueued, "the gradients' copies", (GRADIENT_COPY_THREAD,))
         self.copies_to_take = None
         if copies.error is not None:
@@ -572,6 +565,22 @@ def _wait(event: threading.Event, what: str, threads: tuple[str, ...] = _STEP_TH
 # and always sets the job's events)
 _WORKER = LazySerialThread(lambda: SerialThread(name="mbridge-offload-engine",
                                                 handle=lambda item: item[0].run(item[1])))
+
+
+def submit_kept_copies(through: GradientCopies | None = None) -> None:
+    """Hand the gradient copies that the delayed mode kept for the next step's zeroing (``copies_at_next_step``) to
+    the copy thread, in the order the steps kept them: the worker takes the jobs in that order (a MoE's dense
+    optimizer's, then its experts'). Whatever waits for the copies calls this first. ``through``: only up to those
+    copies, where one engine waits for its own (a MoE's expert optimizer drains its last job in its step, after the
+    dense optimizer kept this step's copies, which must stay kept)."""
+    kept = _STATE["kept_copies"]
+    if through is not None and not any(copies is through for copies in kept):
+        return
+    while kept:
+        copies = kept.pop(0)
+        gradient_copies.submit(copies)
+        if copies is through:
+            return
 
 
 def engines() -> list[StreamingEngine]:
@@ -944,8 +953,7 @@ def _install_grad_zeroing(ddp_class) -> None:
     library_forward = ddp_class.forward
 
     def zero_grad_buffer(self):
-        for engine in engines():  # the step's reads are done: its copies may start (copies_at_next_step)
-            engine.submit_copies()
+        submit_kept_copies()  # the step's reads are done: its copies may start (copies_at_next_step)
         if _STATE["by_region"]:
             # each region after the copies that read it; the backward waits per region (_install_region_waits)
             _reset_grad_bookkeeping(self)

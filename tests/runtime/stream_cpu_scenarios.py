@@ -835,8 +835,10 @@ def train_and_check_any_engine(run: Run, reference: Reference, settle=drain) -> 
         check(all(d.optimizer._mbridge_offload_engine.job is not None for d in run.distopts), "pending",
               f"rank {run.rank}: step {step} did not leave its update pending")
         if streaming_engine._STATE["copies_at_next_step"]:
-            check(all(d.optimizer._mbridge_offload_engine.copies_to_submit is not None for d in run.distopts),
-                  "copies-at-next-step", f"rank {run.rank}: step {step} handed its gradient copies over in the step")
+            kept = len(streaming_engine._STATE["kept_copies"])
+            check(kept == len(run.distopts), "copies-at-next-step",
+                  f"rank {run.rank}: step {step} kept {kept} optimizers' gradient copies for the next step, not "
+                  f"{len(run.distopts)}")
         reference.step(step)
         history.append({name: value.clone() for name, value in reference.params.items()})
     settle(run)
