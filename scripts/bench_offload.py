@@ -25,7 +25,8 @@ and, for each fraction, each configuration in a fresh process, each run of at le
   engine-exact-by-region / engine-delayed-by-region: the same with the gradient buffers zeroed by region
   (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, mbridge_offload/runtime/grad_regions.py); engine-delayed-copies-next-step:
   engine-delayed with each step's gradient copies started at the next step's gradient zeroing
-  (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step).
+  (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step); engine-exact-spaced / engine-delayed-spaced: every piece of
+  their copies enqueued at once, a GPU-side pause of about 20 us between two (MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20).
 
 ``--deterministic`` launches every run bit-reproducible (run_recipe.py --deterministic): identical runs then take
 the same path (on the MoE proxy the same expert routing, which sets its step time), and loss parity is judged at the

@@ -538,20 +538,23 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
           --modes none,ce-pieces-2,ce-pieces-1,ce-spaced-20,ce-spaced-200,none --out "$d/busy-$busy.json" \
           > "$d/busy-$busy.log" 2>&1; tail -n 7 "$d/busy-$busy.log"
       done ;;
-    delayed-copies-next-step)
-      # Thirty-ninth session (issue #16, offload-engine/delayed-copies-next-step/; ~9 min for the bench, ~1.5 min for
-      # the profile; split over calls with --resume): the delayed mode's D2H alone cost 1.15x, a scalar read of the
-      # step waiting ~75 ms behind it (delayed-ablation/profiles/). MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step hands
-      # each step's copies to the copy thread at the next step's gradient zeroing, after the step's reads (design
-      # section 15). The delayed mode with and without it against their own baselines, 3 rounds interleaved, 33 steps;
-      # then one profile of it (are the gaps gone, and does the backward wait for the zeroing instead).
-      d="$runs/delayed-copies-next-step"; mkdir -p "$d"
+    delayed-read-fixes)
+      # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ~12 min for 3 rounds, ~1.5 min a profile;
+      # split over calls with --resume, ROUNDS=1 for one round): the delayed mode's D2H alone cost 1.15x, a scalar
+      # read of the step waiting ~75 ms behind it (delayed-ablation/profiles/). Two ways to let the reads through,
+      # against the delayed mode as it ran and the baseline, interleaved, 33 steps: the copies handed over at the next
+      # step's gradient zeroing, after the step's reads (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, design section
+      # 16), and every piece enqueued at once with a ~20 us GPU-side pause between two (MBRIDGE_OFFLOAD_COPY_PIECE_
+      # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate). Then a profile of each.
+      d="$runs/delayed-read-fixes"; mkdir -p "$d"
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
-        --host-json "$(host_json)" --fractions 1 --configs engine-delayed,engine-delayed-copies-next-step \
+        --host-json "$(host_json)" --fractions 1 \
+        --configs engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced \
         --repeats ${ROUNDS:-3} --baseline-runs ${ROUNDS:-3} train.train_iters=33
-      [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step --offload-engine delayed \
-        optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1 \
-        ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step ;;
+      offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
+      [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step $offload \
+        ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step
+      [ -f "$d/spaced-gpu_trace.md" ] || profiled_run spaced $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20 ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

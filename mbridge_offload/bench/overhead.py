@@ -19,8 +19,8 @@ from overrides.grammar import key_of
 from mbridge_offload.bench.progress import RunProgress
 from mbridge_offload.bench.sweep import OWNED_KEYS, SEED_PARITY, baseline_parity, max_abs_delta, run_one, run_status
 from mbridge_offload.facts.cores import available_cores
-from mbridge_offload.facts.offload_engine import (COPY_AT_NEXT_STEP, COPY_WINDOW_KEY, DELAYED_COPY_START_KEY,
-                                                  FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY, ZERO_BY_REGION_KEY)
+from mbridge_offload.facts.offload_engine import (COPY_AT_NEXT_STEP, COPY_PAUSE_KEY, COPY_WINDOW_KEY,
+                                                  DELAYED_COPY_START_KEY, FETCH_AHEAD_KEY, STREAM_MOMENTS_KEY, ZERO_BY_REGION_KEY)
 from mbridge_offload.runtime.run_outcome import recorded
 
 OVERLAP_KEY = "optimizer.overlap_cpu_optimizer_d2h_h2d"
@@ -100,6 +100,11 @@ def configurations(cores: int) -> dict[str, dict]:
                                            "means": "engine-delayed with each step's gradient copies started at the "
                                                     "next step's gradient zeroing, after the step's reads "
                                                     f"({DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP})"},
+        **{f"engine-{mode}-spaced": {**engines[f"engine-{mode}"], "config": f"engine-{mode}-spaced",
+                                     "overrides": [f"++{COPY_PAUSE_KEY}=20"],
+                                     "means": f"engine-{mode} with every piece of its copies enqueued at once, a "
+                                              f"GPU-side pause of about 20 us between two ({COPY_PAUSE_KEY}=20)"}
+           for mode in ("exact", "delayed")},
         "engine-stream-fetch-ahead": {**engines["engine-stream"], "config": "engine-stream-fetch-ahead",
                                       "overrides": [f"++{FETCH_AHEAD_KEY}=on"],
                                       "means": "engine-stream with fetch-ahead on (mbridge_offload/runtime/"

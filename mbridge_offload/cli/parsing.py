@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
-from mbridge_offload.facts.offload_engine import (COPY_WINDOW_ENV, DELAYED_COPY_START_ENV, ENGINE_ENV, FETCH_AHEAD_ENV,
-                                                  STREAM_MOMENTS_ENV, ZERO_BY_REGION_ENV)
+from mbridge_offload.facts.offload_engine import (COPY_PAUSE_ENV, COPY_WINDOW_ENV, DELAYED_COPY_START_ENV, ENGINE_ENV,
+                                                  FETCH_AHEAD_ENV, STREAM_MOMENTS_ENV, ZERO_BY_REGION_ENV)
 from mbridge_offload.facts.reserve_rule import RESERVE_RULE_ENV
 from mbridge_offload.runtime.cpu_threads import USER_OMP_ENV
 from recipes import registry
@@ -54,14 +54,15 @@ def not_prepared_problems(refusal: BaseException) -> list[dict[str, Any]]:
 
 # The plugin's own variables that every command reads before it builds anything (mbridge_offload/fast_check/store.py
 # and warm_worker.py read them), with what they take. MBRIDGE_OFFLOAD_ENGINE, _RESERVE_RULE, _STREAM_FETCH_AHEAD,
-# _STREAM_MOMENTS, _COPY_PIECES_IN_FLIGHT, _ZERO_BY_REGION and _DELAYED_COPY_START are rules of the validator's table, refused there with the config's other
-# problems; the rest are set by the plugin for its own child processes.
+# _STREAM_MOMENTS, _COPY_PIECES_IN_FLIGHT, _COPY_PIECE_PAUSE_US, _ZERO_BY_REGION and _DELAYED_COPY_START are rules of
+# the validator's table, refused there with the config's other problems; the rest are set by the plugin for its own
+# child processes.
 SWITCH_ENV = ("MBRIDGE_OFFLOAD_NO_CACHE", "MBRIDGE_OFFLOAD_NO_WORKER")  # read as on unless empty or 0
 SECONDS_ENV = ("MBRIDGE_OFFLOAD_WORKER_IDLE_S",)
 FOLDER_ENV = ("MBRIDGE_OFFLOAD_CACHE_DIR",)  # empty: unset, as store.cache_root reads it
 # warm_worker.py holds MBRIDGE_OFFLOAD_IN_WORKER's name, but importing it reads WORKER_IDLE_S, which this check judges
 OTHER_ENV = (ENGINE_ENV, RESERVE_RULE_ENV, FETCH_AHEAD_ENV, STREAM_MOMENTS_ENV, COPY_WINDOW_ENV, ZERO_BY_REGION_ENV,
-             DELAYED_COPY_START_ENV, "MBRIDGE_OFFLOAD_IN_WORKER", USER_OMP_ENV)
+             DELAYED_COPY_START_ENV, COPY_PAUSE_ENV, "MBRIDGE_OFFLOAD_IN_WORKER", USER_OMP_ENV)
 ENV_PREFIX = "MBRIDGE_OFFLOAD_"
 
 

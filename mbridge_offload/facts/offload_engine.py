@@ -89,6 +89,41 @@ def copy_window(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
     return int(value)
 
 
+# The exact and delayed modes' copies with a GPU-side pause between their pieces instead of a window
+# (mbridge_offload/runtime/copy_pieces.py): every piece enqueued at once, a pause of about this many microseconds on
+# the copy's stream between two, so that another stream's small copy in the same direction (a step's read) gets in
+# between pieces without the copy thread having to wake. In plain torch on one H100 a pause asked for 20 us let the
+# reads through as one piece in flight did, the copy at full rate (docs/benchmarks/offload-engine/d2h-by-kernel/).
+COPY_PAUSE_ENV = "MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US"
+COPY_PAUSE_KEY = f"env_vars.{COPY_PAUSE_ENV}"
+COPY_PAUSE_RANGE_US = (1, 1000)  # a pause longer than a 128 MiB piece's copy (~2.4 ms) would halve the copy's rate
+COPY_PAUSE_KNOWN_FIX = (f"++{COPY_PAUSE_KEY}=20  (a whole number of microseconds from {COPY_PAUSE_RANGE_US[0]} to "
+                        f"{COPY_PAUSE_RANGE_US[1]}; unset: pieces in a window, the default; a value in the shell wins: "
+                        "set it there)")
+
+
+def copy_pause_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
+    """MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US as a run sees it (the shell's, else the config's), or None where unset."""
+    value = run_env(COPY_PAUSE_ENV, env_vars, environ)
+    return None if value is None else value.strip()
+
+
+def copy_pause_known(value: str) -> bool:
+    return value.isdigit() and COPY_PAUSE_RANGE_US[0] <= int(value) <= COPY_PAUSE_RANGE_US[1]
+
+
+def copy_pause_us(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> int | None:
+    """The pause between two pieces in microseconds, or None (pieces in a window); ValueError for a setting that is
+    not ``copy_pause_known`` (the validator refuses it before the launch, with the same fix)."""
+    value = copy_pause_setting(env_vars, environ)
+    if value is None:
+        return None
+    if not copy_pause_known(value):
+        raise ValueError(f"{COPY_PAUSE_ENV}={value!r}: the pause between two pieces is a whole number of microseconds "
+                         f"from {COPY_PAUSE_RANGE_US[0]} to {COPY_PAUSE_RANGE_US[1]}. Fix: {COPY_PAUSE_KNOWN_FIX}")
+    return int(value)
+
+
 # The exact and delayed modes' zeroing of the gradient buffers by region (mbridge_offload/runtime/grad_regions.py,
 # docs/design/streaming-offload-engine.md section 12): each region zeroed after the copies that read it, the backward
 # waiting per region before it first writes there, instead of the whole buffer after the whole D2H. Opt-in: built and

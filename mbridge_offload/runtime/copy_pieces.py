@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mbridge_offload.facts.offload_engine import DEFAULT_COPY_WINDOW, copy_window
+from mbridge_offload.facts.offload_engine import DEFAULT_COPY_WINDOW, copy_pause_us, copy_window
 from mbridge_offload.runtime.serial_thread import SerialThread
 
 PIECE_BYTES = 128 * 2**20
@@ -68,13 +68,14 @@ def record_blocking(stream) -> Any:
 
 def copy_in_pieces(pairs: list[tuple[Any, Any]], *, stream, piece_bytes: int, in_flight: collections.deque,
                    tensor_done: Callable[[int], None] = lambda copied: None,
-                   window: int | None = None) -> None:
+                   window: int | None = None, pause: Callable[[], None] | None = None) -> None:
     """``destination.copy_(source)`` for each (destination, source) pair of tensors of one numel, contiguous, on
     ``stream`` (the caller's current stream), in pieces cut over all the pairs, each piece enqueued once the one
     ``window`` (default ``PIECES_IN_FLIGHT``) before it has finished. ``in_flight``: the events of the pieces
     enqueued and maybe not finished, kept by the caller from one call to the next. ``tensor_done(n)``: the first
     ``n`` pairs' copies are all enqueued (called after each pair's last piece, with ``n`` counting the pairs before
-    it too)."""
+    it too). ``pause``: instead of the window, every piece enqueued at once with ``pause()`` (a GPU-side pause on
+    ``stream``, ``gpu_pause``) enqueued before each piece but the first; ``in_flight`` is then left as it is."""
     limit = PIECES_IN_FLIGHT if window is None else window
     if limit < 1:
         raise ValueError(f"at least one piece is in flight, got a window of {window}")
@@ -85,31 +86,57 @@ def copy_in_pieces(pairs: list[tuple[Any, Any]], *, stream, piece_bytes: int, in
                 raise ValueError(f"copy {index} of {len(pairs)}: {source.numel()} elements into "
                                  f"{destination.numel()}: a copy in pieces copies whole tensors of one size")
         element = max((destination.element_size() for destination, _ in pairs), default=1)
-        for piece in pieces_of([destination.numel() for destination, _ in pairs], max(1, piece_bytes // element)):
-            while len(in_flight) >= limit:
-                in_flight.popleft().synchronize()
+        for number, piece in enumerate(pieces_of([destination.numel() for destination, _ in pairs],
+                                                  max(1, piece_bytes // element))):
+            if pause is not None:
+                if number:
+                    pause()
+            else:
+                while len(in_flight) >= limit:
+                    in_flight.popleft().synchronize()
             for index, start, stop in piece:
                 destination, source = pairs[index]
                 destination.view(-1)[start:stop].copy_(source.view(-1)[start:stop], non_blocking=True)
                 if stop == destination.numel():
                     tensor_done(index + 1)
-            in_flight.append(record_blocking(stream))
+            if pause is None:
+                in_flight.append(record_blocking(stream))
     finally:
         # an error's traceback keeps this frame: it must not hold the tensors (a gradient the allocator would free)
         pairs = destination = source = None
 
 
+def gpu_pause(microseconds: int) -> Callable[[], None]:
+    """A pause of about ``microseconds`` enqueued on the current stream when called (``torch.cuda._sleep``, its
+    cycles measured once here on the current GPU); it may run longer beside kernels that fill every SM."""
+    import torch
+
+    from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
+
+    with torch.cuda.stream(torch.cuda.Stream()):  # measured beside the training stream's work, not behind it
+        cycles = max(1, int(microseconds * sleep_cycles_per_ms() / 1000))
+    return lambda: torch.cuda._sleep(cycles)
+
+
 def copy_thread(name: str) -> SerialThread:
-    """A thread named ``name`` on the current CUDA device that runs ``item.issue(in_flight, window)`` for each item
-    handed to it (a step's gradient copies, a chunk's upload): its pieces in flight kept from one item to the next
-    (steps, and the dense and the expert optimizer of a MoE), its window the run's
-    MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT. ``issue`` catches everything itself and reports it where it is waited
-    for."""
+    """A thread named ``name`` on the current CUDA device that runs ``item.issue(in_flight, window, pause)`` for
+    each item handed to it (a step's gradient copies, a chunk's upload): its pieces in flight kept from one item to
+    the next (steps, and the dense and the expert optimizer of a MoE), its window the run's
+    MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT, or, with MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US, every piece enqueued at once
+    with that pause between two (``gpu_pause``, calibrated when the thread starts). ``issue`` catches everything
+    itself and reports it where it is waited for."""
     import torch
 
     device = torch.cuda.current_device()
     in_flight: collections.deque = collections.deque()
-    window = copy_window(None, os.environ)  # the run's env_vars are in the environment by its first step
-    return SerialThread(name=name, start=lambda: torch.cuda.set_device(device),
-                        handle=lambda item: item.issue(in_flight, window))
+    # the run's env_vars are in the environment by its first step
+    window, pause_us = copy_window(None, os.environ), copy_pause_us(None, os.environ)
+    pause: list = [None]
+
+    def start() -> None:
+        torch.cuda.set_device(device)
+        if pause_us is not None:
+            pause[0] = gpu_pause(pause_us)
+
+    return SerialThread(name=name, start=start, handle=lambda item: item.issue(in_flight, window, pause[0]))
 

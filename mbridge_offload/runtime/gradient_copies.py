@@ -45,7 +45,8 @@ class GradientCopies:
     def __post_init__(self) -> None:
         self.copied = {chunk: threading.Event() for chunk, _ in self.chunks}
 
-    def issue(self, in_flight: collections.deque | None = None, window: int | None = None) -> None:
+    def issue(self, in_flight: collections.deque | None = None, window: int | None = None,
+              pause: Callable[[], None] | None = None) -> None:
         """Enqueue every copy (the copy thread). ``in_flight``: the events of the pieces enqueued and maybe not
         finished, kept by the copy thread from one call to the next (the dense and the expert optimizer's copies
         of a MoE follow each other)."""
@@ -79,7 +80,7 @@ class GradientCopies:
                 end_marks(0)
                 # pieces cut over the whole step's tensors: a chunk's end is an event, not a piece of its own
                 copy_in_pieces(pairs, stream=self.stream, piece_bytes=self.piece_bytes, in_flight=in_flight,
-                               tensor_done=end_marks, window=window)
+                               tensor_done=end_marks, window=window, pause=pause)
                 end_marks(len(pairs))
                 self.last_event = self._record()
         except BaseException as error:  # noqa: BLE001  (raised where the copies are waited for)

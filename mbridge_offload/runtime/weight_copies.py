@@ -65,7 +65,8 @@ class ChunkUpload:
     failed: Callable[[BaseException], None]
     piece_bytes: int = PIECE_BYTES
 
-    def issue(self, in_flight: collections.deque | None = None, window: int | None = None) -> None:
+    def issue(self, in_flight: collections.deque | None = None, window: int | None = None,
+              pause: Callable[[], None] | None = None) -> None:
         """Enqueue the chunk (the weight copy thread); an error goes to ``failed``, never out of here."""
         import torch
 
@@ -74,7 +75,7 @@ class ChunkUpload:
             # the GPU fp32 parameters are the optimizer's leaves (they may require grad), and grad mode is per thread
             with torch.no_grad(), torch.cuda.stream(self.stream):
                 copy_in_pieces(self.pairs, stream=self.stream, piece_bytes=self.piece_bytes, in_flight=in_flight,
-                               window=window)
+                               window=window, pause=pause)
                 for main, model_view in self.casts:
                     model_view.copy_(main)
                 event = self.stream.record_event()
@@ -92,7 +93,8 @@ class UploadsEnd:
 
     done: Callable[[], None]
 
-    def issue(self, in_flight: collections.deque | None = None, window: int | None = None) -> None:
+    def issue(self, in_flight: collections.deque | None = None, window: int | None = None,
+              pause: Callable[[], None] | None = None) -> None:
         self.done()
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from mbridge_offload.facts.key_ranges import fixed
-from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_AT_STEP, COPY_WINDOW_ENV, COPY_WINDOW_KEY,
+from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_AT_STEP, COPY_PAUSE_ENV, COPY_PAUSE_KEY,
+                                                 COPY_PAUSE_KNOWN_FIX, COPY_PAUSE_RANGE_US, COPY_WINDOW_ENV,
+                                                 COPY_WINDOW_KEY,
                                                  COPY_WINDOW_KNOWN_FIX, COPY_WINDOWS, DELAYED, DELAYED_COPY_START_ENV,
                                                  DELAYED_COPY_START_KEY, DELAYED_COPY_START_KNOWN_FIX,
                                                  DELAYED_COPY_STARTS, ENGINE_ENV, ENGINE_KEY, ENGINE_MODES, EXACT,
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
                                                  FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, STREAM, STREAM_MOMENTS_ENV,
                                                  STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX, STREAM_MOMENTS_MEASURED,
-                                                 copies_at_next_step, copy_window_known, copy_window_setting,
+                                                 copies_at_next_step, copy_pause_known, copy_pause_setting,
+                                                 copy_window_known, copy_window_setting,
                                                  delayed_copy_start_setting, engine_mode, fetch_ahead_on,
                                                  fetch_ahead_setting, stream_host_bytes_per_param, stream_moments,
                                                  ZERO_BY_REGION_ENV, ZERO_BY_REGION_KEY, ZERO_BY_REGION_VALUES,
@@ -227,6 +230,24 @@ RULES: tuple[Rule, ...] = guarded(
                         f"  (or exact; or drop {COPY_WINDOW_KEY})"),
          fix_text=f"++{ENGINE_KEY}=delayed {OFFLOAD_ON_TEXT} [{_OVERLAP_ON} where it is off]  (or exact; or drop "
                   f"{COPY_WINDOW_KEY})"),
+    _engine_rule("copy-piece-pause-known", f"the exact and delayed engines' pause between two pieces of their copies "
+                 f"({COPY_PAUSE_ENV}) is a whole number of microseconds from {COPY_PAUSE_RANGE_US[0]} to "
+                 f"{COPY_PAUSE_RANGE_US[1]}", key=COPY_PAUSE_KEY, applies=lambda c: c.env(COPY_PAUSE_ENV) is not None,
+                 holds=lambda c: copy_pause_known(copy_pause_setting(c.cfg.env_vars, c.environ)),
+                 observed=lambda c: repr(copy_pause_setting(c.cfg.env_vars, c.environ)), fix=COPY_PAUSE_KNOWN_FIX),
+    _needing_offload("copy-piece-pause-needs-exact-or-delayed", "the pause between pieces spaces the exact and delayed "
+                     "engines' copies: with another engine, or with optimizer offload off, the setting would be "
+                     "ignored", f"++{ENGINE_KEY}=delayed ", f"  (or exact; or drop {COPY_PAUSE_KEY})",
+                     engine_needs=True, key=COPY_PAUSE_KEY, applies=lambda c: c.env(COPY_PAUSE_ENV) is not None,
+                     holds=lambda c: _cpu_adam_offload(c), observed=_ignored_with(copy_pause_setting)),
+    _engine_rule("copy-piece-pause-or-window", f"with a pause between pieces ({COPY_PAUSE_ENV}) every piece is "
+                 f"enqueued at once: a window of pieces in flight ({COPY_WINDOW_ENV}) would be ignored",
+                 key=COPY_WINDOW_KEY,
+                 applies=lambda c: c.env(COPY_PAUSE_ENV) is not None,
+                 holds=lambda c: c.env(COPY_WINDOW_ENV) is None,
+                 observed=lambda c: f"{copy_window_setting(c.cfg.env_vars, c.environ)} with {COPY_PAUSE_ENV}="
+                                    f"{copy_pause_setting(c.cfg.env_vars, c.environ)}",
+                 fix=f"drop {COPY_WINDOW_KEY}  (or drop {COPY_PAUSE_KEY})"),
     _engine_rule("zero-by-region-known", f"the exact and delayed engines' zeroing by region ({ZERO_BY_REGION_ENV}) "
                  "is on or off", key=ZERO_BY_REGION_KEY, applies=lambda c: c.env(ZERO_BY_REGION_ENV) is not None,
                  holds=lambda c: zero_by_region_setting(c.cfg.env_vars, c.environ) in ZERO_BY_REGION_VALUES,

@@ -1,11 +1,11 @@
-"""MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT as the exact and delayed engines' copy threads read it (facts/offload_engine.py):
-the shell's value over the config's, the default where neither sets it, and a refusal that names the value and the
-fix for anything but a whole number the engine allows."""
+"""MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT and MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US as the exact and delayed engines' copy
+threads read them (facts/offload_engine.py): the shell's value over the config's, the default where neither sets it,
+and a refusal that names the value and the fix for anything but a whole number the engine allows."""
 
 import pytest
 
-from mbridge_offload.facts.offload_engine import (COPY_WINDOW_ENV, COPY_WINDOWS, DEFAULT_COPY_WINDOW, copy_window,
-                                                 copy_window_setting)
+from mbridge_offload.facts.offload_engine import (COPY_PAUSE_ENV, COPY_PAUSE_RANGE_US, COPY_WINDOW_ENV, COPY_WINDOWS,
+                                                 DEFAULT_COPY_WINDOW, copy_pause_us, copy_window, copy_window_setting)
 from mbridge_offload.runtime.copy_pieces import PIECES_IN_FLIGHT
 
 
@@ -26,3 +26,18 @@ def test_anything_else_is_refused_with_the_value_and_the_fix(value):
     text = str(refused.value)
     assert f"{COPY_WINDOW_ENV}={value.strip()!r}" in text
     assert f"from {COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]}" in text and "Fix: ++env_vars." in text
+
+
+def test_the_pause_between_pieces_is_unset_by_default_and_the_shell_wins():
+    assert copy_pause_us(None, {}) is None
+    assert copy_pause_us({COPY_PAUSE_ENV: "20"}, {}) == 20
+    assert copy_pause_us({COPY_PAUSE_ENV: "20"}, {COPY_PAUSE_ENV: " 200 "}) == 200
+
+
+@pytest.mark.parametrize("value", ["0", "1001", "-5", "20.5", "20us", ""])
+def test_a_pause_that_is_not_a_whole_number_of_microseconds_in_range_is_refused(value):
+    with pytest.raises(ValueError) as refused:
+        copy_pause_us(None, {COPY_PAUSE_ENV: value})
+    text = str(refused.value)
+    assert f"{COPY_PAUSE_ENV}={value.strip()!r}" in text
+    assert f"from {COPY_PAUSE_RANGE_US[0]} to {COPY_PAUSE_RANGE_US[1]}" in text and "Fix: ++env_vars." in text

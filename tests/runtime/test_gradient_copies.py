@@ -121,3 +121,25 @@ def test_the_copy_thread_window_reaches_the_pieces(logged_stream):
     pieces, waits = _pieces_and_waits(logged_stream, {copies.events[0].number, copies.last_event.number})
     assert len(pieces) == 4 and waits == pieces[:3]  # each piece waited for before the next: one in flight
 
+
+
+def test_with_a_pause_every_piece_is_enqueued_at_once_a_pause_before_each_but_the_first(logged_stream):
+    """MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US: no piece waits for another (so no thread has to wake between them), and a
+    GPU-side pause goes before each piece but the first, where another stream's copy can get in; every element is
+    copied and each chunk's end is recorded inside the piece that holds its last element."""
+    chunks = [(1, _pairs([600])), (0, _pairs([424]))]  # 1024 fp32 elements: 4 pieces of 256
+    expected = [(host, grad.clone()) for _, pairs in chunks for host, grad in pairs]
+    copies = GradientCopies(stream=logged_stream, chunks=chunks, piece_bytes=4 * 256)
+    in_flight = collections.deque()
+    copies.issue(in_flight, window=1, pause=lambda: logged_stream.log.append(("pause", None)))
+    copies.raise_if_failed()
+    assert all(torch.equal(host, grad) for host, grad in expected)
+    log = logged_stream.log
+    assert [what for what, _ in log if what == "wait"] == [] and not in_flight
+
+    def pauses_before(event) -> int:
+        return sum(1 for what, _ in log[:log.index(("record", event.number))] if what == "pause")
+
+    assert sum(1 for what, _ in log if what == "pause") == 3
+    assert pauses_before(copies.events[1]) == 2  # element 599 is in the third piece
+    assert pauses_before(copies.events[0]) == pauses_before(copies.last_event) == 3

@@ -62,6 +62,7 @@ MOMENTS = "env_vars.MBRIDGE_OFFLOAD_STREAM_MOMENTS"
 COPY_WINDOW = "env_vars.MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT"
 BY_REGION = "env_vars.MBRIDGE_OFFLOAD_ZERO_BY_REGION"
 COPY_START = "env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START"
+PAUSE = "env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US"
 RESUME_AT_HALF = {"checkpoint.load": SAVED_AT_HALF, "optimizer.optimizer_offload_fraction": 0.5}
 
 CASES = {
@@ -107,6 +108,11 @@ CASES = {
                                                                  {**STREAM, BY_REGION: "on"}),
     "offload-engine/zero-by-region-needs-unfused-accumulation": case(
         DENSE_OPT, {**DELAYED, BY_REGION: "on"}, {**DELAYED, BY_REGION: "on", "model.gradient_accumulation_fusion": True}),
+    "offload-engine/copy-piece-pause-known": case(DENSE_OPT, {**DELAYED, PAUSE: "20"}, {**DELAYED, PAUSE: "0.02"}),
+    "offload-engine/copy-piece-pause-needs-exact-or-delayed": case(DENSE_OPT, {**EXACT, PAUSE: "20"},
+                                                                   {**STREAM, PAUSE: "20"}),
+    "offload-engine/copy-piece-pause-or-window": case(DENSE_OPT, {**DELAYED, PAUSE: "20"},
+                                                      {**DELAYED, PAUSE: "20", COPY_WINDOW: "1"}),
     "offload-engine/delayed-copy-start-known": case(DENSE_OPT, {**DELAYED, COPY_START: "next-step"},
                                                     {**DELAYED, COPY_START: "later"}),
     "offload-engine/delayed-copy-start-needs-delayed": case(DENSE_OPT, {**DELAYED, COPY_START: "next-step"},
@@ -783,6 +789,7 @@ def test_an_infinite_hyperparameter_given_on_the_command_line_is_refused_by_key(
     ("offload-engine/copy-pieces-need-exact-or-delayed", COPY_WINDOW, "1"),
     ("offload-engine/zero-by-region-needs-exact-or-delayed", BY_REGION, "on"),
     ("offload-engine/delayed-copy-start-needs-delayed", COPY_START, "next-step"),
+    ("offload-engine/copy-piece-pause-needs-exact-or-delayed", PAUSE, "20"),
 ])
 def test_an_ignored_engine_setting_is_shown_with_its_value_and_the_engine_that_ignores_it(recipe, rule_id, key, value):
     """The refusal names the setting's own value, and the engine and offload that would ignore it (a plain run

@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from mbridge_offload.bench.gpu_sleep import sleep_cycles_per_ms
+from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
 from mbridge_offload.runtime.copy_pieces import copy_in_pieces
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mbridge_offload.bench.gpu_sleep import sleep_cycles_per_ms
+from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
 
 GRAD_BYTES = 4.47e9
 PIECE_BYTES = 128 * 2**20

@@ -1,6 +1,7 @@
 """A GPU-side pause of a given length: ``torch.cuda._sleep`` spins for a number of clock cycles, so the cycles per
-millisecond are measured once on the GPU at hand (the plain-torch copy benchmarks under
-docs/benchmarks/offload-engine/ gate or space their copies with it). Beside kernels that fill every SM a pause may
+millisecond are measured once on the GPU at hand. The engine's copy threads space their pieces with it
+(copy_pieces.py, MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US); the plain-torch copy benchmarks under
+docs/benchmarks/offload-engine/ gate or space their copies with it. Beside kernels that fill every SM a pause may
 start late and run longer than asked: time it where that matters."""
 
 from __future__ import annotations
