@@ -546,10 +546,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # step's gradient zeroing, after the step's reads (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, design section
       # 16), and every piece enqueued at once with a ~20 us GPU-side pause between two (MBRIDGE_OFFLOAD_COPY_PIECE_
       # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate). Then a profile of each.
+      # CONFIGS sets the configurations and their order in a round (the baseline first).
       d="$runs/delayed-read-fixes"; mkdir -p "$d"
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
         --host-json "$(host_json)" --fractions 1 \
-        --configs engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced \
+        --configs ${CONFIGS:-engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced} \
         --repeats ${ROUNDS:-3} --baseline-runs ${ROUNDS:-3} train.train_iters=33
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
       [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step $offload \
