@@ -556,6 +556,15 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step $offload \
         ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step
       [ -f "$d/spaced-gpu_trace.md" ] || profiled_run spaced $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20 ;;
+    copy-window-spaced)
+      # Thirty-ninth session (issue #16, offload-engine/copy-window/; ~1 min, plain torch and the plugin's copy loop:
+      # runs before the bundle's install): the engine's own spaced pieces (copy_in_pieces with copy_pieces.gpu_pause,
+      # what MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US runs) beside one and two in flight: does another stream's small copy
+      # get in between pieces in both directions, and at what cost to the large copy.
+      d="$runs/copy-window-spaced"; mkdir -p "$d"
+      $py docs/benchmarks/offload-engine/copy-window/copy_window.py \
+        --scenarios alone,at-once,window-2,window-1,spaced-20,spaced-200 --out "$d/copy_window.json" \
+        > "$d/copy_window.log" 2>&1; cat "$d/copy_window.log" ;;
     delayed-threads)
       # Thirty-fifth session (issue #16, offload-engine/delayed-threads/; ran in the thirty-sixth, one H100, two calls:
       # the three profiles and the bench's first round before the device time ran out; CPU Adam on 11 threads made

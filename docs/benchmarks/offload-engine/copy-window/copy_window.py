@@ -30,9 +30,12 @@ A third thread stands for the training thread (``--busy``):
 
 - ``alone``: no large copy (the small copy's own latency);
 - ``at-once``: the large copy enqueued at once (the library's way);
-- ``window-1``, ``window-2``: copy_in_pieces with pieces of ``--piece-mb`` MiB, one or two in flight.
+- ``window-1``, ``window-2``: copy_in_pieces with pieces of ``--piece-mb`` MiB, one or two in flight;
+- ``spaced-US``: copy_in_pieces with every piece enqueued at once and the engine's GPU-side pause of about US
+  microseconds between two (copy_pieces.gpu_pause: MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US).
 
-    python copy_window.py --gb 4.47 --tensors 300 --piece-mb 128 --every-ms 5 --gate-ms 3 --out results.json
+    python copy_window.py --gb 4.47 --tensors 300 --piece-mb 128 --every-ms 5 --gate-ms 3 --out results.json \
+        [--scenarios alone,at-once,window-1,window-2,spaced-20]
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ import time
 import torch
 
 from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
-from mbridge_offload.runtime.copy_pieces import copy_in_pieces
+from mbridge_offload.runtime.copy_pieces import copy_in_pieces, gpu_pause
 
 
 def parse():
@@ -58,17 +61,21 @@ def parse():
     p.add_argument("--gate-ms", type=float, default=3.0)
     p.add_argument("--busy", choices=("launches", "python", "none"), default="launches")
     p.add_argument("--busy-python-us", type=float, default=50.0)
+    p.add_argument("--scenarios", default="alone,at-once,window-1,window-2")
     p.add_argument("--out", default=None)
     return p.parse_args()
 
 
-def large_copy(pairs, stream, scenario: str, piece_bytes: int, timing: list) -> None:
+def large_copy(pairs, stream, scenario: str, piece_bytes: int, timing: list, pauses: dict) -> None:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
         start.record()
         if scenario == "at-once":
             for destination, source in pairs:
                 destination.copy_(source, non_blocking=True)
+        elif scenario.startswith("spaced-"):
+            copy_in_pieces(pairs, stream=stream, piece_bytes=piece_bytes, in_flight=collections.deque(),
+                           pause=pauses[scenario])
         else:
             copy_in_pieces(pairs, stream=stream, piece_bytes=piece_bytes, in_flight=collections.deque(),
                            window=int(scenario.split("-")[1]))
@@ -103,7 +110,8 @@ def one(scenario: str, direction: str, device_side, host_side, small_device, sma
         threading.Thread(target=busy, args=(args.busy, args.busy_python_us, stop), daemon=True).start()
     if scenario != "alone":
         thread = threading.Thread(target=large_copy,
-                                  args=(pairs, copy_stream, scenario, int(args.piece_mb * 2**20), large_ms))
+                                  args=(pairs, copy_stream, scenario, int(args.piece_mb * 2**20), large_ms,
+                                        args.pauses))
         thread.start()
     waits, late, gate_cycles = [], 0, int(args.gate_ms * args.cycles_per_ms)
     horizon = started + 0.25  # alone: as many small copies as a quarter second holds
@@ -141,9 +149,12 @@ def main() -> None:
     host_side = [torch.empty(numel, pin_memory=True) for _ in range(args.tensors)]
     small_device, small_host = torch.ones(1024, device="cuda"), torch.empty(1024, pin_memory=True)
     args.cycles_per_ms = sleep_cycles_per_ms()
-    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args), "runs": {}}
+    scenarios = args.scenarios.split(",")
+    args.pauses = {name: gpu_pause(int(name.split("-")[1])) for name in scenarios if name.startswith("spaced-")}
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "args": {k: v for k, v in vars(args).items() if k != "pauses"}, "runs": {}}
     for direction in ("D2H", "H2D"):
-        for scenario in ("alone", "at-once", "window-1", "window-2"):
+        for scenario in scenarios:
             one(scenario, direction, device_side, host_side, small_device, small_host, args)  # warm-up
             runs = [one(scenario, direction, device_side, host_side, small_device, small_host, args)
                     for _ in range(3)]
