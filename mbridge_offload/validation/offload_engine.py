@@ -248,6 +248,13 @@ RULES: tuple[Rule, ...] = guarded(
                  observed=lambda c: f"{copy_window_setting(c.cfg.env_vars, c.environ)} with {COPY_PAUSE_ENV}="
                                     f"{copy_pause_setting(c.cfg.env_vars, c.environ)}",
                  fix=f"drop {COPY_WINDOW_KEY}  (or drop {COPY_PAUSE_KEY})"),
+    Rule(id="offload-engine/copy-piece-pause-unmeasured", mechanism=OPTIMIZER, key=COPY_PAUSE_KEY,
+         text="spaced pieces let another stream's small copy through at the copy's full rate in plain torch (one "
+              "H100, docs/benchmarks/offload-engine/d2h-by-kernel/), but no training step has run with them on a GPU "
+              "yet (phase delayed-read-fixes is owed); compare the step time with the setting dropped",
+         applies=lambda c: _cpu_adam_offload(c) and c.env(COPY_PAUSE_ENV) is not None, holds=lambda c: False,
+         observed=lambda c: copy_pause_setting(c.cfg.env_vars, c.environ),
+         fix=fixed(f"drop {COPY_PAUSE_KEY}  (the run to compare with)"), severity="warning"),
     _engine_rule("zero-by-region-known", f"the exact and delayed engines' zeroing by region ({ZERO_BY_REGION_ENV}) "
                  "is on or off", key=ZERO_BY_REGION_KEY, applies=lambda c: c.env(ZERO_BY_REGION_ENV) is not None,
                  holds=lambda c: zero_by_region_setting(c.cfg.env_vars, c.environ) in ZERO_BY_REGION_VALUES,
@@ -281,6 +288,13 @@ RULES: tuple[Rule, ...] = guarded(
                      f"  (or ++{DELAYED_COPY_START_KEY}={COPY_AT_STEP})", engine_needs=True,
                      key=DELAYED_COPY_START_KEY, applies=lambda c: copies_at_next_step(c.cfg.env_vars, c.environ),
                      holds=lambda c: _delayed_offload(c), observed=_ignored_with(delayed_copy_start_setting)),
+    Rule(id="offload-engine/delayed-copy-start-unmeasured", mechanism=OPTIMIZER, key=DELAYED_COPY_START_KEY,
+         text="the delayed engine's copies from the next step's zeroing ran on the CPU stand-in only (every delayed "
+              "scenario kept its update: tests/runtime/test_delayed_copies_next_step.py); no training step has run "
+              "with them on a GPU yet (phase delayed-read-fixes is owed); compare the step time with it off",
+         applies=lambda c: _delayed_offload(c) and copies_at_next_step(c.cfg.env_vars, c.environ),
+         holds=lambda c: False, observed=lambda c: delayed_copy_start_setting(c.cfg.env_vars, c.environ),
+         fix=fixed(f"++{DELAYED_COPY_START_KEY}={COPY_AT_STEP}  (the run to compare with)"), severity="warning"),
     Rule(id="offload-engine/zero-by-region-no-gain", mechanism=OPTIMIZER, key=ZERO_BY_REGION_KEY,
          text="on the dense proxy at fraction 1 (one H100, docs/benchmarks/offload-engine/zero-by-region) the zeroing "
               "by region changed no update but brought no step-time gain: the delayed mode ran 1.40x with it and "

@@ -113,6 +113,9 @@ CASES = {
                                                                    {**STREAM, PAUSE: "20"}),
     "offload-engine/copy-piece-pause-or-window": case(DENSE_OPT, {**DELAYED, PAUSE: "20"},
                                                       {**DELAYED, PAUSE: "20", COPY_WINDOW: "1"}),
+    "offload-engine/copy-piece-pause-unmeasured": case(DENSE_OPT, DELAYED, {**DELAYED, PAUSE: "20"}),
+    "offload-engine/delayed-copy-start-unmeasured": case(DENSE_OPT, {**DELAYED, COPY_START: "step"},
+                                                         {**DELAYED, COPY_START: "next-step"}),
     "offload-engine/delayed-copy-start-known": case(DENSE_OPT, {**DELAYED, COPY_START: "next-step"},
                                                     {**DELAYED, COPY_START: "later"}),
     "offload-engine/delayed-copy-start-needs-delayed": case(DENSE_OPT, {**DELAYED, COPY_START: "next-step"},
@@ -369,6 +372,8 @@ PASS_BY_NOT_APPLYING = {
     # warnings that hold nowhere they apply: fetch-ahead costs reserved memory for no measured gain
     "offload-engine/fetch-ahead-measured",
     "offload-engine/zero-by-region-no-gain",  # a notice: no step-time gain measured
+    "offload-engine/copy-piece-pause-unmeasured",  # a notice: no training step measured with it yet
+    "offload-engine/delayed-copy-start-unmeasured",  # likewise
     "offload-engine/stream-moments-not-exact",  # bf16 moments round the moments at every step
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
 }
