@@ -77,16 +77,23 @@ def copy_window_known(value: str) -> bool:
     return value.isdigit() and int(value) in COPY_WINDOWS
 
 
+def _whole_number(name: str, value: str, known: bool, says: str, low: int, high: int, fix: str) -> int:
+    """``value`` of the variable ``name`` as an int, or the ValueError that names it, the range and ``fix`` (the
+    validator refuses it before the launch with the same fix): ``says`` what the number is ("the pieces in flight
+    are")."""
+    if not known:
+        raise ValueError(f"{name}={value!r}: {says} a whole number from {low} to {high}. Fix: {fix}")
+    return int(value)
+
+
 def copy_window(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> int:
     """The pieces each copy thread keeps in flight: the setting, else the default; ValueError for one that is not
-    ``copy_window_known`` (the validator refuses it before the launch, with the same fix)."""
+    ``copy_window_known``."""
     value = copy_window_setting(env_vars, environ)
     if value is None:
         return DEFAULT_COPY_WINDOW
-    if not copy_window_known(value):
-        raise ValueError(f"{COPY_WINDOW_ENV}={value!r}: the pieces in flight are a whole number from "
-                         f"{COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]}. Fix: {COPY_WINDOW_KNOWN_FIX}")
-    return int(value)
+    return _whole_number(COPY_WINDOW_ENV, value, copy_window_known(value), "the pieces in flight are", COPY_WINDOWS[0],
+                         COPY_WINDOWS[-1], COPY_WINDOW_KNOWN_FIX)
 
 
 # The exact and delayed modes' copies with a GPU-side pause between their pieces instead of a window
@@ -114,14 +121,12 @@ def copy_pause_known(value: str) -> bool:
 
 def copy_pause_us(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> int | None:
     """The pause between two pieces in microseconds, or None (pieces in a window); ValueError for a setting that is
-    not ``copy_pause_known`` (the validator refuses it before the launch, with the same fix)."""
+    not ``copy_pause_known``."""
     value = copy_pause_setting(env_vars, environ)
     if value is None:
         return None
-    if not copy_pause_known(value):
-        raise ValueError(f"{COPY_PAUSE_ENV}={value!r}: the pause between two pieces is a whole number of microseconds "
-                         f"from {COPY_PAUSE_RANGE_US[0]} to {COPY_PAUSE_RANGE_US[1]}. Fix: {COPY_PAUSE_KNOWN_FIX}")
-    return int(value)
+    return _whole_number(COPY_PAUSE_ENV, value, copy_pause_known(value), "the pause between two pieces in microseconds "
+                         "is", *COPY_PAUSE_RANGE_US, COPY_PAUSE_KNOWN_FIX)
 
 
 # The exact and delayed modes' zeroing of the gradient buffers by region (mbridge_offload/runtime/grad_regions.py,

@@ -19,25 +19,20 @@ def test_the_shell_wins_over_the_config():
     assert copy_window({COPY_WINDOW_ENV: 3}, {COPY_WINDOW_ENV: " 1 "}) == 1
 
 
-@pytest.mark.parametrize("value", ["0", "5", "-1", "1.5", "two", "", "2 pieces"])
-def test_anything_else_is_refused_with_the_value_and_the_fix(value):
-    with pytest.raises(ValueError) as refused:
-        copy_window(None, {COPY_WINDOW_ENV: value})
-    text = str(refused.value)
-    assert f"{COPY_WINDOW_ENV}={value.strip()!r}" in text
-    assert f"from {COPY_WINDOWS[0]} to {COPY_WINDOWS[-1]}" in text and "Fix: ++env_vars." in text
-
-
 def test_the_pause_between_pieces_is_unset_by_default_and_the_shell_wins():
     assert copy_pause_us(None, {}) is None
     assert copy_pause_us({COPY_PAUSE_ENV: "20"}, {}) == 20
     assert copy_pause_us({COPY_PAUSE_ENV: "20"}, {COPY_PAUSE_ENV: " 200 "}) == 200
 
 
-@pytest.mark.parametrize("value", ["0", "1001", "-5", "20.5", "20us", ""])
-def test_a_pause_that_is_not_a_whole_number_of_microseconds_in_range_is_refused(value):
+@pytest.mark.parametrize("env, read, low, high, value", [
+    *((COPY_WINDOW_ENV, copy_window, COPY_WINDOWS[0], COPY_WINDOWS[-1], value)
+      for value in ["0", "5", "-1", "1.5", "two", "", "2 pieces"]),
+    *((COPY_PAUSE_ENV, copy_pause_us, *COPY_PAUSE_RANGE_US, value) for value in ["0", "1001", "-5", "20.5", "20us", ""]),
+])
+def test_anything_else_is_refused_with_the_value_the_range_and_the_fix(env, read, low, high, value):
     with pytest.raises(ValueError) as refused:
-        copy_pause_us(None, {COPY_PAUSE_ENV: value})
+        read(None, {env: value})
     text = str(refused.value)
-    assert f"{COPY_PAUSE_ENV}={value.strip()!r}" in text
-    assert f"from {COPY_PAUSE_RANGE_US[0]} to {COPY_PAUSE_RANGE_US[1]}" in text and "Fix: ++env_vars." in text
+    assert f"{env}={value.strip()!r}" in text
+    assert f"a whole number from {low} to {high}" in text and "Fix: ++env_vars." in text
