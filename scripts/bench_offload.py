@@ -26,7 +26,8 @@ and, for each fraction, each configuration in a fresh process, each run of at le
   (MBRIDGE_OFFLOAD_ZERO_BY_REGION=on, mbridge_offload/runtime/grad_regions.py); engine-delayed-copies-next-step:
   engine-delayed with each step's gradient copies started at the next step's gradient zeroing
   (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step); engine-exact-spaced / engine-delayed-spaced: every piece of
-  their copies enqueued at once, a GPU-side pause of about 20 us between two (MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20).
+  their copies enqueued at once, each after a GPU-side pause of about 20 us (MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20);
+  engine-delayed-copies-next-step-spaced: both.
 
 ``--deterministic`` launches every run bit-reproducible (run_recipe.py --deterministic): identical runs then take
 the same path (on the MoE proxy the same expert routing, which sets its step time), and loss parity is judged at the

@@ -539,18 +539,20 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
           > "$d/busy-$busy.log" 2>&1; tail -n 7 "$d/busy-$busy.log"
       done ;;
     delayed-read-fixes)
-      # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ~12 min for 3 rounds, ~1.5 min a profile;
+      # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ~15 min for 3 rounds, ~1.5 min a profile;
       # split over calls with --resume, ROUNDS=1 for one round): the delayed mode's D2H alone cost 1.15x, a scalar
       # read of the step waiting ~75 ms behind it (delayed-ablation/profiles/). Two ways to let the reads through,
       # against the delayed mode as it ran and the baseline, interleaved, 33 steps: the copies handed over at the next
       # step's gradient zeroing, after the step's reads (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, design section
       # 16), and every piece enqueued at once with a ~20 us GPU-side pause between two (MBRIDGE_OFFLOAD_COPY_PIECE_
-      # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate). Then a profile of each.
+      # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate), and both together (without
+      # spaced pieces the first forward's end waits for the copy thread to enqueue the last piece: design section 16).
+      # Then a profile of each of the two.
       # CONFIGS sets the configurations and their order in a round (the baseline first).
       d="$runs/delayed-read-fixes"; mkdir -p "$d"
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
         --host-json "$(host_json)" --fractions 1 \
-        --configs ${CONFIGS:-engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced} \
+        --configs ${CONFIGS:-engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced,engine-delayed-copies-next-step-spaced} \
         --repeats ${ROUNDS:-3} --baseline-runs ${ROUNDS:-3} train.train_iters=33
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
       [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step $offload \

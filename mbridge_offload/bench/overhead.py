@@ -102,9 +102,14 @@ def configurations(cores: int) -> dict[str, dict]:
                                                     f"({DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP})"},
         **{f"engine-{mode}-spaced": {**engines[f"engine-{mode}"], "config": f"engine-{mode}-spaced",
                                      "overrides": [f"++{COPY_PAUSE_KEY}=20"],
-                                     "means": f"engine-{mode} with every piece of its copies enqueued at once, a "
-                                              f"GPU-side pause of about 20 us between two ({COPY_PAUSE_KEY}=20)"}
+                                     "means": f"engine-{mode} with every piece of its copies enqueued at once, each "
+                                              f"after a GPU-side pause of about 20 us ({COPY_PAUSE_KEY}=20)"}
            for mode in ("exact", "delayed")},
+        "engine-delayed-copies-next-step-spaced": {
+            **engines["engine-delayed"], "config": "engine-delayed-copies-next-step-spaced",
+            "overrides": [f"++{DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP}", f"++{COPY_PAUSE_KEY}=20"],
+            "means": "engine-delayed with both: its copies from the next step's gradient zeroing, every piece enqueued "
+                     "at once after a ~20 us GPU-side pause"},
         "engine-stream-fetch-ahead": {**engines["engine-stream"], "config": "engine-stream-fetch-ahead",
                                       "overrides": [f"++{FETCH_AHEAD_KEY}=on"],
                                       "means": "engine-stream with fetch-ahead on (mbridge_offload/runtime/"

@@ -97,8 +97,8 @@ def copy_window(env_vars: Mapping[str, object] | None, environ: Mapping[str, str
 
 
 # The exact and delayed modes' copies with a GPU-side pause between their pieces instead of a window
-# (mbridge_offload/runtime/copy_pieces.py): every piece enqueued at once, a pause of about this many microseconds on
-# the copy's stream between two, so that another stream's small copy in the same direction (a step's read) gets in
+# (mbridge_offload/runtime/copy_pieces.py): every piece enqueued at once, each after a pause of about this many
+# microseconds on the copy's stream, so that another stream's small copy in the same direction (a step's read) gets in
 # between pieces without the copy thread having to wake. In plain torch on one H100 a pause asked for 20 us let the
 # reads through as one piece in flight did, the copy at full rate (docs/benchmarks/offload-engine/d2h-by-kernel/).
 COPY_PAUSE_ENV = "MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US"
@@ -157,9 +157,9 @@ def zero_by_region_on(env_vars: Mapping[str, object] | None, environ: Mapping[st
 
 
 # When the delayed mode hands a step's gradient copies to its copy thread (docs/design/streaming-offload-engine.md
-# section 15): in the optimizer step, or at the next step's gradient zeroing. A read the training stream makes after
-# the step (the loss, the gradient norm) waits on the copy engine for the rest of the gradients' D2H; started at the
-# next step, the D2H finds those reads done and runs under the next forward. The delayed update has until the next
+# sections 15-16): in the optimizer step, or at the next step's gradient zeroing. A read the training stream makes
+# after the step (the loss, the gradient norm) waits on the copy engine for the rest of the gradients' D2H; started at
+# the next step, the D2H finds those reads done and is meant to run under the next forward (not measured on a GPU). The delayed update has until the next
 # step's optimizer step, so its CPU Adam starts later within the time it already has. The exact mode's next forward
 # waits for its update: it cannot start its copies later.
 DELAYED_COPY_START_ENV = "MBRIDGE_OFFLOAD_DELAYED_COPY_START"
@@ -170,8 +170,9 @@ DELAYED_COPY_START_KNOWN_FIX = (f"++{DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP}
                                 "value in the shell wins: set it there)")
 DELAYED_COPY_START_HEADER = f"gradient copies: from the next step's gradient zeroing ({DELAYED_COPY_START_ENV})"
 DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from the next step's gradient zeroing, after "
-                           "the step's reads of the loss and norms, under the next forward; the same update (the "
-                           "copies' values and the CPU Adam are unchanged, only when the copies start)")
+                           "the step's reads of the loss and norms; the same update (the copies' values and the CPU "
+                           "Adam are unchanged, only when the copies start); the gradients they read are held until "
+                           "then; its step time is not measured on a GPU yet")
 
 
 def delayed_copy_start_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:

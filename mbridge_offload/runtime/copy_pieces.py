@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mbridge_offload.facts.offload_engine import DEFAULT_COPY_WINDOW, copy_pause_us, copy_window
+from mbridge_offload.facts.offload_engine import COPY_PAUSE_ENV, DEFAULT_COPY_WINDOW, copy_pause_us, copy_window
 from mbridge_offload.runtime.serial_thread import SerialThread
 
 PIECE_BYTES = 128 * 2**20
@@ -74,8 +74,9 @@ def copy_in_pieces(pairs: list[tuple[Any, Any]], *, stream, piece_bytes: int, in
     ``window`` (default ``PIECES_IN_FLIGHT``) before it has finished. ``in_flight``: the events of the pieces
     enqueued and maybe not finished, kept by the caller from one call to the next. ``tensor_done(n)``: the first
     ``n`` pairs' copies are all enqueued (called after each pair's last piece, with ``n`` counting the pairs before
-    it too). ``pause``: instead of the window, every piece enqueued at once with ``pause()`` (a GPU-side pause on
-    ``stream``, ``gpu_pause``) enqueued before each piece but the first; ``in_flight`` is then left as it is."""
+    it too). ``pause``: instead of the window, every piece enqueued at once, each after ``pause()`` (a GPU-side pause
+    on ``stream``, ``gpu_pause``; the first piece too, since the last item's last piece may still be running: a MoE's
+    dense and expert copies, the weights' chunks); ``in_flight`` is then left as it is."""
     limit = PIECES_IN_FLIGHT if window is None else window
     if limit < 1:
         raise ValueError(f"at least one piece is in flight, got a window of {window}")
@@ -86,11 +87,9 @@ def copy_in_pieces(pairs: list[tuple[Any, Any]], *, stream, piece_bytes: int, in
                 raise ValueError(f"copy {index} of {len(pairs)}: {source.numel()} elements into "
                                  f"{destination.numel()}: a copy in pieces copies whole tensors of one size")
         element = max((destination.element_size() for destination, _ in pairs), default=1)
-        for number, piece in enumerate(pieces_of([destination.numel() for destination, _ in pairs],
-                                                  max(1, piece_bytes // element))):
+        for piece in pieces_of([destination.numel() for destination, _ in pairs], max(1, piece_bytes // element)):
             if pause is not None:
-                if number:
-                    pause()
+                pause()
             else:
                 while len(in_flight) >= limit:
                     in_flight.popleft().synchronize()
@@ -108,14 +107,31 @@ def copy_in_pieces(pairs: list[tuple[Any, Any]], *, stream, piece_bytes: int, in
 
 def gpu_pause(microseconds: int) -> Callable[[], None]:
     """A pause of about ``microseconds`` enqueued on the current stream when called (``torch.cuda._sleep``, its
-    cycles measured once here on the current GPU); it may run longer beside kernels that fill every SM."""
+    cycles measured once here on the current GPU); it may run longer beside kernels that fill every SM, and a
+    measurement beside them may make it shorter."""
+    import math
+
     import torch
 
     from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
 
     with torch.cuda.stream(torch.cuda.Stream()):  # measured beside the training stream's work, not behind it
-        cycles = max(1, int(microseconds * sleep_cycles_per_ms() / 1000))
+        per_ms = sleep_cycles_per_ms()
+    if not (math.isfinite(per_ms) and per_ms > 0):
+        raise ValueError(f"torch.cuda._sleep measured {per_ms} cycles per millisecond")
+    cycles = max(1, int(microseconds * per_ms / 1000))
     return lambda: torch.cuda._sleep(cycles)
+
+
+def _failing_pause(microseconds: int, error: BaseException) -> Callable[[], None]:
+    """What a copy thread pauses with when ``gpu_pause`` failed at its start: raises, with the setting and its fix,
+    inside the item's ``issue``, which reports it where the copies are waited for (the thread itself stays up)."""
+    def pause() -> None:
+        raise RuntimeError(f"{COPY_PAUSE_ENV}={microseconds}: the GPU-side pause between the copies' pieces could not "
+                           f"be set up ({type(error).__name__}: {error}). Fix: drop ++env_vars.{COPY_PAUSE_ENV} (the "
+                           "copies then keep a window of pieces in flight)") from error
+
+    return pause
 
 
 def copy_thread(name: str) -> SerialThread:
@@ -123,7 +139,7 @@ def copy_thread(name: str) -> SerialThread:
     each item handed to it (a step's gradient copies, a chunk's upload): its pieces in flight kept from one item to
     the next (steps, and the dense and the expert optimizer of a MoE), its window the run's
     MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT, or, with MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US, every piece enqueued at once
-    with that pause between two (``gpu_pause``, calibrated when the thread starts). ``issue`` catches everything
+    each after that pause (``gpu_pause``, calibrated when the thread starts). ``issue`` catches everything
     itself and reports it where it is waited for."""
     import torch
 
@@ -136,7 +152,10 @@ def copy_thread(name: str) -> SerialThread:
     def start() -> None:
         torch.cuda.set_device(device)
         if pause_us is not None:
-            pause[0] = gpu_pause(pause_us)
+            try:
+                pause[0] = gpu_pause(pause_us)
+            except Exception as error:  # noqa: BLE001  (raised, with its fix, where the copies are waited for)
+                pause[0] = _failing_pause(pause_us, error)
 
     return SerialThread(name=name, start=start, handle=lambda item: item.issue(in_flight, window, pause[0]))
 

@@ -24,7 +24,7 @@ They leave the gradient buffer to be zeroed on the copy stream after the D2H (th
 it; its backward waits for the zeroing), so the D2H overlaps the next forward. The delayed mode may also hand a step's
 copies to the copy thread only at the next step's gradient zeroing (``copies_at_next_step``,
 MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step): the step's reads of the loss and norms then find the copy engine free
-(design section 15); whatever waits for the copies (the zeroing, a drain) hands them over first.
+(design sections 15-16); whatever waits for the copies (the zeroing, a drain) hands them over first.
 
 What touches optimizer state or weights outside a training step drains the engine first: the next
 ``optimizer.step()``, checkpoint save and load, evaluation, the parameter-norm log, and any HDO step run
@@ -699,6 +699,7 @@ def install(mode: str, zero_by_region: bool = False, copies_at_next_step: bool =
             _STATE["building"] = None
         if isinstance(getattr(self, "optimizer", None), HybridDeviceOptimizer):
             _DEFERRED_ZEROS.clear()  # a previous model's (an in-process restart): its engines are not this one's
+            submit_kept_copies()  # likewise: they would hold the previous model's gradients until the next zeroing
             if mode == STREAM:
                 from mbridge_offload.runtime.streamed_states import StateStreamingEngine
 

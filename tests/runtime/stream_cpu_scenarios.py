@@ -312,6 +312,9 @@ class Run:
         streaming_engine._STATE["in_train_step"] = True
         try:
             self.model.zero_grad_buffer()
+            kept = len(streaming_engine._STATE["kept_copies"])
+            check(kept == 0, "copies-at-next-step",
+                  f"rank {self.rank}: {kept} optimizers' gradient copies still kept after zero_grad_buffer")
             if zero_twice:
                 self.model.zero_grad_buffer()
             self.optimizer.zero_grad()

@@ -1,5 +1,5 @@
 """The delayed engine with its gradient copies handed to the copy thread at the next step's gradient zeroing
-(MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, docs/design/streaming-offload-engine.md section 15), on the CPU.
+(MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, docs/design/streaming-offload-engine.md section 16), on the CPU.
 
 stream_cpu_check.py delayed-next-step and delayed-next-step-by-region run delayed-ranks' and delayed-by-region's
 scenarios (tests/runtime/test_delayed_ranks.py, test_zero_by_region.py: Megatron Core's real DistributedDataParallel

@@ -122,24 +122,38 @@ def test_the_copy_thread_window_reaches_the_pieces(logged_stream):
     assert len(pieces) == 4 and waits == pieces[:3]  # each piece waited for before the next: one in flight
 
 
-
-def test_with_a_pause_every_piece_is_enqueued_at_once_a_pause_before_each_but_the_first(logged_stream):
+def test_with_a_pause_every_piece_is_enqueued_at_once_each_after_a_pause(logged_stream):
     """MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US: no piece waits for another (so no thread has to wake between them), and a
-    GPU-side pause goes before each piece but the first, where another stream's copy can get in; every element is
-    copied and each chunk's end is recorded inside the piece that holds its last element."""
+    GPU-side pause goes before each piece (the first too: the item before may still be copying), where another
+    stream's copy can get in; every element is copied, each chunk's end is recorded inside the piece that holds its
+    last element, and the in-flight events of an earlier window are left alone."""
     chunks = [(1, _pairs([600])), (0, _pairs([424]))]  # 1024 fp32 elements: 4 pieces of 256
     expected = [(host, grad.clone()) for _, pairs in chunks for host, grad in pairs]
     copies = GradientCopies(stream=logged_stream, chunks=chunks, piece_bytes=4 * 256)
-    in_flight = collections.deque()
+    earlier = logged_stream.record_event()
+    in_flight = collections.deque([earlier])
     copies.issue(in_flight, window=1, pause=lambda: logged_stream.log.append(("pause", None)))
     copies.raise_if_failed()
     assert all(torch.equal(host, grad) for host, grad in expected)
     log = logged_stream.log
-    assert [what for what, _ in log if what == "wait"] == [] and not in_flight
+    assert [what for what, _ in log if what == "wait"] == [] and list(in_flight) == [earlier]
 
     def pauses_before(event) -> int:
         return sum(1 for what, _ in log[:log.index(("record", event.number))] if what == "pause")
 
-    assert sum(1 for what, _ in log if what == "pause") == 3
-    assert pauses_before(copies.events[1]) == 2  # element 599 is in the third piece
-    assert pauses_before(copies.events[0]) == pauses_before(copies.last_event) == 3
+    assert sum(1 for what, _ in log if what == "pause") == 4
+    assert pauses_before(copies.events[1]) == 3  # element 599 is in the third piece
+    assert pauses_before(copies.events[0]) == pauses_before(copies.last_event) == 4
+
+
+def test_a_pause_that_could_not_be_set_up_fails_the_step_with_the_setting_and_its_fix(logged_stream):
+    """A copy thread whose pause's calibration failed at its start pauses with one that raises: the step's copies
+    fail where they are waited for, naming MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US, its value and the fix."""
+    from mbridge_offload.runtime.copy_pieces import _failing_pause
+
+    copies = GradientCopies(stream=logged_stream, chunks=[(0, _pairs([8]))])
+    copies.issue(collections.deque(), pause=_failing_pause(20, RuntimeError("no sleep kernel")))
+    assert copies.all_enqueued.is_set() and copies.copied[0].is_set()
+    with pytest.raises(RuntimeError, match=r"MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20: .*no sleep kernel.*Fix: drop "
+                                           r"\+\+env_vars\.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US"):
+        copies.raise_if_failed()

@@ -48,8 +48,8 @@ import time
 
 import torch
 
-from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
 from mbridge_offload.runtime.copy_pieces import copy_in_pieces, gpu_pause
+from mbridge_offload.runtime.gpu_sleep import sleep_cycles_per_ms
 
 
 def parse():
@@ -150,6 +150,11 @@ def main() -> None:
     small_device, small_host = torch.ones(1024, device="cuda"), torch.empty(1024, pin_memory=True)
     args.cycles_per_ms = sleep_cycles_per_ms()
     scenarios = args.scenarios.split(",")
+    unknown = [name for name in scenarios if name not in ("alone", "at-once", "window-1", "window-2")
+               and not (name.startswith("spaced-") and name[len("spaced-"):].isdigit())]
+    if unknown:
+        raise SystemExit(f"--scenarios: unknown {unknown}; the scenarios are alone, at-once, window-1, window-2 and "
+                         "spaced-US (US a whole number of microseconds)")
     args.pauses = {name: gpu_pause(int(name.split("-")[1])) for name in scenarios if name.startswith("spaced-")}
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "args": {k: v for k, v in vars(args).items() if k != "pauses"}, "runs": {}}

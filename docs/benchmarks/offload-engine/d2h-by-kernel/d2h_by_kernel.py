@@ -15,7 +15,7 @@ gradient copy thread does, in one of these ways:
                  (torch.cuda._sleep on the copy's stream): no thread between the pieces, and (the reading to test)
                  the copy engine has no copy of that stream ready while a pause runs, so another stream's copy may
                  get in. A pause is a kernel: beside GEMMs that fill the SMs it may start late; each line says how
-                 long the pauses ran (not run yet)
+                 long the pauses ran
 
 --busy-launches K adds K one-element kernels after each GEMM, so that the step's thread spends more of the step in
 launches (holding the interpreter's lock between ops, as Megatron's training thread does) and less asleep in its
