@@ -13,6 +13,12 @@ from typing import Mapping
 
 from mbridge_offload.facts.environment import run_env
 
+def _stripped_setting(name: str, env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
+    """The variable ``name`` as a run sees it (the shell's, else the config's), stripped, or None where unset."""
+    value = run_env(name, env_vars, environ)
+    return None if value is None else value.strip()
+
+
 ENGINE_ENV = "MBRIDGE_OFFLOAD_ENGINE"
 ENGINE_KEY = f"env_vars.{ENGINE_ENV}"
 LIBRARY = "library"
@@ -68,8 +74,7 @@ COPY_WINDOW_KNOWN_FIX = (f"++{COPY_WINDOW_KEY}=1  (or 2, the default, up to {COP
 
 def copy_window_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
     """MBRIDGE_OFFLOAD_COPY_PIECES_IN_FLIGHT as a run sees it (the shell's, else the config's), or None where unset."""
-    value = run_env(COPY_WINDOW_ENV, env_vars, environ)
-    return None if value is None else value.strip()
+    return _stripped_setting(COPY_WINDOW_ENV, env_vars, environ)
 
 
 def copy_window_known(value: str) -> bool:
@@ -111,8 +116,7 @@ COPY_PAUSE_KNOWN_FIX = (f"++{COPY_PAUSE_KEY}=20  (a whole number of microseconds
 
 def copy_pause_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
     """MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US as a run sees it (the shell's, else the config's), or None where unset."""
-    value = run_env(COPY_PAUSE_ENV, env_vars, environ)
-    return None if value is None else value.strip()
+    return _stripped_setting(COPY_PAUSE_ENV, env_vars, environ)
 
 
 def copy_pause_known(value: str) -> bool:
@@ -148,8 +152,7 @@ ZERO_BY_REGION_SAYS = ("each gradient buffer is zeroed region by region after th
 
 def zero_by_region_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
     """MBRIDGE_OFFLOAD_ZERO_BY_REGION as a run sees it (the shell's, else the config's), or None where unset."""
-    value = run_env(ZERO_BY_REGION_ENV, env_vars, environ)
-    return None if value is None else value.strip()
+    return _stripped_setting(ZERO_BY_REGION_ENV, env_vars, environ)
 
 
 def zero_by_region_on(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> bool:
@@ -178,8 +181,7 @@ DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from th
 def delayed_copy_start_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
     """MBRIDGE_OFFLOAD_DELAYED_COPY_START as a run sees it (the shell's, else the config's), or None where unset.
     Other values come back as given (the validator names them)."""
-    value = run_env(DELAYED_COPY_START_ENV, env_vars, environ)
-    return None if value is None else value.strip()
+    return _stripped_setting(DELAYED_COPY_START_ENV, env_vars, environ)
 
 
 def copies_at_next_step(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> bool:
@@ -211,8 +213,7 @@ FETCH_AHEAD_SAYS = ("the chunks after the ring's come up during the backward int
 def fetch_ahead_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
     """MBRIDGE_OFFLOAD_STREAM_FETCH_AHEAD as a run sees it (the shell's, else the config's), or None where unset.
     Values other than on/off come back as given (the validator names them)."""
-    value = run_env(FETCH_AHEAD_ENV, env_vars, environ)
-    return None if value is None else value.strip()
+    return _stripped_setting(FETCH_AHEAD_ENV, env_vars, environ)
 
 
 def fetch_ahead_on(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> bool:

@@ -27,13 +27,11 @@ from pathlib import Path
 from mbridge_offload.facts.cores import available_cores
 from mbridge_offload.facts.environment import allocator_conf, allocator_line
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_PAUSE_ENV, COPY_WINDOW_ENV, DEFAULT_COPY_WINDOW,
-                                                  DELAYED,
-                                                  DELAYED_COPY_START_HEADER, DELAYED_COPY_START_SAYS, ENGINE_MODES,
-                                                  EXACT, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
+                                                  DELAYED, DELAYED_COPY_START_HEADER, DELAYED_COPY_START_SAYS,
+                                                  ENGINE_MODES, EXACT, FETCH_AHEAD_HEADER, FETCH_AHEAD_SAYS, STREAM,
                                                   STREAM_MOMENTS_HEADER, STREAM_MOMENTS_SAYS, copies_at_next_step,
                                                   copy_pause_us, copy_window, copy_window_setting, engine_mode,
-                                                  fetch_ahead_on,
-                                                  stream_moments,
+                                                  fetch_ahead_on, stream_moments,
                                                   ZERO_BY_REGION_HEADER, ZERO_BY_REGION_SAYS, zero_by_region_on)
 from mbridge_offload.facts.run_records import STEP_RECORDS_GLOB
 from mbridge_offload.runtime.memory_history import write_on_failure  # a no-op unless it records
@@ -136,9 +134,10 @@ def run_header(cfg, settings: LaunchSettings, threads_reason: str) -> str:
             lines.append(f"  {ZERO_BY_REGION_HEADER}: {ZERO_BY_REGION_SAYS}")
         if mode == DELAYED and copies_at_next_step(cfg.env_vars, os.environ):
             lines.append(f"  {DELAYED_COPY_START_HEADER}: {DELAYED_COPY_START_SAYS}")
-        if mode in (EXACT, DELAYED) and copy_pause_us(cfg.env_vars, os.environ) is not None:
-            lines.append(f"  copies: every piece enqueued at once, a GPU-side pause of about "
-                         f"{copy_pause_us(cfg.env_vars, os.environ)} us between two ({COPY_PAUSE_ENV})")
+        pause_us = copy_pause_us(cfg.env_vars, os.environ)
+        if mode in (EXACT, DELAYED) and pause_us is not None:
+            lines.append(f"  copies: every piece enqueued at once, each after a GPU-side pause of about {pause_us} us "
+                         f"({COPY_PAUSE_ENV})")
         if mode in (EXACT, DELAYED) and copy_window_setting(cfg.env_vars, os.environ) is not None:
             lines.append(f"  copies: {copy_window(cfg.env_vars, os.environ)} piece(s) in flight ({COPY_WINDOW_ENV}; "
                          f"{DEFAULT_COPY_WINDOW} by default)")
