@@ -544,7 +544,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # read of the step waiting ~75 ms behind it (delayed-ablation/profiles/). Two ways to let the reads through,
       # against the delayed mode as it ran and the baseline, interleaved, 33 steps: the copies handed over at the next
       # step's gradient zeroing, after the step's reads (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, design section
-      # 16), and every piece enqueued at once with a ~20 us GPU-side pause between two (MBRIDGE_OFFLOAD_COPY_PIECE_
+      # 16), and every piece enqueued at once, each after a ~20 us GPU-side pause (MBRIDGE_OFFLOAD_COPY_PIECE_
       # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate), and both together (without
       # spaced pieces the first forward's end waits for the copy thread to enqueue the last piece: design section 16).
       # Then a profile of each of the two.

@@ -124,12 +124,12 @@ def copy_pause_known(value: str) -> bool:
 
 
 def copy_pause_us(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> int | None:
-    """The pause between two pieces in microseconds, or None (pieces in a window); ValueError for a setting that is
+    """The pause before each piece in microseconds, or None (pieces in a window); ValueError for a setting that is
     not ``copy_pause_known``."""
     value = copy_pause_setting(env_vars, environ)
     if value is None:
         return None
-    return _whole_number(COPY_PAUSE_ENV, value, copy_pause_known(value), "the pause between two pieces in microseconds "
+    return _whole_number(COPY_PAUSE_ENV, value, copy_pause_known(value), "the pause before each piece in microseconds "
                          "is", *COPY_PAUSE_RANGE_US, COPY_PAUSE_KNOWN_FIX)
 
 

@@ -230,7 +230,7 @@ RULES: tuple[Rule, ...] = guarded(
                         f"  (or exact; or drop {COPY_WINDOW_KEY})"),
          fix_text=f"++{ENGINE_KEY}=delayed {OFFLOAD_ON_TEXT} [{_OVERLAP_ON} where it is off]  (or exact; or drop "
                   f"{COPY_WINDOW_KEY})"),
-    _engine_rule("copy-piece-pause-known", f"the exact and delayed engines' pause between two pieces of their copies "
+    _engine_rule("copy-piece-pause-known", f"the exact and delayed engines' pause before each piece of their copies "
                  f"({COPY_PAUSE_ENV}) is a whole number of microseconds from {COPY_PAUSE_RANGE_US[0]} to "
                  f"{COPY_PAUSE_RANGE_US[1]}", key=COPY_PAUSE_KEY, applies=lambda c: c.env(COPY_PAUSE_ENV) is not None,
                  holds=lambda c: copy_pause_known(copy_pause_setting(c.cfg.env_vars, c.environ)),
