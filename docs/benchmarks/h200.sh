@@ -539,9 +539,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
           > "$d/busy-$busy.log" 2>&1; tail -n 7 "$d/busy-$busy.log"
       done ;;
     delayed-read-fixes)
-      # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ~15 min for 3 rounds, ~1.5 min a profile;
-      # split over calls with --resume, ROUNDS=1 for one round): the delayed mode's D2H alone cost 1.15x, a scalar
-      # read of the step waiting ~75 ms behind it (delayed-ablation/profiles/). Two ways to let the reads through,
+      # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ran in the fortieth with ROUNDS=2 and the
+      # first profile, on an H100 whose baseline was too slow and noisy to size the step time: run again, 3 rounds;
+      # ~15 min for 3 rounds, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
+      # mode's D2H alone cost 1.15x, a scalar read of the step waiting ~75 ms behind it (delayed-ablation/profiles/).
+      # Two ways to let the reads through,
       # against the delayed mode as it ran and the baseline, interleaved, 33 steps: the copies handed over at the next
       # step's gradient zeroing, after the step's reads (MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step, design section
       # 16), and every piece enqueued at once, each after a ~20 us GPU-side pause (MBRIDGE_OFFLOAD_COPY_PIECE_
@@ -559,7 +561,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step
       [ -f "$d/spaced-gpu_trace.md" ] || profiled_run spaced $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20 ;;
     copy-window-spaced)
-      # Thirty-ninth session (issue #16, offload-engine/copy-window/; ~1 min, plain torch and the plugin's copy loop:
+      # Thirty-ninth session (issue #16, offload-engine/copy-window/, its third run in the fortieth; ~1 min, plain torch
+      # and the plugin's copy loop:
       # runs before the bundle's install): the engine's own spaced pieces (copy_in_pieces with copy_pieces.gpu_pause,
       # what MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US runs) beside one and two in flight: does another stream's small copy
       # get in between pieces in both directions, and at what cost to the large copy.
