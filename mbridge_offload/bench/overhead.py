@@ -260,8 +260,13 @@ def goal_of(config: str) -> dict[float, float]:
     return GOALS[max(extended, key=len)] if extended else {}
 
 
-def goals(rows: list[dict]) -> list[dict]:
-    """The issues' goals for the tuned and engine runs (``goal_of``), with what the floor says is possible."""
+def goals(rows: list[dict], baseline_spread: float | None = None) -> list[dict]:
+    """The issues' goals for the tuned and engine runs (``goal_of``), with what the floor says is possible.
+
+    ``undecided`` says why a measured slowdown does not settle its goal, or is None: the configuration's rounds, each
+    against its own baseline, fall on both sides of the goal; or, without rounds, the goal lies within the baseline's
+    run-to-run spread (``baseline_spread``, the relative gap between identical baselines' medians) of the slowdown.
+    ``met`` is still the median's side of the goal."""
     verdicts = []
     for config in dict.fromkeys(row["config"] for row in rows):
         for fraction, goal in goal_of(config).items():
@@ -275,8 +280,24 @@ def goals(rows: list[dict]) -> list[dict]:
             possible = None if floor_slowdown is None else floor_slowdown <= goal
             verdicts.append({"fraction": fraction, "config": config, "goal_slowdown": goal,
                              "tuned_slowdown": row["slowdown_vs_baseline"], "floor_slowdown": floor_slowdown,
-                             "met": met, "possible_on_this_host": possible})
+                             "met": met, "possible_on_this_host": possible,
+                             "undecided": None if met is None else _undecided(row, goal, baseline_spread)})
     return verdicts
+
+
+def _undecided(row: dict, goal: float, baseline_spread: float | None) -> str | None:
+    """Why a row's slowdown does not settle ``goal`` (see ``goals``), or None."""
+    rounds = row.get("round_slowdowns") or []
+    if len(rounds) > 1:
+        if min(rounds) <= goal < max(rounds):
+            return (f"its {len(rounds)} rounds ran {min(rounds):.2f}-{max(rounds):.2f}x against their own baselines, "
+                    "on both sides of the goal")
+        return None
+    slowdown = row["slowdown_vs_baseline"]
+    if baseline_spread and abs(slowdown - goal) <= slowdown * baseline_spread:
+        return (f"the goal lies within the baseline's run-to-run spread ({100 * baseline_spread:.0f}% between "
+                f"identical runs) of the {slowdown:.2f}x measured")
+    return None
 
 
 def _f(value, digits: int = 3, suffix: str = "") -> str:
@@ -333,6 +354,10 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
     for v in verdicts:
         if v["met"] is None:
             verdict = "not measured: no baseline run trained (its folder's failure.json says why)"
+        elif v.get("undecided"):
+            verdict = f"undecided: {v['undecided']}; run more rounds, on a host whose baseline is steady"
+            if v["possible_on_this_host"] is False:
+                verdict += f" (the floor alone is {v['floor_slowdown']:.2f}x on this host)"
         elif v["met"] and v["possible_on_this_host"] is False:
             verdict = (f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: inside the run-to-run "
                        f"spread of the baseline's step time ({_f(spread and 100 * spread, 0, '%')} between identical runs)"
