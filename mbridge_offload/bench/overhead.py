@@ -260,13 +260,15 @@ def goal_of(config: str) -> dict[float, float]:
     return GOALS[max(extended, key=len)] if extended else {}
 
 
-def goals(rows: list[dict], baseline_spread: float | None = None) -> list[dict]:
+def goals(rows: list[dict], parity: dict | None = None) -> list[dict]:
     """The issues' goals for the tuned and engine runs (``goal_of``), with what the floor says is possible.
 
-    ``undecided`` says why a measured slowdown does not settle its goal, or is None: the configuration's rounds, each
-    against its own baseline, fall on both sides of the goal; or, without rounds, the goal lies within the baseline's
-    run-to-run spread (``baseline_spread``, the relative gap between identical baselines' medians) of the slowdown.
-    ``met`` is still the median's side of the goal."""
+    ``undecided_because`` says why a measured slowdown does not settle its goal, or is None: the configuration's
+    rounds, each against its own baseline, fall on both sides of the goal; or, without rounds, the goal lies within
+    the baseline's run-to-run spread (``parity``'s ``baseline_step_time_spread``: how far identical baselines' medians
+    lie apart) of the slowdown. ``met``: every round at or under the goal where the rounds settle it, else the pooled
+    slowdown's side of it."""
+    spread = (parity or {}).get("baseline_step_time_spread")
     verdicts = []
     for config in dict.fromkeys(row["config"] for row in rows):
         for fraction, goal in goal_of(config).items():
@@ -277,27 +279,36 @@ def goals(rows: list[dict], baseline_spread: float | None = None) -> list[dict]:
             floor_slowdown = None if config.startswith("engine-") else row.get("floor_slowdown")
             # no slowdown where no baseline trained (e.g. the validator refused it): the goal is not measured
             met = None if row["slowdown_vs_baseline"] is None else row["slowdown_vs_baseline"] <= goal
+            rounds = row.get("round_slowdowns") or []
+            undecided_because = None if met is None else _undecided_because(row, rounds, goal, spread)
+            if met is not None and len(rounds) > 1 and undecided_because is None:
+                met = max(rounds) <= goal
             possible = None if floor_slowdown is None else floor_slowdown <= goal
             verdicts.append({"fraction": fraction, "config": config, "goal_slowdown": goal,
                              "tuned_slowdown": row["slowdown_vs_baseline"], "floor_slowdown": floor_slowdown,
-                             "met": met, "possible_on_this_host": possible,
-                             "undecided": None if met is None else _undecided(row, goal, baseline_spread)})
+                             "met": met, "possible_on_this_host": possible, "undecided_because": undecided_because})
     return verdicts
 
 
-def _undecided(row: dict, goal: float, baseline_spread: float | None) -> str | None:
+def _undecided_because(row: dict, rounds: list[float], goal: float, spread: float | None) -> str | None:
     """Why a row's slowdown does not settle ``goal`` (see ``goals``), or None."""
-    rounds = row.get("round_slowdowns") or []
     if len(rounds) > 1:
         if min(rounds) <= goal < max(rounds):
-            return (f"its {len(rounds)} rounds ran {min(rounds):.2f}-{max(rounds):.2f}x against their own baselines, "
-                    "on both sides of the goal")
+            return f"its {len(rounds)} rounds ran {_ratio_range(rounds)} against their own baselines, on both sides of the goal"
         return None
     slowdown = row["slowdown_vs_baseline"]
-    if baseline_spread and abs(slowdown - goal) <= slowdown * baseline_spread:
-        return (f"the goal lies within the baseline's run-to-run spread ({100 * baseline_spread:.0f}% between "
-                f"identical runs) of the {slowdown:.2f}x measured")
+    if spread and abs(slowdown - goal) <= slowdown * spread:
+        return (f"the goal lies within the baseline's run-to-run spread ({100 * spread:.0f}% between identical runs) "
+                f"of the {slowdown:.2f}x measured")
     return None
+
+
+def _ratio_range(ratios: list[float]) -> str:
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+
+
+def _floor_alone(verdict: dict) -> str:
+    return f"the floor alone is {verdict['floor_slowdown']:.2f}x on this host"
 
 
 def _f(value, digits: int = 3, suffix: str = "") -> str:
@@ -342,7 +353,7 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
             ratios = r["round_slowdowns"]
             lines += ["", f"{r['variant']} at {r['fraction']:g}, each round against its own baseline: "
                           + ", ".join(f"{x:.2f}x" for x in ratios)
-                          + f" (median {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x)."]
+                          + f" (median {statistics.median(ratios):.2f}x, {_ratio_range(ratios)})."]
     noise = parity["noise_floor_max_abs_delta"]
     if parity.get("deterministic"):  # identical runs are bit-identical: a loss that differs is the offload's
         lines += ["", f"Loss parity tolerance: the seed's {SEED_PARITY} exactly: every run deterministic "
@@ -354,10 +365,10 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
     for v in verdicts:
         if v["met"] is None:
             verdict = "not measured: no baseline run trained (its folder's failure.json says why)"
-        elif v.get("undecided"):
-            verdict = f"undecided: {v['undecided']}; run more rounds, on a host whose baseline is steady"
+        elif v.get("undecided_because"):
+            verdict = f"undecided: {v['undecided_because']}; run more rounds, on a host whose baseline is steady"
             if v["possible_on_this_host"] is False:
-                verdict += f" (the floor alone is {v['floor_slowdown']:.2f}x on this host)"
+                verdict += f" ({_floor_alone(v)})"
         elif v["met"] and v["possible_on_this_host"] is False:
             verdict = (f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: inside the run-to-run "
                        f"spread of the baseline's step time ({_f(spread and 100 * spread, 0, '%')} between identical runs)"
@@ -368,7 +379,7 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
         elif v["floor_slowdown"] is None:
             verdict = "not met"
         elif v["possible_on_this_host"] is False:
-            verdict = f"not met: the floor alone is {v['floor_slowdown']:.2f}x on this host"
+            verdict = f"not met: {_floor_alone(v)}"
         else:
             verdict = f"not met; the floor allows {_f(v['floor_slowdown'], 2, 'x')}"
         lines.append(f"Goal at fraction {v['fraction']:g}: {v.get('config', 'tuned')} <= {v['goal_slowdown']:.2f}x; measured "

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                   deterministic=args.deterministic)
     rows, parity = overhead.build_rows(runs.results, runs.baselines, host, runs.configs,
                                        deterministic=runs.deterministic)
-    verdicts = overhead.goals(rows, parity.get("baseline_step_time_spread"))
+    verdicts = overhead.goals(rows, parity)
     # the command as given, --deterministic included: --resume with it reassembles the same table
     command = "uv run scripts/bench_offload.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(overhead.write_overhead(args.out, args.recipe, command, args.overrides, host, runs, rows, parity, verdicts))

@@ -249,7 +249,7 @@ RULES: tuple[Rule, ...] = guarded(
                                     f"{copy_pause_setting(c.cfg.env_vars, c.environ)}",
                  fix=f"drop {COPY_WINDOW_KEY}  (or drop {COPY_PAUSE_KEY})"),
     Rule(id="offload-engine/copy-piece-pause-unmeasured", mechanism=OPTIMIZER, key=COPY_PAUSE_KEY,
-         text="spaced pieces let another stream's small copy through at the copy's full rate (one H100, "
+         text="spaced pieces let another stream's small copy through at or near the copy's full rate (one H100, "
               "docs/benchmarks/offload-engine/copy-window/) and trained the dense proxy as the delayed mode does, "
               "but their step time is unmeasured: that host's baseline was too noisy to tell it apart "
               "(offload-engine/delayed-read-fixes/); compare the step time with the setting dropped",
