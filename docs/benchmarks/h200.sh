@@ -550,10 +550,13 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate), and both together (without
       # spaced pieces the first forward's end waits for the copy thread to enqueue the last piece: design section 16).
       # Then a profile of each of the two.
-      # CONFIGS sets the configurations and their order in a round (the baseline first).
+      # CONFIGS sets the configurations and their order in a round (the baseline first). The bench stops after its
+      # first baseline (exit 3; the profiles still run) where that baseline's steps vary more than MAX_BASELINE_CV
+      # percent (default 5): the fortieth session's host varied 6-10 %, the quiet H100s 2-4 %. Then spend the call on
+      # work that does not need a quiet host, and delete $d/bench/baseline before trying again elsewhere.
       d="$runs/delayed-read-fixes"; mkdir -p "$d"
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
-        --host-json "$(host_json)" --fractions 1 \
+        --host-json "$(host_json)" --fractions 1 --max-baseline-cv ${MAX_BASELINE_CV:-5} \
         --configs ${CONFIGS:-engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced,engine-delayed-copies-next-step-spaced} \
         --repeats ${ROUNDS:-3} --baseline-runs ${ROUNDS:-3} train.train_iters=33
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"

@@ -452,13 +452,42 @@ class BenchRuns:
     deterministic: bool = False  # every run with run_recipe.py --deterministic
 
 
+class NoisyHost(Exception):
+    """The first baseline's steps varied more than ``--max-baseline-cv`` allows: the bench stops before the rest."""
+
+
+def step_variation(summary: dict) -> float:
+    """How much a run's steady-state steps vary: their standard deviation over their median (a fraction)."""
+    import statistics
+
+    steps = summary["step_times_s"][summary.get("warmup_steps_excluded", 0):]
+    return statistics.pstdev(steps) / statistics.median(steps) if len(steps) > 1 else 0.0
+
+
+def check_steady(baseline: dict, max_variation: float | None) -> None:
+    """Raise NoisyHost when the first baseline's steps vary more than ``max_variation`` (None: no limit)."""
+    summary = baseline.get("summary")
+    if max_variation is None or summary is None:
+        return
+    variation = step_variation(summary)
+    if variation > max_variation:
+        raise NoisyHost(
+            f"--max-baseline-cv {100 * max_variation:g}: the first baseline run ({baseline.get('dir')}) varied "
+            f"{100 * variation:.1f}% from step to step (standard deviation over its median step, "
+            f"{summary['step_time_s']:.3f} s): a host that noisy cannot size a slowdown that small, so the other runs "
+            "did not start. Run on a quieter host (nothing else on its GPU or cores), or raise the limit; a --resume "
+            "checks a kept first baseline again: delete its folder to measure it anew")
+
+
 def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[str], overrides: list[str],
                   num_gpus: int | None, recipe_gpus: int, baseline_runs: int, repeats: int, host: dict,
-                  resume: bool, timeout_s: float | None, deterministic: bool = False) -> BenchRuns:
+                  resume: bool, timeout_s: float | None, deterministic: bool = False,
+                  max_baseline_variation: float | None = None) -> BenchRuns:
     """Every run of the chosen configurations at every fraction, and the baselines, in ``repeats``
     interleaved rounds (``--resume``: runs that finished in ``out`` are kept). ``deterministic``: every run
     with run_recipe.py --deterministic (identical runs are then bit-identical: a MoE's routing, and with it
-    its step time, is the same in the baseline and the offloaded runs)."""
+    its step time, is the same in the baseline and the offloaded runs). ``max_baseline_variation``: stop with
+    NoisyHost after the first baseline when its steps vary more (``check_steady``)."""
     cores = host.get("cores") or len(available_cores())  # the host the runs ran on (a reassembly may run elsewhere)
     configs = configurations(cores)
     every_run = every_run_args(num_gpus, deterministic)
@@ -475,6 +504,8 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
         for b in range(k, baseline_runs, repeats):
             baselines.append(run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")),
                                  overrides, every_run, resume, timeout_s, progress))
+            if len(baselines) == 1:
+                check_steady(baselines[0], max_baseline_variation)
         for fraction in fractions:
             for name in chosen:
                 if name == "tuned" and shared:

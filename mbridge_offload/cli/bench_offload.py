@@ -19,6 +19,17 @@ from mbridge_offload.cli.parsing import (CommandParser, at_least_one, check_writ
                                          refuse_bad_overrides)
 
 
+def percent_above_zero(text: str) -> float:
+    """An argparse type: a percentage above 0 and at most 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a percentage (a number), got {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"expects a percentage above 0 and at most 100, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="bench_offload.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="host measurements from an earlier measure_host.py run (default: measure now)")
     parser.add_argument("--timeout", type=positive_seconds, default=None, metavar="S", help="per-run time limit in seconds")
     parser.add_argument("--resume", action="store_true", help="keep runs that already finished in DIR")
+    parser.add_argument("--max-baseline-cv", type=percent_above_zero, default=None, metavar="P",
+                        help="stop after the first baseline run when its steady-state steps vary more than P %% "
+                             "(standard deviation over the median step): such a host cannot size a slowdown that "
+                             "small (the H100s seen here ran 2-4 %% when quiet, 6-13 %% when noisy); exit code 3")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser
 
@@ -95,9 +110,15 @@ def main(argv: list[str] | None = None) -> int:
 
     host = host if host is not None else overhead.measure(args.out, args.timeout)
     print(f"[bench] host: {json.dumps(host)}", flush=True)
-    runs = overhead.run_benchmark(args.recipe, args.out, fractions, chosen, args.overrides, args.num_gpus,
-                                  recipe.num_gpus, args.baseline_runs, args.repeats, host, args.resume, args.timeout,
-                                  deterministic=args.deterministic)
+    try:
+        runs = overhead.run_benchmark(args.recipe, args.out, fractions, chosen, args.overrides, args.num_gpus,
+                                      recipe.num_gpus, args.baseline_runs, args.repeats, host, args.resume,
+                                      args.timeout, deterministic=args.deterministic,
+                                      max_baseline_variation=None if args.max_baseline_cv is None
+                                      else args.max_baseline_cv / 100)
+    except overhead.NoisyHost as noisy:
+        print(f"[bench] stopped: {noisy}", file=sys.stderr, flush=True)
+        return 3
     rows, parity = overhead.build_rows(runs.results, runs.baselines, host, runs.configs,
                                        deterministic=runs.deterministic)
     verdicts = overhead.goals(rows, parity)

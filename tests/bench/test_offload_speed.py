@@ -400,6 +400,38 @@ def test_by_default_three_rounds_each_with_its_baseline_and_thirty_measured_step
                             "--host-json", host, "train.train_iters=10"])
 
 
+@pytest.mark.parametrize("limit, runs", [("5", ["baseline"]),  # steps 0.45 and 0.55: 10 % over their median
+                                          ("15", ["baseline", "fraction-1-engine-delayed"]), (None, None)])
+def test_a_noisy_first_baseline_stops_the_bench_before_the_other_runs(limit, runs, tmp_path, monkeypatch, capsys):
+    order = []
+
+    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s, progress):
+        order.append(run_dir.name)
+        return {**_result(fraction, 0.5, [3.0, 2.0], steps=[9.0, 0.45, 0.55]), "dir": str(run_dir)}
+
+    monkeypatch.setattr(overhead, "run", fake_run)
+    host = str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")
+    code = bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions",
+                               "1", "--configs", "engine-delayed", "--repeats", "1", "--baseline-runs", "1",
+                               "--host-json", host, *(["--max-baseline-cv", limit] if limit else [])])
+    if limit == "5":
+        assert code == 3 and order == runs and not (tmp_path / "offload_overhead.json").exists()
+        said = capsys.readouterr().err
+        assert "--max-baseline-cv 5" in said and "varied 10.0% from step to step" in said
+        assert "Run on a quieter host" in said
+    else:
+        assert code == 0 and order == ["baseline", "fraction-1-engine-delayed"]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "101", "a few", "nan"])
+def test_the_baseline_variation_limit_is_a_percentage(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path),
+                            "--max-baseline-cv", value])
+    assert exit_info.value.code == 2
+    assert "--max-baseline-cv" in capsys.readouterr().err
+
+
 def test_a_goal_without_a_baseline_is_not_measured_rather_than_a_crash():
     """A bench whose baseline did not train (the validator refused an override meant for the offloaded runs) has no
     slowdown: its goals say so, and the table is still written."""
