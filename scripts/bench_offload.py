@@ -29,10 +29,13 @@ and, for each fraction, each configuration in a fresh process, each run of at le
   their copies enqueued at once, each after a GPU-side pause of about 20 us (MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20);
   engine-delayed-copies-next-step-spaced: both.
 
-``--max-baseline-cv P`` stops the bench after its first baseline run (exit code 3) when that run's steady-state
+``--max-baseline-cv P`` stops the bench after the first baseline it runs (exit code 3) when that run's steady-state
 steps vary more than P % (standard deviation over the median step): a host that noisy cannot size a small slowdown,
-and the other runs would only spend its time. The goal lines call a goal "undecided" where the rounds fall on both
-sides of it, or (one round) the goal lies inside the identical baselines' spread.
+and the other runs would only spend its time. ``--resume`` checks the first baseline it runs anew.
+
+The goal lines call a goal "undecided" where the rounds, each against its own baseline, fall on both sides of it,
+or (one round) where the goal lies inside the identical baselines' spread of the slowdown; where the rounds all fall
+on one side, that side decides "met" or "not met".
 
 ``--deterministic`` launches every run bit-reproducible (run_recipe.py --deterministic): identical runs then take
 the same path (on the MoE proxy the same expert routing, which sets its step time), and loss parity is judged at the

@@ -553,7 +553,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # CONFIGS sets the configurations and their order in a round (the baseline first). The bench stops after its
       # first baseline (exit 3; the profiles still run) where that baseline's steps vary more than MAX_BASELINE_CV
       # percent (default 5): the fortieth session's host varied 6-10 %, the quiet H100s 2-4 %. Then spend the call on
-      # work that does not need a quiet host, and delete $d/bench/baseline before trying again elsewhere.
+      # work that does not need a quiet host; a later --resume checks the first baseline it runs anew.
       d="$runs/delayed-read-fixes"; mkdir -p "$d"
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
         --host-json "$(host_json)" --fractions 1 --max-baseline-cv ${MAX_BASELINE_CV:-5} \

@@ -239,13 +239,16 @@ def merge_repeats(runs: list[dict]) -> dict:
     return {"fraction": runs[0]["fraction"], "summary": merged, "runs": len(runs), "step_time_spread": spread}
 
 
+def steady_steps(summary: dict) -> list[float]:
+    """A run's step times after the warm-up its summary excludes."""
+    return summary["step_times_s"][summary.get("warmup_steps_excluded", 0):]
+
+
 def baseline_step_time(baselines: list[dict]) -> tuple[float | None, float | None]:
     """Median steady-state step time over every baseline run's steps pooled, and how far the runs'
     own medians lie apart (relative): identical runs differ, and slowdowns are no finer than that."""
-    import statistics
-
     done = [b["summary"] for b in baselines if "summary" in b]
-    pooled = [t for s in done for t in s["step_times_s"][s.get("warmup_steps_excluded", 0):]]
+    pooled = [t for s in done for t in steady_steps(s)]
     if not pooled:
         return None, None
     step = statistics.median(pooled)
@@ -281,12 +284,14 @@ def goals(rows: list[dict], parity: dict | None = None) -> list[dict]:
             met = None if row["slowdown_vs_baseline"] is None else row["slowdown_vs_baseline"] <= goal
             rounds = row.get("round_slowdowns") or []
             undecided_because = None if met is None else _undecided_because(row, rounds, goal, spread)
-            if met is not None and len(rounds) > 1 and undecided_because is None:
+            rounds_decide = met is not None and len(rounds) > 1 and undecided_because is None
+            if rounds_decide:
                 met = max(rounds) <= goal
             possible = None if floor_slowdown is None else floor_slowdown <= goal
             verdicts.append({"fraction": fraction, "config": config, "goal_slowdown": goal,
                              "tuned_slowdown": row["slowdown_vs_baseline"], "floor_slowdown": floor_slowdown,
-                             "met": met, "possible_on_this_host": possible, "undecided_because": undecided_because})
+                             "met": met, "possible_on_this_host": possible, "undecided_because": undecided_because,
+                             "rounds_decide": rounds if rounds_decide else None})
     return verdicts
 
 
@@ -366,9 +371,13 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
         if v["met"] is None:
             verdict = "not measured: no baseline run trained (its folder's failure.json says why)"
         elif v.get("undecided_because"):
-            verdict = f"undecided: {v['undecided_because']}; run more rounds, on a host whose baseline is steady"
+            verdict = (f"undecided: {v['undecided_because']}; run more rounds, on a host whose baseline is steady "
+                       "(--max-baseline-cv stops a bench on one that is not)")
             if v["possible_on_this_host"] is False:
                 verdict += f" ({_floor_alone(v)})"
+        elif v.get("rounds_decide") and v["met"] != (v["tuned_slowdown"] <= v["goal_slowdown"]):
+            verdict = (f"{'met' if v['met'] else 'not met'}: every round ({_ratio_range(v['rounds_decide'])}) "
+                       f"{'at or under' if v['met'] else 'over'} the goal, whatever the pooled median")
         elif v["met"] and v["possible_on_this_host"] is False:
             verdict = (f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: inside the run-to-run "
                        f"spread of the baseline's step time ({_f(spread and 100 * spread, 0, '%')} between identical runs)"
@@ -453,30 +462,33 @@ class BenchRuns:
 
 
 class NoisyHost(Exception):
-    """The first baseline's steps varied more than ``--max-baseline-cv`` allows: the bench stops before the rest."""
+    """The first baseline a bench ran varied more than ``--max-baseline-cv`` allows: it stops before the rest."""
 
 
-def step_variation(summary: dict) -> float:
-    """How much a run's steady-state steps vary: their standard deviation over their median (a fraction)."""
-    import statistics
+def step_variation(summary: dict) -> float | None:
+    """How much a run's steady-state steps vary: their standard deviation over their median (a fraction); None
+    with fewer than two."""
+    steps = steady_steps(summary)
+    return statistics.pstdev(steps) / statistics.median(steps) if len(steps) > 1 else None
 
-    steps = summary["step_times_s"][summary.get("warmup_steps_excluded", 0):]
-    return statistics.pstdev(steps) / statistics.median(steps) if len(steps) > 1 else 0.0
 
-
-def check_steady(baseline: dict, max_variation: float | None) -> None:
-    """Raise NoisyHost when the first baseline's steps vary more than ``max_variation`` (None: no limit)."""
+def check_steady(baseline: dict, max_variation: float, progress: RunProgress) -> None:
+    """Raise NoisyHost when ``baseline``'s steps vary more than ``max_variation``; say so when it cannot tell."""
     summary = baseline.get("summary")
-    if max_variation is None or summary is None:
+    variation = None if summary is None else step_variation(summary)
+    if variation is None:
+        print(f"{progress.label} --max-baseline-cv: {baseline.get('dir')} "
+              f"{'did not train' if summary is None else 'has fewer than 2 steady steps'}, so the host's noise was "
+              "not checked; the other runs go on", flush=True)
         return
-    variation = step_variation(summary)
     if variation > max_variation:
         raise NoisyHost(
-            f"--max-baseline-cv {100 * max_variation:g}: the first baseline run ({baseline.get('dir')}) varied "
-            f"{100 * variation:.1f}% from step to step (standard deviation over its median step, "
-            f"{summary['step_time_s']:.3f} s): a host that noisy cannot size a slowdown that small, so the other runs "
-            "did not start. Run on a quieter host (nothing else on its GPU or cores), or raise the limit; a --resume "
-            "checks a kept first baseline again: delete its folder to measure it anew")
+            f"--max-baseline-cv {100 * max_variation:g}: the first baseline this bench ran ({baseline.get('dir')}) "
+            f"varied {100 * variation:.1f}% from step to step (standard deviation over its median step, "
+            f"{summary['step_time_s']:.3f} s), more than the limit: a host that noisy cannot tell slowdowns of a few "
+            "percent from its own noise, so the other runs did not start. Run on a quieter host (nothing else on "
+            "its GPU or cores), or raise the limit; --resume keeps the finished runs and checks the first baseline "
+            "it runs anew")
 
 
 def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[str], overrides: list[str],
@@ -487,7 +499,7 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
     interleaved rounds (``--resume``: runs that finished in ``out`` are kept). ``deterministic``: every run
     with run_recipe.py --deterministic (identical runs are then bit-identical: a MoE's routing, and with it
     its step time, is the same in the baseline and the offloaded runs). ``max_baseline_variation``: stop with
-    NoisyHost after the first baseline when its steps vary more (``check_steady``)."""
+    NoisyHost after the first baseline this call runs when its steps vary more (``check_steady``)."""
     cores = host.get("cores") or len(available_cores())  # the host the runs ran on (a reassembly may run elsewhere)
     configs = configurations(cores)
     every_run = every_run_args(num_gpus, deterministic)
@@ -498,14 +510,18 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
         chosen.remove(same)
         chosen.insert(0, same)
     baselines, runs = [], {}  # runs: (fraction, name) -> that configuration's runs, one per round
+    checked = False  # whether the first baseline this call ran was checked against max_baseline_variation
     per_round = len(fractions) * sum(1 for name in chosen if not (name == "tuned" and shared))
     progress = RunProgress(label="[bench]", total=baseline_runs + repeats * per_round)
     for k in range(repeats):  # rounds interleave the configurations, so slow drift of the machine hits all alike
         for b in range(k, baseline_runs, repeats):
-            baselines.append(run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")),
-                                 overrides, every_run, resume, timeout_s, progress))
-            if len(baselines) == 1:
-                check_steady(baselines[0], max_baseline_variation)
+            baseline = run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")), overrides, every_run,
+                           resume, timeout_s, progress)
+            baselines.append(baseline)
+            # the host under check is this call's: a baseline kept from an earlier call (--resume) says nothing of it
+            if max_baseline_variation is not None and not checked and not baseline.get("reused"):
+                checked = True
+                check_steady(baseline, max_baseline_variation, progress)
         for fraction in fractions:
             for name in chosen:
                 if name == "tuned" and shared:

@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     owned = overhead.owned_overrides(args.overrides)
     if owned:
         parser.error(f"{', '.join(owned)}: set by the benchmark for each run (fractions with --fractions)")
+    if args.max_baseline_cv is not None and args.baseline_runs == 0:
+        parser.error(f"--max-baseline-cv {args.max_baseline_cv:g} checks the first baseline run's steps, and "
+                     "--baseline-runs 0 runs none: give --baseline-runs 1 or more, or drop --max-baseline-cv")
     fractions = [f for f in args.fractions if f > 0]
     if not fractions:
         parser.error("--fractions: give at least one fraction above 0 (the baseline, 0, always runs)")
