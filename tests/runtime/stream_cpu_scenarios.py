@@ -611,7 +611,8 @@ def _by_region(case, slow: bool = False, region_bytes: int | None = None, overla
     every state against torch AdamW's, so a gradient zeroed before its copy or after the backward's first write shows.
     ``slow``: the copy thread reports each region's copies ended only once the next step asked for the zeroing (or a
     drain waits for them), and 0.05 s late, so the backward reaches regions whose memsets are
-    not issued yet and only its waits keep the gradients (the stand-in runs a memset when it is issued).
+    not issued yet and only its waits keep the gradients (the stand-in runs a memset when it is issued); with the
+    break region-no-wait, only once the backward reached the region too (``_until_reached``).
     ``region_bytes``: regions cut inside the buckets too. ``overlap_grad_reduce`` off: one bucket per buffer, its
     reduce-scatter in finish_grad_sync. ``gaps``: steps whose forward skips some layers, so that whole regions get no
     gradient and no DDP hook waits for them (only the gradient sync does; the run needs ``overlap_grad_reduce`` off),
@@ -640,6 +641,7 @@ def _by_region(case, slow: bool = False, region_bytes: int | None = None, overla
 
             def copies_ended(self, region, event):
                 _until_asked(self)
+                _until_reached(self, region)
                 time.sleep(0.05)
                 library_ended(self, region, event)
 
@@ -1487,12 +1489,45 @@ def _until_asked(zeroing, timeout: float = 60.0) -> None:
         time.sleep(0.005)
 
 
+# by region, broken without waits: the (zeroing, region) pairs the backward reached, for _until_reached
+_REACHED: dict | None = None
+
+
 def _zeroing_without_waits() -> None:
-    """by region: the backward no longer waits for a region's memsets (the copy thread issues them late)."""
+    """by region: the backward no longer waits for a region's memsets. It records where it got to instead, and the
+    slow copy thread (``_by_region``'s ``slow``) issues a region's memsets only after the backward reached it, so the
+    write they should have come before always comes first: the break shows however fast or slow the backward runs
+    (with a fixed delay alone, a backward slower than the delay let it pass)."""
     from mbridge_offload.runtime import grad_regions
 
-    grad_regions.wait_before_write = lambda param: None
-    grad_regions.wait_before_sync = lambda params: None
+    global _REACHED
+    _REACHED = {"seen": set(), "alive": [], "changed": threading.Condition()}
+
+    def reached(params) -> None:
+        with _REACHED["changed"]:
+            for param in params:
+                active, region = grad_regions._active_region(param)
+                if region is not None:
+                    _REACHED["seen"].add((id(active), region))
+                    _REACHED["alive"].append(active)  # no later zeroing takes its id while the pair is recorded
+            _REACHED["changed"].notify_all()
+
+    grad_regions.wait_before_write = lambda param: reached([param])
+    grad_regions.wait_before_sync = reached
+
+
+def _until_reached(zeroing, region: int, timeout: float = 30.0) -> None:
+    """With the break region-no-wait: until the backward reached ``region`` of ``zeroing``, or a drain waits for the
+    copies (no backward comes then). Without it: at once."""
+    import time
+
+    if _REACHED is None:
+        return
+    ends = time.monotonic() + timeout
+    with _REACHED["changed"]:
+        while ((id(zeroing), region) not in _REACHED["seen"] and not _DRAINING.is_set()
+               and time.monotonic() < ends):
+            _REACHED["changed"].wait(0.005)
 
 
 def _zeroing_before_copies() -> None:
@@ -1626,16 +1661,10 @@ def main(argv: list[str]) -> int:
         ok &= run_scenarios(_by_region(delayed_ranks_case), [
             ("2 ranks, fraction 0.6, overlapped all-gather, drained, by region", 2, (0.6, True, "drain"), None,
              None)])
-        # With the copies handed over at the zeroing (delayed-next-step-by-region) the slow copy thread starts copying
-        # there, in the order the backward writes, and zeroed each region before this small model's backward reached
-        # it in the runs seen: a backward without its waits went uncaught. The waits are the same code as without the
-        # setting, where that break is caught, so the kind leaves it out rather than report a check that cannot fail.
-        no_wait = [] if streaming_engine._STATE["copies_at_next_step"] else [
-            ("2 ranks, broken: region-no-wait", 2, (1.0, False, "drain"), "region-no-wait", "forward-weights")]
         ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True), [
             ("2 ranks, fraction 1, all-gather in the step, drained, by region, slow copies", 2, (1.0, False, "drain"),
              None, None),
-            *no_wait,
+            ("2 ranks, broken: region-no-wait", 2, (1.0, False, "drain"), "region-no-wait", "forward-weights"),
             ("2 ranks, broken: region-zero-before-copies", 2, (1.0, False, "drain"), "region-zero-before-copies",
              "forward-weights")])
         ok &= run_scenarios(_by_region(delayed_ranks_case, slow=True, region_bytes=2**20), [

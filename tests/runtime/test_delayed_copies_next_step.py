@@ -9,9 +9,9 @@ the resumes, the experts, the pipeline stages and the skipped steps must come ou
 the copies without handing them over first would hang there (the scenarios' time limit), and one that handed them over
 before the gradients are final would change the update. The stand-in checks after each zero_grad_buffer that no
 copies are still kept (the non-region kind would pass without that hand-over: the first forward's end hands them
-over too). The broken variants stay caught, but for one: delayed-by-region's backward without its region waits went
-uncaught with the copies started at the zeroing (they ran ahead of this small model's backward), so that kind leaves
-it out; the waits are the same code as without the setting, where test_zero_by_region.py catches that break.
+over too). The broken variants stay caught, delayed-by-region's backward without its region waits too: with that
+break the slow copy thread issues a region's memsets only after the backward reached the region, so the write they
+should have preceded comes first however fast the copies run ahead of this small model's backward.
 """
 
 from __future__ import annotations
