@@ -284,14 +284,14 @@ def goals(rows: list[dict], parity: dict | None = None) -> list[dict]:
             met = None if row["slowdown_vs_baseline"] is None else row["slowdown_vs_baseline"] <= goal
             rounds = row.get("round_slowdowns") or []
             undecided_because = None if met is None else _undecided_because(row, rounds, goal, spread)
-            rounds_decide = met is not None and len(rounds) > 1 and undecided_because is None
-            if rounds_decide:
+            settled_by_rounds = met is not None and len(rounds) > 1 and undecided_because is None
+            if settled_by_rounds:
                 met = max(rounds) <= goal
             possible = None if floor_slowdown is None else floor_slowdown <= goal
             verdicts.append({"fraction": fraction, "config": config, "goal_slowdown": goal,
                              "tuned_slowdown": row["slowdown_vs_baseline"], "floor_slowdown": floor_slowdown,
                              "met": met, "possible_on_this_host": possible, "undecided_because": undecided_because,
-                             "rounds_decide": rounds if rounds_decide else None})
+                             "deciding_rounds": rounds if settled_by_rounds else None})
     return verdicts
 
 
@@ -375,8 +375,8 @@ def markdown(rows: list[dict], parity: dict, verdicts: list[dict], title: str) -
                        "(--max-baseline-cv stops a bench on one that is not)")
             if v["possible_on_this_host"] is False:
                 verdict += f" ({_floor_alone(v)})"
-        elif v.get("rounds_decide") and v["met"] != (v["tuned_slowdown"] <= v["goal_slowdown"]):
-            verdict = (f"{'met' if v['met'] else 'not met'}: every round ({_ratio_range(v['rounds_decide'])}) "
+        elif v.get("deciding_rounds") and v["met"] != (v["tuned_slowdown"] <= v["goal_slowdown"]):
+            verdict = (f"{'met' if v['met'] else 'not met'}: every round ({_ratio_range(v['deciding_rounds'])}) "
                        f"{'at or under' if v['met'] else 'over'} the goal, whatever the pooled median")
         elif v["met"] and v["possible_on_this_host"] is False:
             verdict = (f"met, and faster than the floor model's {v['floor_slowdown']:.2f}x: inside the run-to-run "

@@ -162,7 +162,7 @@ def test_bench_rows_compare_with_the_baseline_and_the_floor():
     verdicts = overhead.goals(rows)
     assert verdicts == [{"fraction": 1.0, "config": "tuned", "goal_slowdown": 1.25, "tuned_slowdown": pytest.approx(1.8),
                          "floor_slowdown": pytest.approx(1.54), "met": False, "possible_on_this_host": False,
-                         "undecided_because": None, "rounds_decide": None}]
+                         "undecided_because": None, "deciding_rounds": None}]
     table = overhead.markdown(rows, parity, verdicts, "t")
     assert "| 1 | stock-1-thread | 1 | off | 2.400 | 4.80x | 0.770 | 1.54x |" in table
     assert "| 1 | tuned (= overlap-chunked run) | 16 | on | 0.900 | 1.80x |" in table
