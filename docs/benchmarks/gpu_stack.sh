@@ -31,18 +31,21 @@ install_with_prebuilt() {
   te_imports
 }
 
+save_build() {  # the installed files of transformer-engine-torch, as pip lists them, relative to its location
+  local location files
+  location=$(python3 -m pip show transformer-engine-torch | sed -n 's/^Location: //p') && [ -n "$location" ] \
+    && files=$(python3 -m pip show -f transformer-engine-torch | sed -n '/^Files:/,$p' | tail -n +2 | sed 's/^ *//') \
+    && [ -n "$files" ] && tar czf "$OUT/te-torch-$torch_tag.tgz" -C "$location" $files \
+    && echo "saved the build as \$OUT/te-torch-$torch_tag.tgz ($(du -h "$OUT/te-torch-$torch_tag.tgz" | cut -f1))"
+}
+
 if [ -n "$prebuilt" ] && [ "$(basename "$prebuilt")" = "te-torch-$torch_tag.tgz" ] && [ -f "$prebuilt" ] \
     && install_with_prebuilt; then
   echo "wheels installed, transformer-engine-torch unpacked from $prebuilt: $(( $(date +%s) - t0 )) s"
 else
   [ -n "$prebuilt" ] && echo "no usable build of transformer-engine-torch for torch $torch_tag in '$prebuilt': building it"
   bash "$installer" "$parts"
-  if [ -n "${OUT:-}" ]; then
-    location=$(python3 -m pip show transformer-engine-torch | sed -n 's/^Location: //p')
-    mapfile -t files < <(python3 -m pip show -f transformer-engine-torch | sed -n '/^Files:/,$p' | tail -n +2 | sed 's/^ *//')
-    tar czf "$OUT/te-torch-$torch_tag.tgz" -C "$location" "${files[@]}"
-    echo "saved the build as \$OUT/te-torch-$torch_tag.tgz ($(du -h "$OUT/te-torch-$torch_tag.tgz" | cut -f1))"
-  fi
+  [ -z "${OUT:-}" ] || save_build || echo "could not save the build of transformer-engine-torch (the install stands)"
 fi
 te_imports && echo "transformer_engine: ok"
 python3 -c "import megatron.bridge.training.pretrain" 2>/dev/null && echo "megatron.bridge: ok"
