@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host: install the offline bundle gathered in PARTS_DIR (../shared/gpu/README.md), with
 # transformer-engine-torch unpacked from an earlier session's build where one for this host's torch is given.
-# The bundle's installer builds that extension from source every time (~135 s of a session's 30 device minutes);
+# The bundle's installer builds that extension from source every time (71-135 s of a session's 30 device minutes);
 # the build is a 3 MB library plus its metadata, the same on every host of one image.
 #
 #   usage: gpu_stack.sh PARTS_DIR INSTALLER [PREBUILT_TGZ]

@@ -540,8 +540,10 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       done ;;
     delayed-read-fixes)
       # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ran in the fortieth with ROUNDS=2 and the
-      # first profile, on an H100 whose baseline was too slow and noisy to size the step time: run again, 3 rounds;
-      # ~15 min for 3 rounds, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
+      # first profile, on an H100 whose baseline was too slow and noisy to size the step time; in the forty-first with
+      # CONFIGS=engine-delayed,engine-delayed-copies-next-step-spaced, 3 rounds, and the spaced profile, on a quiet H100:
+      # both 1.25x, as-run 1.29x; owed: each fix alone, CONFIGS=engine-delayed-copies-next-step,engine-delayed-spaced;
+      # ~15 min for 3 rounds of all four, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
       # mode's D2H alone cost 1.15x, a scalar read of the step waiting ~75 ms behind it (delayed-ablation/profiles/).
       # Two ways to let the reads through,
       # against the delayed mode as it ran and the baseline, interleaved, 33 steps: the copies handed over at the next

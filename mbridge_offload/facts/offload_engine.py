@@ -162,7 +162,7 @@ def zero_by_region_on(env_vars: Mapping[str, object] | None, environ: Mapping[st
 # When the delayed mode hands a step's gradient copies to its copy thread (docs/design/streaming-offload-engine.md
 # sections 15-16): in the optimizer step, or at the next step's gradient zeroing. A read the training stream makes
 # after the step (the loss, the gradient norm) waits on the copy engine for the rest of the gradients' D2H; started at
-# the next step, the D2H finds those reads done and is meant to run under the next forward (not measured on a GPU). The delayed update has until the next
+# the next step, the D2H finds those reads done and runs under the next forward (delayed-read-fixes/'s profile). The delayed update has until the next
 # step's optimizer step, so its CPU Adam starts later within the time it already has. The exact mode's next forward
 # waits for its update: it cannot start its copies later.
 DELAYED_COPY_START_ENV = "MBRIDGE_OFFLOAD_DELAYED_COPY_START"
@@ -175,7 +175,8 @@ DELAYED_COPY_START_HEADER = f"gradient copies: from the next step's gradient zer
 DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from the next step's gradient zeroing, after "
                            "the step's reads of the loss and norms; the same update (the copies' values and the CPU "
                            "Adam are unchanged, only when the copies start); the gradients they read are held until "
-                           "then; its step time is not measured on a GPU yet")
+                           "then; with spaced pieces as well it ran the dense proxy 3 % faster than without either "
+                           "(one H100: 1.25x its baseline against 1.29x)")
 
 
 def delayed_copy_start_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
