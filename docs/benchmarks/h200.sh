@@ -520,7 +520,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-ablation-profiles" \
         --resume --profile --runs baseline,d2h-only,h2d-only,neither ;;
     delayed-d2h-read)
-      # Thirty-eighth session (issue #16, offload-engine/delayed-ablation/; ~1.5 min): which scalar read waits ~75 ms a
+      # Thirty-eighth session (issue #16, offload-engine/delayed-ablation/; ~1.5 min; ran in the forty-first, d2h-read/:
+      # Bridge's logical_and_across_model_parallel_group): which scalar read waits ~75 ms a
       # step behind the delayed mode's gradient copy (profiles/d2h-only-gpu_trace.md names only _local_scalar_dense):
       # the D2H alone profiled with Python stacks, gpu_trace naming the Python function that launched each gap's read.
       $py docs/benchmarks/offload-engine/delayed-ablation/ablation.py --out "$runs/delayed-d2h-read" --resume \
@@ -541,8 +542,10 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
     delayed-read-fixes)
       # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ran in the fortieth with ROUNDS=2 and the
       # first profile, on an H100 whose baseline was too slow and noisy to size the step time; in the forty-first with
-      # CONFIGS=engine-delayed,engine-delayed-copies-next-step-spaced, 3 rounds, and the spaced profile, on a quiet H100:
-      # both 1.25x, as-run 1.29x; owed: each fix alone, CONFIGS=engine-delayed-copies-next-step,engine-delayed-spaced;
+      # CONFIGS=engine-delayed,engine-delayed-copies-next-step-spaced, 3 rounds, and the spaced profile (then without
+      # Python stacks), on a quiet H100: both together 1.25x, as-run 1.28-1.30x; owed: each fix alone beside the as-run
+      # mode, CONFIGS=engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced, and the spaced profile with
+      # stacks (copy next-step-gpu_trace.md into $RUNS/delayed-read-fixes/ first to skip that profile);
       # ~15 min for 3 rounds of all four, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
       # mode's D2H alone cost 1.15x, a scalar read of the step waiting ~75 ms behind it (delayed-ablation/profiles/).
       # Two ways to let the reads through,
@@ -564,7 +567,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
       [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step $offload \
         ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step
-      [ -f "$d/spaced-gpu_trace.md" ] || profiled_run spaced $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20 ;;
+      [ -f "$d/spaced-gpu_trace.md" ] || profiled_run spaced $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20 \
+        profiling.pytorch_profiler_collect_callstack=True ;;
     copy-window-spaced)
       # Thirty-ninth session (issue #16, offload-engine/copy-window/, its third run in the fortieth; ~1 min, plain torch
       # and the plugin's copy loop:
