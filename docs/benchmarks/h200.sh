@@ -543,9 +543,11 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # Thirty-ninth session (issue #16, offload-engine/delayed-read-fixes/; ran in the fortieth with ROUNDS=2 and the
       # first profile, on an H100 whose baseline was too slow and noisy to size the step time; in the forty-first with
       # CONFIGS=engine-delayed,engine-delayed-copies-next-step-spaced, 3 rounds, and the spaced profile (then without
-      # Python stacks), on a quiet H100: both together 1.25x, as-run 1.28-1.30x; owed: each fix alone beside the as-run
-      # mode, CONFIGS=engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced, and the spaced profile with
-      # stacks (copy next-step-gpu_trace.md into $RUNS/delayed-read-fixes/ first to skip that profile);
+      # Python stacks), on a quiet H100: both together 1.25x, as-run 1.28-1.30x; in the forty-second with
+      # CONFIGS=engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced and MAX_BASELINE_CV=10 on a noisy
+      # H100 (each alone lower than neither in every round, too noisy to size) and the spaced profile with stacks
+      # (the logged step's device-wide synchronize); owed: all four on a quiet host (copy next-step-gpu_trace.md and
+      # spaced-stacks-gpu_trace.md, as spaced-gpu_trace.md, into $RUNS/delayed-read-fixes/ first to skip the profiles);
       # ~15 min for 3 rounds of all four, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
       # mode's D2H alone cost 1.15x, a scalar read of the step waiting ~75 ms behind it (delayed-ablation/profiles/).
       # Two ways to let the reads through,

@@ -320,7 +320,8 @@ def test_overlap_chunks_needs_the_overlap_on(capsys):
                                     "offload-engine/bench-stream-moe-deterministic",
                                     "offload-engine/bench-stream-lazy-3", "offload-engine/d2h-pieces",
                                     "offload-engine/copy-window-bench", "offload-engine/delayed-read-fixes/bench",
-                                    "offload-engine/delayed-read-fixes/bench-quiet"])
+                                    "offload-engine/delayed-read-fixes/bench-quiet",
+                                    "offload-engine/delayed-read-fixes/bench-each"])
 def test_committed_overhead_tables_are_what_the_runs_and_the_floor_model_give(folder, tmp_path):
     """The committed tables are reassembled from the GPU run folders (H200 and H100) (--resume, nothing runs): a change
     to the floor model or the rows must show in them."""

@@ -372,7 +372,7 @@ PASS_BY_NOT_APPLYING = {
     # warnings that hold nowhere they apply: fetch-ahead costs reserved memory for no measured gain
     "offload-engine/fetch-ahead-measured",
     "offload-engine/zero-by-region-no-gain",  # a notice: no step-time gain measured
-    "offload-engine/copy-piece-pause-unmeasured",  # a notice: measured only together with the next one
+    "offload-engine/copy-piece-pause-unmeasured",  # a notice: sized only together with the next one
     "offload-engine/delayed-copy-start-unmeasured",  # likewise
     "offload-engine/stream-moments-not-exact",  # bf16 moments round the moments at every step
     "env/flex-dispatcher-gpu-unchecked",  # a notice that holds nowhere it applies: the check it names is skipped
