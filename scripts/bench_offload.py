@@ -8,7 +8,9 @@ First measures the host (scripts/measure_host.py: pinned copy bandwidth, memory 
 speed), then, in 3 interleaved rounds (``--repeats``), trains the no-offload baseline (``--baseline-runs``,
 one per round: each slowdown is against baselines of the same run, and they give the loss noise floor)
 and, for each fraction, each configuration in a fresh process, each run of at least 30 measured steps
-(``train.train_iters=33`` unless given; fewer only with ``--short-runs``):
+(``train.train_iters=33`` unless given; fewer only with ``--short-runs``). Each round starts the configurations
+one place further on (the baseline always first), so a host that drifts through the bench does not favour the
+configurations that would otherwise always run later:
 
 - stock, all cores: the library's defaults (D2H/H2D overlap off) with every core of the host, what a
   node running one rank gets;

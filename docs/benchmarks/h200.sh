@@ -545,7 +545,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # CONFIGS=engine-delayed,engine-delayed-copies-next-step-spaced, 3 rounds, and the spaced profile (then without
       # Python stacks), on a quiet H100: both together 1.25x, as-run 1.28-1.30x; in the forty-second with
       # CONFIGS=engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced and MAX_BASELINE_CV=10 on a noisy
-      # H100 (each alone lower than neither in every round, too noisy to size) and the spaced profile with stacks
+      # H100 (not sized: one order in every round on a host that sped up) and the spaced profile with stacks
       # (the logged step's device-wide synchronize); owed: all four on a quiet host (copy next-step-gpu_trace.md and
       # spaced-stacks-gpu_trace.md, as spaced-gpu_trace.md, into $RUNS/delayed-read-fixes/ first to skip the profiles);
       # ~15 min for 3 rounds of all four, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed

@@ -496,7 +496,8 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
                   resume: bool, timeout_s: float | None, deterministic: bool = False,
                   max_baseline_variation: float | None = None) -> BenchRuns:
     """Every run of the chosen configurations at every fraction, and the baselines, in ``repeats``
-    interleaved rounds (``--resume``: runs that finished in ``out`` are kept). ``deterministic``: every run
+    interleaved rounds, each starting the configurations one place further on than the round before (``--resume``:
+    runs that finished in ``out`` are kept). ``deterministic``: every run
     with run_recipe.py --deterministic (identical runs are then bit-identical: a MoE's routing, and with it
     its step time, is the same in the baseline and the offloaded runs). ``max_baseline_variation``: stop with
     NoisyHost after the first baseline this call runs when its steps vary more (``check_steady``)."""
@@ -511,8 +512,8 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
         chosen.insert(0, same)
     baselines, runs = [], {}  # runs: (fraction, name) -> that configuration's runs, one per round
     checked = False  # whether the first baseline this call ran was checked against max_baseline_variation
-    per_round = len(fractions) * sum(1 for name in chosen if not (name == "tuned" and shared))
-    progress = RunProgress(label="[bench]", total=baseline_runs + repeats * per_round)
+    runnable = [name for name in chosen if not (name == "tuned" and shared)]
+    progress = RunProgress(label="[bench]", total=baseline_runs + repeats * len(fractions) * len(runnable))
     for k in range(repeats):  # rounds interleave the configurations, so slow drift of the machine hits all alike
         for b in range(k, baseline_runs, repeats):
             baseline = run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")), overrides, every_run,
@@ -522,10 +523,11 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
             if max_baseline_variation is not None and not checked and not baseline.get("reused"):
                 checked = True
                 check_steady(baseline, max_baseline_variation, progress)
+        # each round starts one configuration further on: with one order in every round, a host that speeds up or
+        # slows down through the bench would favour the configurations that always run later
+        in_round = runnable[k % len(runnable):] + runnable[:k % len(runnable)] if runnable else []
         for fraction in fractions:
-            for name in chosen:
-                if name == "tuned" and shared:
-                    continue
+            for name in in_round:
                 config = configs[name]
                 run_dir = out / (f"fraction-{fraction:g}-{name}" + (f"-repeat{k}" if k else ""))
                 runs.setdefault((fraction, name), []).append(

@@ -173,18 +173,19 @@ DELAYED_COPY_START_KNOWN_FIX = (f"++{DELAYED_COPY_START_KEY}={COPY_AT_NEXT_STEP}
                                 "value in the shell wins: set it there)")
 DELAYED_COPY_START_HEADER = f"gradient copies: from the next step's gradient zeroing ({DELAYED_COPY_START_ENV})"
 # What the delayed mode's two read fixes (copies from the next step, spaced pieces) measured on GPUs
-# (docs/benchmarks/offload-engine/delayed-read-fixes/): both rules' warnings and the run's header say it
+# (docs/benchmarks/offload-engine/delayed-read-fixes/): both rules' warnings say READ_FIXES_MEASURED, the run's header
+# line for copies from the next step READ_FIXES_TOGETHER
+READ_FIXES_TOGETHER = (
+    "together, copies from the next step's zeroing and spaced pieces took the delayed mode on the dense proxy at "
+    "fraction 1 from 1.29x its baseline's step time to 1.25x, with the same loss and peak memory (one quiet H100, 3 "
+    "interleaved rounds, each lower: docs/benchmarks/offload-engine/delayed-read-fixes/)")
 READ_FIXES_MEASURED = (
-    "together, copies from the next step's zeroing and spaced pieces ran the delayed mode on the dense proxy at "
-    "fraction 1 at 1.25x its baseline against 1.29x without either, with the same loss and peak memory (one quiet "
-    "H100, 3 interleaved rounds, each lower); each alone also ran lower than without either in each of 3 rounds on a "
-    "noisy H100 (its baseline's steps varied 7.4-7.6 %: copies from the next step 1.19-1.31x, spaced pieces "
-    "0.99-1.29x, neither 1.32-1.36x), too noisy to size either alone "
-    "(docs/benchmarks/offload-engine/delayed-read-fixes/)")
+    f"{READ_FIXES_TOGETHER}; neither alone is sized: their 3 rounds on a noisy H100 (the baseline's steps varied "
+    "7.4-7.6 %) ran the configurations in one order while the host sped up")
 DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from the next step's gradient zeroing, after "
-                           "the step's reads of the loss and norms and the logged step's device-wide synchronize; "
-                           "the same update (the copies' values and the CPU Adam are unchanged, only when the copies "
-                           f"start); the gradients they read are held until then; {READ_FIXES_MEASURED}")
+                           "the step's reads of the loss and norms and a logged step's device-wide synchronize; the "
+                           "same update (the copies' values and the CPU Adam are unchanged, only when the copies "
+                           f"start); the gradients they read are held until then; {READ_FIXES_TOGETHER}")
 
 
 def delayed_copy_start_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:

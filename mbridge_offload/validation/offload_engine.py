@@ -12,8 +12,8 @@ from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, COPY_AT_STEP, CO
                                                  FETCH_AHEAD_ENV, FETCH_AHEAD_KEY, FETCH_AHEAD_VALUES, FP32_MOMENTS,
                                                  FP32_MOMENTS_FIX, LIBRARY, MOMENT_BYTES, READ_FIXES_MEASURED, STREAM,
                                                  STREAM_MOMENTS_ENV, STREAM_MOMENTS_KEY, STREAM_MOMENTS_KNOWN_FIX,
-                                                 STREAM_MOMENTS_MEASURED,
-                                                 copies_at_next_step, copy_pause_known, copy_pause_setting,
+                                                 STREAM_MOMENTS_MEASURED, copies_at_next_step, copy_pause_known,
+                                                 copy_pause_setting,
                                                  copy_window_known, copy_window_setting,
                                                  delayed_copy_start_setting, engine_mode, fetch_ahead_on,
                                                  fetch_ahead_setting, stream_host_bytes_per_param, stream_moments,
@@ -251,8 +251,8 @@ RULES: tuple[Rule, ...] = guarded(
                  fix=f"drop {COPY_WINDOW_KEY}  (or drop {COPY_PAUSE_KEY})"),
     Rule(id="offload-engine/copy-piece-pause-unmeasured", mechanism=OPTIMIZER, key=COPY_PAUSE_KEY,
          text="spaced pieces let another stream's small copy through at or near the copy's full rate (one H100, "
-              f"docs/benchmarks/offload-engine/copy-window/); {READ_FIXES_MEASURED}; in the exact mode their step "
-              "time is unmeasured; compare the step time with the setting dropped",
+              f"docs/benchmarks/offload-engine/copy-window/); {READ_FIXES_MEASURED}; spaced pieces' step time in the "
+              "exact mode is unmeasured; compare the step time with the setting dropped",
          applies=lambda c: _cpu_adam_offload(c) and c.env(COPY_PAUSE_ENV) is not None, holds=lambda c: False,
          observed=lambda c: copy_pause_setting(c.cfg.env_vars, c.environ),
          fix=fixed(f"drop {COPY_PAUSE_KEY}  (the run to compare with)"), severity="warning"),
@@ -291,8 +291,9 @@ RULES: tuple[Rule, ...] = guarded(
                      holds=lambda c: _delayed_offload(c), observed=_ignored_with(delayed_copy_start_setting)),
     Rule(id="offload-engine/delayed-copy-start-unmeasured", mechanism=OPTIMIZER, key=DELAYED_COPY_START_KEY,
          text="the delayed engine's copies from the next step's zeroing took out of its profile the scalar reads' "
-              "waits behind the D2H and the wait of Megatron's interval timer, which synchronizes the whole device "
-              f"at each logged step (logger.log_interval); {READ_FIXES_MEASURED}; compare the step time with it off",
+              "waits behind the D2H; they also start after Megatron's interval timer synchronizes the whole device "
+              "at each logged step (logger.log_interval), which with the copies started in the step waits for the "
+              f"rest of the D2H; {READ_FIXES_MEASURED}; compare the step time with it off",
          applies=lambda c: _delayed_offload(c) and copies_at_next_step(c.cfg.env_vars, c.environ),
          holds=lambda c: False, observed=lambda c: delayed_copy_start_setting(c.cfg.env_vars, c.environ),
          fix=fixed(f"++{DELAYED_COPY_START_KEY}={COPY_AT_STEP}  (the run to compare with)"), severity="warning"),

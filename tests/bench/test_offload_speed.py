@@ -379,10 +379,36 @@ def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5",
                         "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--baseline-runs",
                         "2", "--host-json", str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
+    # the second round starts one configuration further on (tuned reuses overlap-chunked's runs, so it has none)
     assert order == ["baseline", "fraction-0.5-overlap-chunked", "fraction-0.5-stock-all-cores",
-                     "baseline-repeat1", "fraction-0.5-overlap-chunked-repeat1", "fraction-0.5-stock-all-cores-repeat1"]
+                     "baseline-repeat1", "fraction-0.5-stock-all-cores-repeat1", "fraction-0.5-overlap-chunked-repeat1"]
     rows = json.loads((tmp_path / "offload_overhead.json").read_text())["rows"]
     assert {r["variant"]: r["runs"] for r in rows} == {"overlap-chunked": 2, "stock-all-cores": 2, "tuned": 2}
+
+
+def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch):
+    """Three configurations in three rounds: each runs once first, once second and once last, so a host that
+    speeds up through the bench favours none of them."""
+    order = []
+
+    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s, progress):
+        order.append(run_dir.name)
+        return _result(fraction, 0.5 + fraction, [3.0, 2.0])
+
+    monkeypatch.setattr(overhead, "run", fake_run)
+    names = ["engine-delayed", "engine-delayed-copies-next-step", "engine-delayed-spaced"]
+    bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5,1",
+                        "--configs", ",".join(names), "--host-json",
+                        str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
+    rounds = [order[i:i + 7] for i in range(0, len(order), 7)]  # a baseline, then 2 fractions x 3 configurations
+    assert len(order) == 21 and all(r[0].startswith("baseline") for r in rounds)
+    for fraction in ("0.5", "1"):
+        places = {name: [] for name in names}
+        for r in rounds:
+            runs = [run for run in r[1:] if run.startswith(f"fraction-{fraction}-")]
+            for place, run in enumerate(runs):
+                places[next(n for n in sorted(names, key=len, reverse=True) if f"-{n}" in run)].append(place)
+        assert all(sorted(p) == [0, 1, 2] for p in places.values()), places
 
 
 def test_by_default_three_rounds_each_with_its_baseline_and_thirty_measured_steps(tmp_path, monkeypatch):
