@@ -9,8 +9,9 @@ speed), then, in 3 interleaved rounds (``--repeats``), trains the no-offload bas
 one per round: each slowdown is against baselines of the same run, and they give the loss noise floor)
 and, for each fraction, each configuration in a fresh process, each run of at least 30 measured steps
 (``train.train_iters=33`` unless given; fewer only with ``--short-runs``). Each round starts the configurations
-one place further on (the baseline always first), so a host that drifts through the bench does not favour the
-configurations that would otherwise always run later:
+one place further on (the baseline always first; the fractions keep their order): with as many rounds as
+configurations, or a multiple, each takes every place equally often, and a host that drifts through the bench
+favours none of them (the bench says so when the rounds are not a multiple):
 
 - stock, all cores: the library's defaults (D2H/H2D overlap off) with every core of the host, what a
   node running one rank gets;

@@ -548,7 +548,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # H100 (not sized: one order in every round on a host that sped up) and the spaced profile with stacks
       # (the logged step's device-wide synchronize); owed: all four on a quiet host (copy next-step-gpu_trace.md and
       # spaced-stacks-gpu_trace.md, as spaced-gpu_trace.md, into $RUNS/delayed-read-fixes/ first to skip the profiles);
-      # ~15 min for 3 rounds of all four, ~1.5 min a profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
+      # ~20 min for 4 rounds of all four (4: each configuration then takes each place in its round once), ~1.5 min a
+      # profile; split over calls with --resume, ROUNDS=1 for one round): the delayed
       # mode's D2H alone cost 1.15x, a scalar read of the step waiting ~75 ms behind it (delayed-ablation/profiles/).
       # Two ways to let the reads through,
       # against the delayed mode as it ran and the baseline, interleaved, 33 steps: the copies handed over at the next
@@ -557,7 +558,8 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       # PAUSE_US=20: d2h-spacing let the reads through that way at the copy's full rate), and both together (without
       # spaced pieces the first forward's end waits for the copy thread to enqueue the last piece: design section 16).
       # Then a profile of each of the two.
-      # CONFIGS sets the configurations and their order in a round (the baseline first). The bench stops after its
+      # CONFIGS sets the configurations and their order in the first round (the baseline first; each later round
+      # starts one further on). The bench stops after its
       # first baseline (exit 3; the profiles still run) where that baseline's steps vary more than MAX_BASELINE_CV
       # percent (default 5): the fortieth session's host varied 6-10 %, the quiet H100s 2-4 %. Then spend the call on
       # work that does not need a quiet host; a later --resume checks the first baseline it runs anew.
@@ -565,7 +567,7 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
       $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
         --host-json "$(host_json)" --fractions 1 --max-baseline-cv ${MAX_BASELINE_CV:-5} \
         --configs ${CONFIGS:-engine-delayed,engine-delayed-copies-next-step,engine-delayed-spaced,engine-delayed-copies-next-step-spaced} \
-        --repeats ${ROUNDS:-3} --baseline-runs ${ROUNDS:-3} train.train_iters=33
+        --repeats ${ROUNDS:-4} --baseline-runs ${ROUNDS:-4} train.train_iters=33
       offload="--offload-engine delayed optimizer.optimizer_cpu_offload=True optimizer.optimizer_offload_fraction=1"
       [ -f "$d/next-step-gpu_trace.md" ] || profiled_run next-step $offload \
         ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step

@@ -496,8 +496,9 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
                   resume: bool, timeout_s: float | None, deterministic: bool = False,
                   max_baseline_variation: float | None = None) -> BenchRuns:
     """Every run of the chosen configurations at every fraction, and the baselines, in ``repeats``
-    interleaved rounds, each starting the configurations one place further on than the round before (``--resume``:
-    runs that finished in ``out`` are kept). ``deterministic``: every run
+    interleaved rounds, each starting the configurations one place further on than the round before (balanced
+    when ``repeats`` is a multiple of their number; the fractions keep their order) (``--resume``: runs that
+    finished in ``out`` are kept). ``deterministic``: every run
     with run_recipe.py --deterministic (identical runs are then bit-identical: a MoE's routing, and with it
     its step time, is the same in the baseline and the offloaded runs). ``max_baseline_variation``: stop with
     NoisyHost after the first baseline this call runs when its steps vary more (``check_steady``)."""
@@ -507,13 +508,18 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
     chosen = list(chosen)
     same = tuned_same_as(configs, num_gpus or recipe_gpus, cores) if "tuned" in chosen else None
     shared = same in chosen
-    if shared:  # run that configuration first: the tuned row reuses it
+    if shared:  # that configuration first in the first round: the tuned row reuses it
         chosen.remove(same)
         chosen.insert(0, same)
     baselines, runs = [], {}  # runs: (fraction, name) -> that configuration's runs, one per round
     checked = False  # whether the first baseline this call ran was checked against max_baseline_variation
     runnable = [name for name in chosen if not (name == "tuned" and shared)]
     progress = RunProgress(label="[bench]", total=baseline_runs + repeats * len(fractions) * len(runnable))
+    if repeats > 1 and len(runnable) > 1 and repeats % len(runnable):
+        print(f"{progress.label} {repeats} rounds of {len(runnable)} configurations: each round starts one "
+              "configuration further on, so every configuration takes every place in its round equally often only "
+              f"when the rounds are a multiple of {len(runnable)} (--repeats); here a host that drifts through the "
+              "bench can still favour the configurations that run later more often", flush=True)
     for k in range(repeats):  # rounds interleave the configurations, so slow drift of the machine hits all alike
         for b in range(k, baseline_runs, repeats):
             baseline = run(recipe, 0.0, out / ("baseline" + (f"-repeat{b}" if b else "")), overrides, every_run,
@@ -524,7 +530,8 @@ def run_benchmark(recipe: str, out: Path, fractions: list[float], chosen: list[s
                 checked = True
                 check_steady(baseline, max_baseline_variation, progress)
         # each round starts one configuration further on: with one order in every round, a host that speeds up or
-        # slows down through the bench would favour the configurations that always run later
+        # slows down through the bench would favour the configurations that always run later (the fractions keep
+        # their order: each fraction's configurations run together)
         in_round = runnable[k % len(runnable):] + runnable[:k % len(runnable)] if runnable else []
         for fraction in fractions:
             for name in in_round:

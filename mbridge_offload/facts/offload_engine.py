@@ -178,13 +178,13 @@ DELAYED_COPY_START_HEADER = f"gradient copies: from the next step's gradient zer
 READ_FIXES_TOGETHER = (
     "together, copies from the next step's zeroing and spaced pieces took the delayed mode on the dense proxy at "
     "fraction 1 from 1.29x its baseline's step time to 1.25x, with the same loss and peak memory (one quiet H100, 3 "
-    "interleaved rounds, each lower: docs/benchmarks/offload-engine/delayed-read-fixes/)")
+    "interleaved rounds, lower in each round: docs/benchmarks/offload-engine/delayed-read-fixes/)")
 READ_FIXES_MEASURED = (
-    f"{READ_FIXES_TOGETHER}; neither alone is sized: their 3 rounds on a noisy H100 (the baseline's steps varied "
-    "7.4-7.6 %) ran the configurations in one order while the host sped up")
+    f"{READ_FIXES_TOGETHER}; neither alone is sized: on a noisy H100 (its baseline's steps varied 7.4-7.6 %) each "
+    "ran after the delayed mode without it in each of 3 rounds, while the host sped up")
 DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from the next step's gradient zeroing, after "
-                           "the step's reads of the loss and norms and a logged step's device-wide synchronize; the "
-                           "same update (the copies' values and the CPU Adam are unchanged, only when the copies "
+                           "the step's reads of the loss and norms and, on a logged step, Megatron's timer's "
+                           "device-wide synchronize; the same update (the copies' values and the CPU Adam are unchanged, only when the copies "
                            f"start); the gradients they read are held until then; {READ_FIXES_TOGETHER}")
 
 

@@ -291,9 +291,9 @@ RULES: tuple[Rule, ...] = guarded(
                      holds=lambda c: _delayed_offload(c), observed=_ignored_with(delayed_copy_start_setting)),
     Rule(id="offload-engine/delayed-copy-start-unmeasured", mechanism=OPTIMIZER, key=DELAYED_COPY_START_KEY,
          text="the delayed engine's copies from the next step's zeroing took out of its profile the scalar reads' "
-              "waits behind the D2H; they also start after Megatron's interval timer synchronizes the whole device "
-              "at each logged step (logger.log_interval), which with the copies started in the step waits for the "
-              f"rest of the D2H; {READ_FIXES_MEASURED}; compare the step time with it off",
+              "waits behind the D2H; they also start after the device-wide synchronize of Megatron's interval timer "
+              "at each logged step (logger.log_interval), a synchronize that, with the copies started in the step, "
+              f"waits for the rest of the D2H; {READ_FIXES_MEASURED}; compare the step time with it off",
          applies=lambda c: _delayed_offload(c) and copies_at_next_step(c.cfg.env_vars, c.environ),
          holds=lambda c: False, observed=lambda c: delayed_copy_start_setting(c.cfg.env_vars, c.environ),
          fix=fixed(f"++{DELAYED_COPY_START_KEY}={COPY_AT_STEP}  (the run to compare with)"), severity="warning"),

@@ -386,7 +386,7 @@ def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
     assert {r["variant"]: r["runs"] for r in rows} == {"overlap-chunked": 2, "stock-all-cores": 2, "tuned": 2}
 
 
-def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch):
+def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch, capsys):
     """Three configurations in three rounds: each runs once first, once second and once last, so a host that
     speeds up through the bench favours none of them."""
     order = []
@@ -398,7 +398,7 @@ def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch):
     monkeypatch.setattr(overhead, "run", fake_run)
     names = ["engine-delayed", "engine-delayed-copies-next-step", "engine-delayed-spaced"]
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5,1",
-                        "--configs", ",".join(names), "--host-json",
+                        "--configs", ",".join(names), "--repeats", "3", "--baseline-runs", "3", "--host-json",
                         str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
     rounds = [order[i:i + 7] for i in range(0, len(order), 7)]  # a baseline, then 2 fractions x 3 configurations
     assert len(order) == 21 and all(r[0].startswith("baseline") for r in rounds)
@@ -409,6 +409,15 @@ def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch):
             for place, run in enumerate(runs):
                 places[next(n for n in sorted(names, key=len, reverse=True) if f"-{n}" in run)].append(place)
         assert all(sorted(p) == [0, 1, 2] for p in places.values()), places
+    assert "equally often only when" not in capsys.readouterr().out  # 3 rounds of 3: balanced, nothing to say
+
+
+def test_rounds_not_a_multiple_of_the_configurations_are_said_to_be_unbalanced(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(overhead, "run", lambda recipe, fraction, run_dir, *rest: _result(fraction, 0.5, [3.0, 2.0]))
+    bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "1",
+                        "--configs", "engine-delayed,engine-delayed-spaced", "--repeats", "3", "--baseline-runs", "3",
+                        "--host-json", str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
+    assert "3 rounds of 2 configurations" in capsys.readouterr().out
 
 
 def test_by_default_three_rounds_each_with_its_baseline_and_thirty_measured_steps(tmp_path, monkeypatch):
