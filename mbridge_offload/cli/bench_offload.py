@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=at_least_one("run"), default=overhead.DEFAULT_ROUNDS, metavar="R",
                         help="run every configuration R times, in R interleaved rounds (baselines spread over "
                              "them; each round starts the configurations one place further on, so with R a multiple "
-                             "of their number each takes every place equally often), and report the median over all their steady-state steps with the spread of "
+                             "of their number each takes every place equally often), and report the median over all "
+                             "their steady-state steps with the spread of "
                              f"the runs (default {overhead.DEFAULT_ROUNDS}). Identical runs of the H200 differed by "
                              "up to 31%%: rounds tell a real difference from that")
     parser.add_argument("--short-runs", action="store_true",

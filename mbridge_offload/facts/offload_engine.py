@@ -184,8 +184,9 @@ READ_FIXES_MEASURED = (
     "ran after the delayed mode without it in each of 3 rounds, while the host sped up")
 DELAYED_COPY_START_SAYS = ("each step's gradients are copied to the host from the next step's gradient zeroing, after "
                            "the step's reads of the loss and norms and, on a logged step, Megatron's timer's "
-                           "device-wide synchronize; the same update (the copies' values and the CPU Adam are unchanged, only when the copies "
-                           f"start); the gradients they read are held until then; {READ_FIXES_TOGETHER}")
+                           "device-wide synchronize; the same update (the copies' values and the CPU Adam are "
+                           "unchanged, only when the copies start); the gradients they read are held until then; "
+                           f"{READ_FIXES_TOGETHER}")
 
 
 def delayed_copy_start_setting(env_vars: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:

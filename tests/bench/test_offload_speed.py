@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mbridge_offload.bench import overhead
+from mbridge_offload.bench.planner_accuracy import REPEAT
 from mbridge_offload.cli import bench_offload, run_recipe
 from mbridge_offload.planning.cost_model import floor
 from mbridge_offload.runtime.offload_tuning import TUNED_KEYS, tune_offload
@@ -368,7 +369,8 @@ def test_repeated_runs_pool_their_steps_and_show_their_spread():
     assert overhead.merge_repeats([first]) is first  # one run: the row is that run's, as before
 
 
-def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
+def _record_runs(monkeypatch) -> list[str]:
+    """overhead.run faked: each run's folder name appended to the list returned, in the order the bench runs them."""
     order = []
 
     def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s, progress):
@@ -376,6 +378,11 @@ def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
         return _result(fraction, 0.5 + fraction, [3.0, 2.0])
 
     monkeypatch.setattr(overhead, "run", fake_run)
+    return order
+
+
+def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
+    order = _record_runs(monkeypatch)
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5",
                         "--configs", "stock-all-cores,overlap-chunked,tuned", "--repeats", "2", "--baseline-runs",
                         "2", "--host-json", str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
@@ -389,13 +396,7 @@ def test_repeats_interleave_the_configurations_in_rounds(tmp_path, monkeypatch):
 def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch, capsys):
     """Three configurations in three rounds: each runs once first, once second and once last, so a host that
     speeds up through the bench favours none of them."""
-    order = []
-
-    def fake_run(recipe, fraction, run_dir, overrides, args, resume, timeout_s, progress):
-        order.append(run_dir.name)
-        return _result(fraction, 0.5 + fraction, [3.0, 2.0])
-
-    monkeypatch.setattr(overhead, "run", fake_run)
+    order = _record_runs(monkeypatch)
     names = ["engine-delayed", "engine-delayed-copies-next-step", "engine-delayed-spaced"]
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "0.5,1",
                         "--configs", ",".join(names), "--repeats", "3", "--baseline-runs", "3", "--host-json",
@@ -407,13 +408,13 @@ def test_each_round_starts_one_configuration_further_on(tmp_path, monkeypatch, c
         for r in rounds:
             runs = [run for run in r[1:] if run.startswith(f"fraction-{fraction}-")]
             for place, run in enumerate(runs):
-                places[next(n for n in sorted(names, key=len, reverse=True) if f"-{n}" in run)].append(place)
+                places[REPEAT.sub("", run.removeprefix(f"fraction-{fraction}-"))].append(place)
         assert all(sorted(p) == [0, 1, 2] for p in places.values()), places
     assert "equally often only when" not in capsys.readouterr().out  # 3 rounds of 3: balanced, nothing to say
 
 
 def test_rounds_not_a_multiple_of_the_configurations_are_said_to_be_unbalanced(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(overhead, "run", lambda recipe, fraction, run_dir, *rest: _result(fraction, 0.5, [3.0, 2.0]))
+    _record_runs(monkeypatch)
     bench_offload.main(["--recipe", "qwen3_1b_proxy_pretrain_config", "--out", str(tmp_path), "--fractions", "1",
                         "--configs", "engine-delayed,engine-delayed-spaced", "--repeats", "3", "--baseline-runs", "3",
                         "--host-json", str(ROOT / "docs" / "benchmarks" / "offload-overhead" / "host.json")])
