@@ -573,6 +573,26 @@ print('CUDA initialized by the imports:', torch.cuda.is_initialized())" > "$runs
         ++env_vars.MBRIDGE_OFFLOAD_DELAYED_COPY_START=next-step
       [ -f "$d/spaced-gpu_trace.md" ] || profiled_run spaced $offload ++env_vars.MBRIDGE_OFFLOAD_COPY_PIECE_PAUSE_US=20 \
         profiling.pytorch_profiler_collect_callstack=True ;;
+    delayed-bf16-grads)
+      # Forty-third session, not yet run (issue #16, offload-engine/delayed-read-fixes/bf16-grads/; ~3 min, any host:
+      # it sizes memory, not time): copies from the next step hold the gradients the D2H reads until the copies end
+      # under the next forward. With fp32 gradient buffers (the recipes' bf16_mixed) those are the DDP buffers, never freed, so
+      # no peak rose in delayed-read-fixes; with bf16 gradient buffers they are fp32 temporaries of the offloaded
+      # main gradients (~4 bytes per offloaded parameter), held longer. The dense proxy at fraction 1 with bf16
+      # gradient buffers (mixed_precision=null: the preset would write grad_reduce_in_fp32 back), one round of 13
+      # steps: the baseline, the delayed mode as it runs and copies from the next step (spaced pieces change when the
+      # pieces are enqueued, not what they read). The peaks are in each run's summary.json; one round's step times
+      # say nothing.
+      d="$runs/delayed-bf16-grads"; mkdir -p "$d"
+      $py scripts/bench_offload.py --recipe qwen3_1b_proxy_pretrain_config --out "$d/bench" --resume \
+        --host-json "$(host_json)" --fractions 1 --max-baseline-cv 100 \
+        --configs engine-delayed,engine-delayed-copies-next-step \
+        --repeats 1 --baseline-runs 1 --short-runs train.train_iters=13 \
+        mixed_precision=null ddp.grad_reduce_in_fp32=False
+      for f in "$d"/bench/*/summary.json; do
+        echo "$(basename "$(dirname "$f")"): $(grep -h '"peak_allocated_gib\|"peak_reserved_gib\|"peak_device_used\|"final_loss' \
+          "$f" | tr -d ' \n')"
+      done ;;
     copy-window-spaced)
       # Thirty-ninth session (issue #16, offload-engine/copy-window/, its third run in the fortieth; ~1 min, plain torch
       # and the plugin's copy loop:
