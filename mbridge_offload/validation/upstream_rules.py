@@ -123,6 +123,24 @@ def _decay_steps(ctx: Context) -> float:
     return iters * t.global_batch_size
 
 
+def _decay_length_given(ctx: Context) -> bool:
+    """Whether the decay's length is set by the scheduler's own keys. Otherwise it follows the training's length and
+    batch (train_iters or train_samples, global_batch_size), whose own rules name a value <= 0: a second error here
+    would point at a scheduler key the user never set, with a fix that is already its value."""
+    s, t = ctx.cfg.scheduler, ctx.cfg.train
+    if _sample_based(ctx):
+        return s.lr_decay_samples is not None
+    return (s.max_steps is not None or s.lr_decay_iters is not None) and t.global_batch_size > 0
+
+
+def _decay_steps_fix(ctx: Context) -> str:
+    if _sample_based(ctx):
+        return "scheduler.lr_decay_samples=null  (it then follows train.train_samples)"
+    if ctx.cfg.scheduler.max_steps is not None:
+        return "scheduler.max_steps=null  (the decay then follows lr_decay_iters, else train.train_iters)"
+    return "scheduler.lr_decay_iters=null  (it then follows train.train_iters)"
+
+
 def _eval_layout(ctx: Context) -> tuple[int, int, int]:
     """(eval global batch, eval micro batch, eval data-parallel size) as validate() resolves them."""
     v, t, m = ctx.cfg.validation, ctx.cfg.train, ctx.model
@@ -292,9 +310,9 @@ RULES: tuple[Rule, ...] = (
                               f"lr_warmup_samples={c.cfg.scheduler.lr_warmup_samples}")),
     _rule("scheduler/decay-steps-positive", TRAINING, "scheduler.lr_decay_iters",
           "the learning-rate decay must span > 0 steps (lr_decay_iters, else max_steps or train_iters, "
-          "x global batch)", always, lambda c: _decay_steps(c) > 0,
-          "scheduler.lr_decay_iters=null  (it then follows train.train_iters, which must be > 0)",
-          observed=lambda c: f"{show_typed(c.cfg.scheduler.lr_decay_iters)} (decay steps {_decay_steps(c)})"),
+          "x global batch)", _decay_length_given, lambda c: _decay_steps(c) > 0, _decay_steps_fix,
+          observed=lambda c: f"{show_typed(c.cfg.scheduler.lr_decay_iters)} (decay steps {_decay_steps(c)})",
+          fix_text="scheduler.lr_decay_iters=null  (it then follows train.train_iters)"),
     # dataset (GPTDatasetConfig.finalize)
     *(_not_null(f"dataset/{name.replace('_', '-')}-set", DATASET, f"dataset.{name}",
                 lambda c: hasattr(c.cfg.dataset, "reset_position_ids"), f"dataset.{name}=False")

@@ -68,7 +68,7 @@ CASES = {
     "scheduler/sample-based-fields": case({**SAMPLES, "scheduler.lr_warmup_iters": 0, "scheduler.lr_decay_iters": None},
                                           {**SAMPLES, "scheduler.lr_warmup_iters": 10}),
     "scheduler/iteration-based-fields": case({}, {"scheduler.lr_decay_samples": 100}),
-    "scheduler/decay-steps-positive": case({}, {"scheduler.lr_decay_iters": 0}),
+    "scheduler/decay-steps-positive": case({"scheduler.lr_decay_iters": 100}, {"scheduler.lr_decay_iters": 0}),
     **{f"dataset/{name.replace('_', '-')}-set": case({}, {f"dataset.{name}": None})
        for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")},
     "checkpointing/pretrained-exists": case({"checkpoint.pretrained_checkpoint": tempfile.gettempdir()},
@@ -225,3 +225,20 @@ def test_translated_rule_fails_with_key_value_rule_and_fix(recipe, rule_id):
     problem, rule = found[0], RULES_BY_ID[rule_id]
     assert problem.key == rule.key and problem.rule == rule.text
     assert problem.value and problem.value != "?" and problem.fix
+
+
+@pytest.mark.parametrize("sizes, named_by", [({"train.train_iters": -3}, "parallel/train-iters-range"),
+                                             ({"train.global_batch_size": 0}, "parallel/global-batch-range"),
+                                             ({**SAMPLES, "train.train_samples": 0}, "train/train-samples-positive")])
+def test_a_decay_that_follows_a_refused_size_is_that_sizes_error_alone(recipe, sizes, named_by):
+    """The decay's length follows the training's when the scheduler does not set it: a size <= 0 is its own key's
+    error, not also the scheduler's (whose fix, lr_decay_iters=null, would already be its value)."""
+    ctx, problems = _problems(recipe, case({}, sizes), "failing")
+    ids = {p.rule_id for p in problems}
+    assert named_by in ids and "scheduler/decay-steps-positive" not in ids
+
+
+def test_a_sample_based_decay_of_zero_is_fixed_on_the_samples_key(recipe):
+    ctx, problems = _problems(recipe, case({}, {**SAMPLES, "scheduler.lr_decay_samples": 0}), "failing")
+    (problem,) = [p for p in problems if p.rule_id == "scheduler/decay-steps-positive"]
+    assert problem.fix.startswith("scheduler.lr_decay_samples=null")
