@@ -24,11 +24,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "folder (DIR with log.txt / failure.json / summary.json), or - for a log pasted on "
                              "standard input; several: one report each, and a run without offload among them is "
                              "the baseline of the slowdown check. A log that holds several runs one after another "
-                             "(a job that appends to it across restarts) gets one report per run")
+                             "(a job that appends to it across restarts) gets one report per run. A LOG that cannot "
+                             "be read (empty, missing, not text) is named in one line on stderr and the others are "
+                             "diagnosed; it exits 2 only when none can be read")
     parser.add_argument("--json", action="store_true",
                         help='print the findings as JSON (a list, one report per LOG, or per run of a LOG that '
-                             'holds several: "run_in_log" says which); when it exits 2, '
-                             '{"ok": false, "refused": true, "error": ..., "problems": []}')
+                             'holds several: "run_in_log" says which; "notes": what reading it had to tell, e.g. a '
+                             '.gz cut short; a LOG that cannot be read: "unreadable" says why, with no findings); '
+                             'when it exits 2 (no LOG could be read), '
+                             '{"ok": false, "refused": true, "error": ..., "problems": []} (several LOGs: a problem '
+                             'each, "value" its path and "rule" why)')
     parser.add_argument("--no-build", action="store_true",
                         help="never build the recipe of the log's command (no Megatron import): fixes then come "
                              "from a saved run_config.yaml or stay generic")
@@ -49,24 +54,39 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if not args.logs:
         parser.error("give at least one LOG (or --list)")
-    for path in args.logs:  # before anything is read: one clear line for a missing file
-        if str(path) != "-" and not path.exists():
-            return parser.refuse(f"no such file: {path}", code=EXIT_UNREADABLE,
-                                 said=f"diagnose.py: no such file: {path}")
+    missing = [(path, f"no such file: {path}") for path in args.logs if str(path) != "-" and not path.exists()]
+    if len(missing) == len(args.logs):  # before the engine is imported: nothing to read
+        return _refuse_unreadable(parser, missing)
 
-    from mbridge_offload.diagnosis import LogError, diagnose, format_diagnosis
+    from mbridge_offload.diagnosis import UnreadableLog, diagnose_each, format_diagnosis
     from mbridge_offload.facts.import_notices import quiet_import_notices
 
     quiet_import_notices()
-    try:
-        diagnoses = diagnose(args.logs, build_config=not args.no_build)
-    except LogError as error:
-        return parser.refuse(str(error), code=EXIT_UNREADABLE, said=f"diagnose.py: {error}")
+    reports = diagnose_each(args.logs, build_config=not args.no_build)
+    unreadable = [(r.log, r.reason) for r in reports if isinstance(r, UnreadableLog)]
+    if len(unreadable) == len(reports):
+        return _refuse_unreadable(parser, unreadable)
+    for _, reason in unreadable:  # each on its own line, beside the reports of the LOGs that were read
+        print(f"diagnose.py: {reason}", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps([d.to_json() for d in diagnoses], indent=2))
+        print(json.dumps([r.to_json() for r in reports], indent=2))
     else:
-        print("\n\n".join(format_diagnosis(d) for d in diagnoses))
+        print("\n\n".join(format_diagnosis(r) for r in reports if not isinstance(r, UnreadableLog)))
     return EXIT_OK
+
+
+def _refuse_unreadable(parser: RefusalParser, unreadable: list[tuple[Path, str]]) -> int:
+    """No LOG could be read: exit 2. One LOG: its reason is the refusal, as ever. Several: each named on a line of its
+    own, then the refusal; in JSON a problem each."""
+    if len(unreadable) == 1:
+        reason = unreadable[0][1]
+        return parser.refuse(reason, code=EXIT_UNREADABLE, said=f"diagnose.py: {reason}")
+    summary = f"none of the {len(unreadable)} LOGs could be read"
+    said = "\n".join([*(f"diagnose.py: {reason}" for _, reason in unreadable), f"diagnose.py: {summary}"])
+    problems = [{"id": "log/unreadable", "key": "LOG", "value": str(path), "rule": reason,
+                 "fix": "give the run's printed output (the file torchrun's or srun's stdout/stderr went to), or "
+                        "leave this LOG out", "severity": "error"} for path, reason in unreadable]
+    return parser.refuse(summary, problems, code=EXIT_UNREADABLE, said=said)
 
 
 if __name__ == "__main__":

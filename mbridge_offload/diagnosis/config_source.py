@@ -1,6 +1,7 @@
 """The config a diagnosed run trained, for computing its fix with the planner: the ``run_config.yaml``
 Megatron Bridge saved (in the run folder or a checkpoint beside it), else the recipe and overrides of the
-command line its log starts with. None when neither is there: the fix then stays generic.
+command line its log starts with. NoRunConfig when neither gives one, with why (a saved file that is no training config,
+a command whose recipe is unknown or whose override is refused): the fix then stays generic, and says so.
 
 A saved run_config.yaml is read without Megatron, as nested mappings that the planner reads by attribute
 (``cfg.model.num_layers``); dtypes saved as ``{_target_: torch.bfloat16}`` become their byte sizes.
@@ -102,21 +103,44 @@ def find_run_config(run_dir: Path | None) -> Path | None:
     return None
 
 
-def build_from_command(command: Command) -> Any | None:
-    """The recipe's config with the command's overrides (loads Megatron Bridge); None if that fails."""
+class NotBuilt(Exception):
+    """Why the recipe and overrides of a log's command give no config, in words for the report."""
+
+
+_REFUSALS_SHOWN = 2  # a command's refused overrides named in the report; the rest counted
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
+def build_from_command(command: Command) -> Any:
+    """The recipe's config with the command's overrides (loads Megatron Bridge); NotBuilt says why there is none."""
     from overrides import apply_overrides
+    from overrides.errors import OverrideErrors
     from recipes import registry
 
     try:
         recipe = registry.get(command.recipe)
-    except KeyError:
-        return None
+    except KeyError as unknown:
+        meant = getattr(unknown, "suggestions", None)
+        raise NotBuilt(f"its recipe {command.recipe!r} is no recipe of this checkout"
+                       + (f" (did you mean {' or '.join(meant)}?)" if meant else "")) from None
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             cfg = recipe.build()
+        except (ValueError, TypeError, AttributeError, KeyError) as error:
+            raise NotBuilt(f"its recipe {command.recipe} did not build ({_first_line(error)})") from None
+        try:
             return apply_overrides(cfg, [o for o in command.overrides if not o.endswith("=auto")])
-        except (ValueError, TypeError, AttributeError, KeyError):  # OverrideErrors is a ValueError
-            return None
+        except OverrideErrors as refused:
+            named = "; ".join(f"{e.text} ({e.message})" for e in refused.errors[:_REFUSALS_SHOWN])
+            more = len(refused.errors) - _REFUSALS_SHOWN
+            raise NotBuilt(f"run_recipe.py refuses {'its override' if len(refused.errors) == 1 else 'its overrides'} "
+                           + named + (f" and {more} more" if more > 0 else "")) from None
+        except (ValueError, TypeError, AttributeError, KeyError) as error:
+            raise NotBuilt(f"its overrides could not be applied ({_first_line(error)})") from None
 
 
 @dataclass(frozen=True)
@@ -125,15 +149,30 @@ class RunConfig:
     source: str  # in words, for the report
 
 
-def run_config(run_dir: Path | None, command: Command | None, build: bool = True) -> RunConfig | None:
-    """The run's config from the best source there is, or None."""
+@dataclass(frozen=True)
+class NoRunConfig:
+    """Why the run has no config to plan with, in words for the report; "" where its output names none at all (no
+    run folder with a saved config, no command)."""
+
+    why: str = ""
+
+
+def run_config(run_dir: Path | None, command: Command | None, build: bool = True) -> RunConfig | NoRunConfig:
+    """The run's config from the best source there is, or why there is none."""
     saved = find_run_config(run_dir)
+    whys = []
     if saved is not None:
         cfg = load_run_config(saved)
         if cfg is not None:
             return RunConfig(cfg, f"{saved}")
-    if build and command is not None:
-        cfg = build_from_command(command)
-        if cfg is not None:
+        whys.append(f"{saved} cannot be read as a training config")
+    if command is not None and not build:
+        whys.append(f"the recipe of the log's command ({command.recipe}) was not built (--no-build)")
+    elif command is not None:
+        try:
+            cfg = build_from_command(command)
+        except NotBuilt as why:
+            whys.append(f"the log's run_recipe.py command was found but could not be rebuilt: {why}")
+        else:
             return RunConfig(cfg, f"recipe {command.recipe} with the log's overrides ({len(command.overrides)})")
-    return None
+    return NoRunConfig("; ".join(whys))

@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mbridge_offload.diagnosis.config_source import RunConfig, run_config
+from mbridge_offload.diagnosis.config_source import NoRunConfig, RunConfig, run_config
 from mbridge_offload.diagnosis.line_search import LineSearch
+from mbridge_offload.diagnosis.log_text import LogError
 from mbridge_offload.diagnosis.logs import Line, read_lines, run_folder, stated_ranks
 from mbridge_offload.diagnosis.run_facts import OutOfMemory, RunFacts, read_summary, run_facts, run_segments
 from mbridge_offload.facts.offload_engine import (BF16_MOMENTS, BF16_MOMENTS_FIX, ENGINE_ENV, FP32_MOMENTS,
@@ -77,6 +78,12 @@ _AFTER_NETWORK = ("runtime/nccl-error", "runtime/nccl-timeout", _ABORT_ID)
 # it is killed by the launcher's stop, and that kill follows the timeout.)
 _PEER_LOST = ("runtime/nccl-error", _NETWORK_ID)
 _ENDS_UNSAID = ("runtime/host-memory-killed", "runtime/rank-crashed", "runtime/gpu-hardware-fault")
+# A collective's timeout waits on a rank that had failed, whose error the output may hold below the timeout: ranks
+# print out of order (the watchdog's line is flushed at once, a rank's traceback when its process ends) and a log put
+# together from per-rank files holds each rank's lines in turn. So a timeout follows a failure printed after it too:
+# one the failed rank prints itself, unless it is only the timed-out ranks' own; a kill or crash only where it names
+# other ranks (one naming no rank, or the timed-out ones, is the launcher's stop of a rank still stuck after it).
+_TIMEOUT_ID = "runtime/nccl-timeout"
 ABORT_WHAT_LINES = 3  # how far below 'terminate called after throwing' its what() line stands
 # A Python traceback no rule names: reported only where no other error is, with its last frame
 _EXCEPTION_ID = "runtime/python-exception"
@@ -95,8 +102,9 @@ _OVERRIDE_FIX = re.compile(r"^      fix: (.+)$")
 _VALIDATOR_LINE = re.compile(r"^\s*(ERROR)\s+\[([\w./-]+)\]")  # a refusal of the validator (its warnings ran)
 _EXCEPTION_LINE = re.compile(r"^\s*(AssertionError|ValueError)\b:?\s*(.*)")
 _RAISED = re.compile(r"\b\w*(Error|Exception)\b|upstream|\bassert\b")
-PRECISE_HINT = ("for a computed fix, pass the run folder (DIR with run_config.yaml, or a checkpoint's iter_* "
-                "folder beside the log) or a log that starts with the run_recipe.py command")
+RUN_FOLDER_HINT = ("for a computed fix, pass the run folder (DIR with run_config.yaml, or a checkpoint's iter_* "
+                   "folder beside the log)")
+PRECISE_HINT = f"{RUN_FOLDER_HINT} or a log that starts with the run_recipe.py command"
 
 
 @dataclass
@@ -138,12 +146,13 @@ class Diagnosis:
     config_source: str = ""
     part: tuple[int, int] | None = None  # (this run, the runs in the log) where the log holds several
     first_line: int | None = None  # where this run's lines begin, where the log holds several
+    notes: list[str] = field(default_factory=list)  # what reading the LOG had to tell (a .gz cut short), one line each
 
     @property
     def where(self) -> str:
         """The log, and which of its runs where it holds several."""
         if self.part is None:
-            return f"{self.log} ({self.lines} lines)"
+            return f"{self.log} ({self.lines} line{'s' if self.lines != 1 else ''})"
         return f"{self.log} (run {self.part[0]} of {self.part[1]} in it: lines {self.first_line}-{self.lines})"
 
     @property
@@ -162,7 +171,20 @@ class Diagnosis:
                 "run_in_log": None if self.part is None else {"run": self.part[0], "of": self.part[1],
                                                                "first_line": self.first_line},
                 "recognised": bool(self.findings), "first_failure": first.rule_id or first.key if first else None,
-                "findings": [f.to_json() for f in self.findings]}
+                "findings": [f.to_json() for f in self.findings], "notes": list(self.notes), "unreadable": None}
+
+
+@dataclass(frozen=True)
+class UnreadableLog:
+    """A LOG argument that could not be read, and why (LogError's words: the file, what is wrong, what to give)."""
+
+    log: Path
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        """A report with the keys a Diagnosis has, no findings, and the reason it has none."""
+        return {"log": str(self.log), "lines": 0, "config": None, "run_in_log": None, "recognised": False,
+                "first_failure": None, "findings": [], "notes": [], "unreadable": self.reason}
 
 
 def _raised(lines: list[Line], index: int) -> bool:
@@ -176,9 +198,10 @@ class _Run:
     several; only the last has the run folder (its summary, step records and saved config are the last run's)."""
 
     def __init__(self, path: Path, build_config: bool, lines: list[Line], run_dir: Path | None,
-                 part: tuple[int, int] | None = None):
+                 part: tuple[int, int] | None = None, notes: list[str] | None = None):
         self.path = path
         self.part = part
+        self.notes = list(notes or ())
         self.lines = lines
         self.texts = [line.text for line in self.lines]
         self.facts: RunFacts = run_facts(self.lines, run_dir)
@@ -195,6 +218,7 @@ class _Run:
             default=None)
         self._build = build_config
         self._config: RunConfig | None | str = "unread"
+        self.no_config = NoRunConfig()  # why the run has no config, once read and there is none
 
     def near(self, index: int, pattern: str) -> bool:
         """runtime_failures.near on this log, each line searched once per pattern however many signatures ask
@@ -227,9 +251,12 @@ class _Run:
     @property
     def config(self) -> RunConfig | None:
         if self._config == "unread":
-            self._config = run_config(self.facts.run_dir, self.facts.command, build=self._build)
-            if self._config is not None:
-                self._fill_facts(self._config.cfg, self._config.source)
+            found = run_config(self.facts.run_dir, self.facts.command, build=self._build)
+            if isinstance(found, NoRunConfig):
+                self._config, self.no_config = None, found
+            else:
+                self._config = found
+                self._fill_facts(found.cfg, found.source)
         return self._config  # type: ignore[return-value]
 
     def _fill_facts(self, cfg: Any, source: str) -> None:
@@ -464,7 +491,7 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         return
     config = run.config
     if config is None:
-        finding.fix_basis = f"generic: no config of this run was found; {PRECISE_HINT}"
+        finding.fix_basis = f"generic: {_no_config_words(run)}"
         # torch's own OOM (a communicator's failed allocation says nothing of activations)
         if (finding.rule_id == "runtime/cuda-oom" and run.knows("optimizer_offload")
                 and (run.knows("fraction") or 0.0) >= 1.0):
@@ -503,6 +530,16 @@ def _compute_fix(run: _Run, finding: Finding, oom: OutOfMemory | None) -> None:
         return
     if computed is not None:
         finding.fix, finding.fix_basis = computed[0], f"{computed[1]}; {allocator}; config: {config.source}"
+
+
+def _no_config_words(run: _Run) -> str:
+    """Why the run has no config to plan with, and what would give one: a command that is there but could not be
+    read or rebuilt is named as such (asking for a log that starts with the command would be wrong there)."""
+    if run.no_config.why:
+        return f"{run.no_config.why}; {RUN_FOLDER_HINT}"
+    if run.facts.command_unread:
+        return f"{run.facts.command_unread}; {RUN_FOLDER_HINT}"
+    return f"no config of this run was found; {PRECISE_HINT}"
 
 
 def _as_the_run_had(cfg: Any, run: "_Run") -> Any:
@@ -682,7 +719,7 @@ def diagnose_run(run: _Run, baseline_s: float | None) -> Diagnosis:
     config = run._config if isinstance(run._config, RunConfig) else None
     return Diagnosis(log=run.path, lines=max((line.number for line in run.lines), default=0), findings=findings,
                      config_source=config.source if config else "", part=run.part,
-                     first_line=run.lines[0].number if run.part and run.lines else None)
+                     first_line=run.lines[0].number if run.part and run.lines else None, notes=run.notes)
 
 
 def _engine_details(run: _Run, by_rule: dict[str, Finding], at_line: dict[int, list[str]],
@@ -746,8 +783,9 @@ def _stop_details(run: _Run, finding: Finding) -> None:
     finding.measured = f"stopped by {words}" if words else ""
     command = run.facts.command
     if command is None:
-        finding.fix_basis = ("the rule table's fix: the log does not start with the run_recipe.py command, so its "
-                             "checkpoint.save folder is not known")
+        finding.fix_basis = ("the rule table's fix: " + (run.facts.command_unread or "the log does not start with "
+                                                         "the run_recipe.py command")
+                             + ", so its checkpoint.save folder is not known")
         return
     save = next((value for key, _, value in (o.partition("=") for o in command.overrides)
                  if key.lstrip("+") == "checkpoint.save" and value), None)
@@ -828,16 +866,19 @@ def _mark_consequences(findings: list[Finding]) -> None:
                        and f.first_index <= at + ABORT_WHAT_LINES]
         if not earlier and finding.rule_id in _PEER_LOST:
             earlier = [f for f in causes if f.rule_id != _STOP_ID and _lost_peer(finding, f)]
+        if not earlier and finding.rule_id == _TIMEOUT_ID:
+            earlier = [f for f in causes if f.rule_id != _STOP_ID and _waited_on(finding, f)]
         if earlier:
             cause = min(earlier, key=lambda f: f.first_index)
             while id(cause) in roots:  # the cause is itself another's consequence: name the failure at the root
                 cause = roots[id(cause)]
             roots[id(finding)] = cause
             where = _rank_words(cause.ranks)
+            below = ", printed below this one" if cause.first_index > finding.first_index else ""
             finding.consequence_of = (f"most likely a consequence of [{cause.label}]"
                                       + (f" on {where}" if where else "")
                                       + f", which failed first ({cause.evidence[0].path.name}:"
-                                      f"{cause.evidence[0].number}): fix that one")
+                                      f"{cause.evidence[0].number}{below}): fix that one")
     # a consequence of a failure printed after it stands right below that failure, so the report starts with the cause
     def after_its_cause(f: Finding) -> bool:
         return id(f) in roots and roots[id(f)].first_index > f.first_index
@@ -857,29 +898,63 @@ def _lost_peer(finding: Finding, cause: Finding) -> bool:
     return bool(cause.ranks and finding.ranks and not cause.ranks & finding.ranks)
 
 
+def _waited_on(finding: Finding, cause: Finding) -> bool:
+    """Whether ``cause``, printed after ``finding`` (a collective's timeout), may be the failure it waited on:
+    another rank's error, or one that names no rank (a log of one rank's lines after another's); a kill or crash only
+    where it names ranks other than the timed-out ones (_TIMEOUT_ID's comment)."""
+    if cause.first_index <= finding.first_index:
+        return False
+    if cause.rule_id in _ENDS_UNSAID:
+        return bool(cause.ranks and finding.ranks and not cause.ranks & finding.ranks)
+    return not (cause.ranks and finding.ranks and cause.ranks <= finding.ranks)
+
+
 def diagnose(paths: list[Path], build_config: bool = True) -> list[Diagnosis]:
     """Every failure each LOG shows. LogError (naming the file) when a LOG cannot be read; ``build_config``
     False never loads Megatron (fixes then come from a saved run_config.yaml or stay generic)."""
-    runs = [run for path in paths for run in _runs_of(Path(path), build_config)]
-    return [diagnose_run(run, baseline) for run, baseline in zip(runs, _baseline_step(runs))]
+    reports = diagnose_each(paths, build_config)
+    for report in reports:
+        if isinstance(report, UnreadableLog):
+            raise LogError(report.reason)
+    return reports  # type: ignore[return-value]
+
+
+def diagnose_each(paths: list[Path], build_config: bool = True) -> list[Diagnosis | UnreadableLog]:
+    """diagnose, each LOG read on its own: one that cannot be read (empty, missing, a folder without a run's files,
+    not text) is an UnreadableLog in its place, and the others are diagnosed all the same (torchrun's --log-dir
+    leaves an empty file for each rank that printed nothing)."""
+    read: list[list[_Run] | UnreadableLog] = []
+    for path in map(Path, paths):
+        try:
+            read.append(_runs_of(path, build_config))
+        except LogError as error:
+            read.append(UnreadableLog(path, str(error)))
+    runs = [run for item in read if not isinstance(item, UnreadableLog) for run in item]
+    diagnosed = iter([diagnose_run(run, baseline) for run, baseline in zip(runs, _baseline_step(runs))])
+    reports: list[Diagnosis | UnreadableLog] = []
+    for item in read:  # in the order the LOGs were given
+        reports += [item] if isinstance(item, UnreadableLog) else [next(diagnosed) for _ in item]
+    return reports
 
 
 def _runs_of(path: Path, build_config: bool) -> list[_Run]:
     """The runs LOG holds (run_segments): each diagnosed on its own lines and facts, so that a restart's header does
     not describe the run before it, nor a stop end the runs after it."""
-    lines = read_lines(path)
+    notes: list[str] = []
+    lines = read_lines(path, notes)
     segments = run_segments(lines)
     last = len(segments) - 1
     return [_Run(path, build_config, lines[segment.start:segment.stop], run_folder(path) if k == last else None,
-                 part=(k + 1, len(segments)) if last else None)
+                 part=(k + 1, len(segments)) if last else None, notes=notes)
             for k, segment in enumerate(segments)]
 
 
 def format_diagnosis(diagnosis: Diagnosis) -> str:
     head = diagnosis.where
+    notes = [f"  note: {note}" for note in diagnosis.notes]
     if not diagnosis.findings:
-        return (f"{head}: nothing recognised. No line matches a failure of the rule table; nothing is guessed. "
-                "(diagnose.py --list shows what it recognises.)")
+        return "\n".join([f"{head}: nothing recognised. No line matches a failure of the rule table; nothing is "
+                          "guessed. (diagnose.py --list shows what it recognises.)", *notes])
     count = len(diagnosis.findings)
     first = diagnosis.first_failure
     first_words = ""
@@ -890,7 +965,7 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
         where = _rank_words(first.ranks)
         first_words = (f"; the first failure: [{first.label}]" + (f" on {where}" if where else "")
                        + f" at {first.evidence[0].path.name}:{first.evidence[0].number}")
-    out = [f"{head}: {count} finding{'s' if count != 1 else ''}{first_words}"]
+    out = [f"{head}: {count} finding{'s' if count != 1 else ''}{first_words}", *notes]
     for f in diagnosis.findings:
         ranks = f" ({_rank_words(f.ranks)})" if f.ranks else ""
         out.append(f"  {f.severity.upper():7} [{f.label}] {f.key}{ranks}")

@@ -101,19 +101,27 @@ def stated_ranks(lines: list["Line"], index: int) -> list[int]:
     return []
 
 
-def _failure_reason(path: Path, text: str) -> str | None:
-    """A sweep's failure.json's reason, or None where the file is not one."""
+def _failure_reason(path: Path, text: str, notes: list[str]) -> str | None:
+    """A sweep's failure.json's reason, or None where the file is not one: then a note says why, since the file is
+    read as plain text instead (a run's own failure record that cannot be read is worth knowing: a disk that filled,
+    a copy cut short)."""
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (json.JSONDecodeError, RecursionError) as error:
+        notes.append(f"{path} is not valid JSON ({error}), so it is no failure record ({{\"reason\": ...}}, as "
+                     "runtime/run_outcome.py writes it): read as plain text")
         return None
-    return data["reason"] if isinstance(data, dict) and isinstance(data.get("reason"), str) else None
+    if isinstance(data, dict) and isinstance(data.get("reason"), str):
+        return data["reason"]
+    notes.append(f"{path} holds no \"reason\" text, so it is no failure record ({{\"reason\": ...}}, as "
+                 "runtime/run_outcome.py writes it): read as plain text")
+    return None
 
 
-def _lines_of(path: Path) -> list[Line]:
-    parts = log_text(path)
+def _lines_of(path: Path, notes: list[str]) -> list[Line]:
+    parts = log_text(path, notes)
     if path.name == FAILURE_FILE or path.suffix == ".json":
-        reason = _failure_reason(path, parts[0][1])
+        reason = _failure_reason(path, parts[0][1], notes)
         if reason is not None:
             return [Line(path, 1, None, reason.strip())]
     lines = []
@@ -144,13 +152,16 @@ def log_files(path: Path) -> list[Path]:
     return [path]
 
 
-def read_lines(path: Path) -> list[Line]:
+def read_lines(path: Path, notes: list[str] | None = None) -> list[Line]:
     """Every line of a LOG argument (a file or a run folder); LogError names the file it cannot read, or the
-    LOG that holds no text at all (an empty file: nothing to diagnose is not 'nothing went wrong')."""
+    LOG that holds no text at all (an empty file: nothing to diagnose is not 'nothing went wrong'). ``notes`` gets
+    what the reading has to tell about a file it did read, one line each (a .gz cut short, a failure.json that is
+    not one)."""
+    notes = [] if notes is None else notes
     lines: list[Line] = []
     files = log_files(path)
     for file in files:
-        lines += _lines_of(file)
+        lines += _lines_of(file, notes)
     if files and not any(line.text.strip() for line in lines):
         if path.is_dir() and (path / SUMMARY_FILE).is_file():
             return []  # the summary alone still has step times to judge

@@ -139,13 +139,19 @@ class Command:
 
     @classmethod
     def parse(cls, text: str) -> "Command | None":
+        return cls.read(text)[0]
+
+    @classmethod
+    def read(cls, text: str) -> tuple["Command | None", str]:
+        """The command ``text`` holds and "", or None and why the run_recipe.py command on it cannot be read ("" where
+        the line holds none)."""
         match = _COMMAND.search(text)
         if not match:
-            return None
+            return None, ""
         try:
             words = shlex.split(match.group(1))
-        except ValueError:
-            return None
+        except ValueError as error:  # shlex's "No closing quotation", "No escaped character"
+            return None, f"its words cannot be split as the shell splits them ({error})"
         recipe, num_gpus, overrides, i = None, None, [], 0
         while i < len(words):
             word = words[i]
@@ -161,7 +167,8 @@ class Command:
                 if "=" in word:
                     overrides.append(word)
                 i += 1
-        return cls(recipe, tuple(overrides), num_gpus) if recipe else None
+        # a line with no recipe named is no command to rebuild (argparse's usage line names "[--recipe NAME]")
+        return (cls(recipe, tuple(overrides), num_gpus) if recipe else None), ""
 
 
 @dataclass
@@ -170,6 +177,7 @@ class RunFacts:
 
     run_dir: Path | None = None
     command: Command | None = None
+    command_unread: str = ""  # a run_recipe.py command line that could not be read: where it stands and why
     num_gpus: int | None = None
     optimizer_offload: bool | None = None
     fraction: float | None = None
@@ -244,7 +252,10 @@ def run_facts(lines: list[Line], run_dir: Path | None) -> RunFacts:
             continue
         text = raw.strip()
         if facts.command is None and "--recipe" in text:
-            facts.command = Command.parse(text)
+            facts.command, unread = Command.read(text)
+            if unread and not facts.command_unread:
+                facts.command_unread = (f"the log's run_recipe.py command ({line.path.name}:{line.number}) could not "
+                                        f"be read: {unread}")
         if facts.num_gpus is None and (match := _GPUS_IN_HEADER.match(text)):
             facts.num_gpus = int(match.group(1))
         if text.startswith("optimizer offload: "):

@@ -94,6 +94,13 @@ RANK_FAILED = (r"srun: error: .*: tasks? [\d,\-]+: (?!Terminated|User defined si
 OOM_KILLER = (r"Out of memory: Kill(ed)? process", r"invoked oom-killer", r"oom[-_]kill event", r"Memory cgroup out of memory",
               r"srun: error: .*: tasks? [\d,\-]+: Out Of Memory", r"DataLoader worker .* is killed by signal: Killed",
               r"Reason:\s+OOMKilled\b")  # Kubernetes: the container's memory limit
+# A process's exit status 137 (128 + SIGKILL) as launchers and Python word it: docker's "exited with code 137", srun's
+# "Exited with exit code 137", subprocess's "returned non-zero exit status 137.", torchrun's block "exitcode : 137",
+# Kubernetes' "Exit Code: 137", a CI runner's "exit code 137", docker ps's "Exited (137)"; the words in any case (the
+# "exit" spelt out, not in (?i:...), so that line_search.py still finds the lines that may hold it), the number
+# standing alone (not 1370, 137.5, nor "137 steps" after another exit code)
+EXIT_CODE_137 = (r"(?:Exit|exit|EXIT)(?i:ed with (?:exit )?(?:code|status)|ed \(|[ _]?(?:code|status))"
+                 r"\s*[:=]?\s*137(?!\d|\.\d)")
 # A rank's SIGBUS, as the shell, Python's faulthandler, torchrun and srun print it: shared memory (/dev/shm) that
 # ran out under a mapping when one of these lines is near, else a crash like a segmentation fault
 SIGBUS = (r"\bBus error \(core dumped\)", r"^\s*Bus error\s*$", r":\s*line \d+:\s+\d+ Bus error\b",
@@ -297,7 +304,7 @@ RULES: tuple[Rule, ...] = (
           "nodes; plan with more headroom: --host-margin-gib",
           (*OOM_KILLER, r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\)", r"Signals\.SIGKILL", r"killed by signal 9\b",
            r"^Killed\s*$", r":\s*line \d+:\s+\d+ Killed\b", r"srun: error: .*: tasks? [\d,\-]+: Killed",
-           r"exited with code 137\b")),
+           EXIT_CODE_137)),
     _rule("runtime/host-allocation-failed", "optimizer.optimizer_offload_fraction",
           "a host memory allocation failed (ENOMEM: the node, or the job's cgroup or container limit, had no memory "
           "left): offloaded optimizer states and pinned buffers live in host memory, and the node's use peaks inside "
@@ -320,15 +327,18 @@ RULES: tuple[Rule, ...] = (
     _rule("runtime/nccl-timeout", "dist.distributed_timeout_minutes",
           "a collective waited past the NCCL timeout: another rank had stopped (killed, out of memory, an exception) "
           "or was far slower (a long CPU optimizer step)",
-          "fix the first rank that failed (its error is above the timeout); if every rank was only slow: "
-          "dist.distributed_timeout_minutes=30",
+          # ranks print out of order and a rank's own log may be another file: the failure it waited on can stand
+          # above the timeout, below it, or in no line of this output
+          "fix the rank that failed first (its error may stand above or below the timeout, or only in that rank's own "
+          "log); if every rank was only slow: dist.distributed_timeout_minutes=30",
           (r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL.*[Tt]imeout",
            r"NCCL.*(timed out|Timeout\(ms\)=)")),
     _rule("runtime/nccl-error", "(launch)",
-          "an NCCL call failed: a peer rank exited in the middle of a collective (its own error, earlier in the "
-          "output, is the cause) or the network between the ranks failed",
-          "fix the first rank that failed (its error comes before this one); if none did: rerun with NCCL_DEBUG=INFO "
-          "and check the network NCCL picked (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)",
+          "an NCCL call failed: a peer rank exited in the middle of a collective (its own error, above or below this "
+          "one or only in its own log, is the cause) or the network between the ranks failed",
+          "fix the rank that failed first (its error may stand above or below this one, or only in that rank's own "
+          "log); if none did: rerun with NCCL_DEBUG=INFO and check the network NCCL picked (NCCL_SOCKET_IFNAME, "
+          "NCCL_IB_HCA)",
           (r"ncclRemoteError", r"ncclSystemError", r"ncclInternalError",
            r"remote process exited or there was a network error", r"NCCL error in: .*unhandled system error",
            r"NCCL communicator was aborted")),

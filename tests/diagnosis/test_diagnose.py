@@ -72,6 +72,19 @@ def test_real_oom_log_gets_the_planners_fraction_from_its_command(built):
     assert fraction <= 0.5
 
 
+def test_a_command_whose_override_run_recipe_refuses_says_which_not_that_no_command_was_found(built, diag):
+    """The recipe builds, the override does not apply (a misspelt key): the fix's basis names the override and what
+    run_recipe.py says of it, where it said 'no config of this run was found ... pass a log that starts with the
+    run_recipe.py command'."""
+    path = diag.write(["$ uv run scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config "
+                       "optimizer.optimzer_offload_fraction=0.3", f"[rank0]: {TORCH_OOM}"])
+    [finding] = diag.findings(path, build_config=True)
+    assert finding.rule_id == "runtime/cuda-oom"
+    assert finding.fix_basis.startswith("generic: the log's run_recipe.py command was found but could not be rebuilt: "
+                                        "run_recipe.py refuses its override optimizer.optimzer_offload_fraction=0.3 (")
+    assert "optimzer_offload_fraction" in finding.fix_basis and "starts with the run_recipe.py" not in finding.fix_basis
+
+
 def _run_with_saved_config(tmp_path, fraction: float, log_text: str, **changes: str) -> Path:
     """A run folder with the real run_config.yaml (fraction and ``changes``, ``old=new`` lines, edited) and a log."""
     run = tmp_path / "run"

@@ -32,7 +32,9 @@ def test_required_strings_are_in_every_match():
 
 def test_each_pattern_finds_on_the_candidate_lines_what_it_finds_on_every_line():
     texts = [line for path in sorted(LOGS.iterdir()) for line in path.read_text().splitlines()]
-    texts += ["Killed", "  MemoryError", "exitcode  : -9 (pid: 1)", ITERATION.format(n=1, s=64), OOM, ""]
+    texts += ["Killed", "  MemoryError", "exitcode  : -9 (pid: 1)", ITERATION.format(n=1, s=64), OOM, "",
+              "srun: error: node1: task 0: Exited with exit code 137", "    Exit Code:    137", "EXIT STATUS 137",
+              "subprocess.CalledProcessError: Command 'x' returned non-zero exit status 137."]
     search = LineSearch(texts)
     for pattern in PATTERNS:
         regex = re.compile(pattern)

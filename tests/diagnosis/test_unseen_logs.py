@@ -9,6 +9,8 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import json
+import random
 import sys
 from pathlib import Path
 
@@ -933,3 +935,171 @@ def test_thousands_of_healthy_steps_before_a_kill_change_nothing_but_its_line(di
     extra = [iteration.format(i=i, c=i * 512, s=i % 60) for i in range(15001, 20001)]
     path = diag.write(lines[:7] + extra + lines[7:])
     names_the_first_failure(diag(path), ["runtime/host-memory-killed", "runtime/nccl-error"], 104 + 5000, {5})
+
+
+# --- what a probe of diagnose.py found: 137 in each launcher's words, LOGs read one by one, a timeout printed above the
+# failure it waited on, a command that cannot be rebuilt, what reading a file has to tell -----------------------------
+
+@pytest.mark.parametrize("line", [
+    "srun: error: node1: task 0: Exited with exit code 137",
+    "subprocess.CalledProcessError: Command '['python', 'scripts/run_recipe.py']' returned non-zero exit status 137.",
+    "  exitcode  : 137 (pid: 2813)",  # torchrun's failure block, a rank that was a shell around python
+    "    Exit Code:    137",  # kubectl describe pod
+    "ERROR: Job failed: exit code 137",  # a CI runner
+    "qwen3-train-1 Exited (137) 5 seconds ago",  # docker ps
+    "EXIT CODE: 137",
+])
+def test_exit_status_137_in_each_launchers_words_is_the_host_kill(line, diag):
+    """128 + SIGKILL, as srun, subprocess, Kubernetes and CI runners print it: only docker compose's lower-case
+    'exited with code 137' was matched, so srun's and subprocess's were 'nothing recognised'."""
+    [finding] = diag.findings(diag.write(["Starting training loop at iteration 0", line]))
+    assert finding.rule_id == "runtime/host-memory-killed" and finding.evidence[0].number == 2
+
+
+@pytest.mark.parametrize("line", [
+    "srun: error: node1: task 0: Exited with exit code 1370",
+    "exit status 137.5",
+    "qwen3-train-1 exited with code 0 after 137 steps",
+    "[2026-12-04 10:02:11] iteration      137/    1000 | elapsed time per iteration (ms): 2211.7 |",
+])
+def test_137_that_is_no_exit_status_is_no_kill(line, diag):
+    assert "runtime/host-memory-killed" not in diag.ids(diag.write([line]))
+
+
+def test_each_log_is_read_on_its_own_and_each_unreadable_one_is_named_on_a_line(tmp_path, capsys):
+    """torchrun's --log-dir leaves an empty file for each rank that printed nothing: `diagnose.py logs/*/*` printed
+    only the first empty file's refusal and exit 2, and the failed rank's report was lost. Each LOG is read on its
+    own; one that cannot be read is named with why on a line of stderr; exit 2 only when none can be read."""
+    good = tmp_path / "rank2.log"
+    good.write_bytes(_as_plain(_oom_log()))
+    empty, binary, folder, missing = (tmp_path / "rank0.log", tmp_path / "model_optim_rng.pt",
+                                      tmp_path / "attempt_0", tmp_path / "rank9.log")
+    empty.write_bytes(b"")
+    binary.write_bytes(bytes(range(256)) * 64)
+    folder.mkdir()
+    assert main(["--no-build", str(empty), str(good), str(folder), str(binary), str(missing)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{good} ({len(_oom_log())} lines): 1 finding") and "[runtime/cuda-oom]" in out
+    said = err.strip().splitlines()
+    assert len(said) == 4
+    for path, why in ((empty, "is empty"), (folder, "is a folder without"), (binary, "is not a text log"),
+                      (missing, "no such file")):
+        assert [line for line in said if str(path) in line and why in line], (path, said)
+    # JSON: one report per LOG in the order given, an unreadable one with why and no findings
+    assert main(["--no-build", "--json", str(empty), str(good)]) == 0
+    first, second = json.loads(capsys.readouterr().out)
+    assert first["log"] == str(empty) and "is empty" in first["unreadable"] and first["findings"] == []
+    assert second["unreadable"] is None and second["first_failure"] == "runtime/cuda-oom"
+    # none can be read: exit 2, each named, then the refusal
+    assert main(["--no-build", str(empty), str(missing)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines()[-1] == "diagnose.py: none of the 2 LOGs could be read"
+    assert len(err.strip().splitlines()) == 3
+
+
+TIMEOUT = ("[rank1]:[E1208 01:00:00.000000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+           "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+           "milliseconds before timing out.")
+
+
+def test_a_timeout_printed_above_the_oom_it_waited_on_follows_that_oom(diag):
+    """The watchdog's line is flushed at once, the failed rank's traceback when its process ends (or the log is two
+    ranks' files one after the other): the OOM below the timeout is the failure to fix. The timeout was reported as
+    the first failure, its fix saying the error 'is above the timeout'."""
+    diagnosis = diag(diag.write([TIMEOUT] + [f"[rank0]: {line}" for line in (*TRACEBACK, OOM)]))
+    oom_line = 1 + len(TRACEBACK) + 1
+    assert [f.rule_id for f in diagnosis.findings] == ["runtime/cuda-oom", "runtime/nccl-timeout"]
+    oom, timeout = diagnosis.findings
+    assert diagnosis.first_failure is oom and not oom.consequence_of
+    assert (f"[runtime/cuda-oom] on rank 0, which failed first (log.txt:{oom_line}, printed below this one)"
+            in timeout.consequence_of)
+    report = format_diagnosis(diagnosis)
+    assert f"the first failure: [runtime/cuda-oom] on rank 0 at log.txt:{oom_line}" in report
+    assert "is above the timeout" not in report and "above or below the timeout" in timeout.fix
+
+
+@pytest.mark.parametrize("after", [
+    "Killed",  # a kill that names no rank: the launcher's stop of a rank still stuck after its timeout
+    "srun: error: node-03: tasks 0-1: Killed",  # srun's kill of the timed-out rank too
+    "[rank1]: RuntimeError: the timed-out rank's own exception",
+])
+def test_what_follows_a_timeout_on_its_own_rank_or_unnamed_is_not_what_it_waited_on(after, diag):
+    diagnosis = diag(diag.write([TIMEOUT, after]))
+    timeout = diagnosis.findings[0]
+    assert timeout.rule_id == "runtime/nccl-timeout" and not timeout.consequence_of
+
+
+@pytest.mark.parametrize("command, why", [
+    ("uv run scripts/run_recipe.py --recipe qwen3_nonexistent_config -of 0.3",
+     "its recipe 'qwen3_nonexistent_config' is no recipe of this checkout"),
+    ("uv run scripts/run_recipe.py --recipe qwen3_1b_proxy_pretrain_config 'model.offload_modules=[core_attn",
+     "(log.txt:1) could not be read: its words cannot be split as the shell splits them (No closing quotation)"),
+])
+def test_a_command_that_cannot_be_rebuilt_says_so_and_why(command, why, diag):
+    """The log starts with the run_recipe.py command: the fix's basis asked for 'a log that starts with the
+    run_recipe.py command' all the same. It says the command was found, and why it gives no config. (Neither case
+    loads Megatron: the recipe is unknown, or the line is not split.)"""
+    [finding] = diag.findings(diag.write([command, f"[rank0]: {OOM}"]), build_config=True)
+    assert finding.rule_id == "runtime/cuda-oom" and why in finding.fix_basis
+    assert "no config of this run was found" not in finding.fix_basis
+    assert "starts with the run_recipe.py command" not in finding.fix_basis
+
+
+def test_a_command_not_built_under_no_build_says_so(diag):
+    [finding] = diag.findings(diag.write([HEADER[0], f"[rank0]: {OOM}"]))  # build_config=False: --no-build
+    assert "the recipe of the log's command (qwen3_8b_pretrain_config) was not built (--no-build)" in finding.fix_basis
+
+
+def test_a_one_line_log_says_1_line(diag):
+    diagnosis = diag(diag.write([f"[rank0]: {OOM}"]))
+    assert format_diagnosis(diagnosis).startswith(f"{diagnosis.log} (1 line): 1 finding")
+
+
+def _noisy_steps(count: int) -> list[str]:
+    """Lines that compress little, so that a compressed log spans many of its format's blocks."""
+    noise = random.Random(0)
+    return [f"[rank0]: step {i} {noise.getrandbits(256):064x}" for i in range(count)]
+
+
+@pytest.mark.parametrize("compress, name", [(gzip.compress, "gzip"), (lambda data: bz2.compress(data, 1), "bzip2")])
+def test_a_compressed_log_cut_short_says_so_beside_what_it_holds(tmp_path, compress, name, diag):
+    """A copy made while the run still wrote it was read without a word: its end, where a failure is printed, is
+    missing, and the report says so."""
+    whole = compress(_as_plain(_oom_log() + _noisy_steps(20_000)))
+    path = tmp_path / "slurm-991234.out.gz"
+    path.write_bytes(whole[: len(whole) * 3 // 4])
+    diagnosis = diag(path)
+    assert [f.rule_id for f in diagnosis.findings][0] == "runtime/cuda-oom"
+    [note] = diagnosis.notes
+    assert note.startswith(f"{path} is a {name} file cut short")
+    assert f"  note: {note}" in format_diagnosis(diagnosis) and diagnosis.to_json()["notes"] == [note]
+
+
+def test_a_compressed_log_damaged_part_way_gives_the_text_before_the_damage(tmp_path, diag):
+    """Bytes overwritten in the middle of a .gz: the lines before the damage are diagnosed (they were refused as a
+    file that 'cannot be decompressed'), with a note that says so."""
+    whole = bytearray(gzip.compress(_as_plain(_oom_log() + _noisy_steps(20_000))))
+    middle = len(whole) // 2
+    whole[middle: middle + 64] = b"\xff" * 64
+    path = tmp_path / "log.txt.gz"
+    path.write_bytes(bytes(whole))
+    diagnosis = diag(path)
+    assert diagnosis.findings[0].rule_id == "runtime/cuda-oom"
+    assert diagnosis.notes and "damaged part-way" in diagnosis.notes[0]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"reason": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", ', "is not valid JSON"),
+    ('{"error": "CUDA out of memory. Tried to allocate 2.00 GiB."}', 'holds no "reason" text'),
+])
+def test_a_failure_json_that_is_no_failure_record_says_so(tmp_path, text, why, diag):
+    """A run's own failure record that cannot be read (a disk that filled while it was written) was read as plain
+    text without a word."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "failure.json").write_text(text)
+    diagnosis = diag(run)
+    assert [f.rule_id for f in diagnosis.findings] == ["runtime/cuda-oom"]
+    [note] = diagnosis.notes
+    assert note.startswith(f"{run / 'failure.json'} {why}") and "read as plain text" in note
+    assert f"  note: {note}" in format_diagnosis(diagnosis)

@@ -145,3 +145,21 @@ def test_diagnose_refuses_an_empty_or_missing_log_in_json(tmp_path):
     assert "give at least one LOG" in data["error"]
     done = run(["scripts/diagnose.py", "--no-build", str(empty)])  # without --json: stderr only, as before
     assert done.returncode == 2 and done.stdout == "" and str(empty) in done.stderr
+
+
+def test_diagnose_refuses_only_when_no_log_can_be_read_naming_each_in_json(tmp_path):
+    """Several LOGs: one that cannot be read no longer cancels the others; when none can, the refusal names each, a
+    problem per LOG in JSON (its path the value, why the rule) and a line each on stderr."""
+    empty, missing = tmp_path / "rank0.log", tmp_path / "rank1.log"
+    empty.write_text("")
+    data = refused(run(["scripts/diagnose.py", "--json", "--no-build", str(empty), str(missing)]))
+    assert data["error"] == "none of the 2 LOGs could be read"
+    assert [(p["id"], p["value"]) for p in data["problems"]] == [("log/unreadable", str(empty)),
+                                                                 ("log/unreadable", str(missing))]
+    assert "is empty" in data["problems"][0]["rule"] and data["problems"][1]["rule"] == f"no such file: {missing}"
+    oom = tmp_path / "rank2.log"
+    oom.write_text("[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    done = run(["scripts/diagnose.py", "--json", "--no-build", str(empty), str(oom)])
+    assert done.returncode == 0 and [r["unreadable"] is None for r in json.loads(done.stdout)] == [False, True]
+    assert done.stderr.strip() == f"diagnose.py: {empty} is empty: nothing to diagnose. Give the run's output (the " \
+                                  "file torchrun's or srun's stdout/stderr went to, e.g. slurm-JOBID.out)"
